@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * C shims for the RDMA abstraction layer; see rdma_cm_rs_helpers.h.  Each is
+ * a plain call-through: the safety rules live on the Rust side.
+ */
+#include <linux/nsproxy.h>
+#include <linux/sched.h>
+#include <net/net_namespace.h>
+#include "rdma_cm_rs_helpers.h"
+
+struct rdma_cm_id *rdma_cm_rs_create_id(struct net *net,
+					rdma_cm_event_handler event_handler,
+					void *context,
+					enum rdma_ucm_port_space ps,
+					enum ib_qp_type qp_type)
+{
+	return rdma_create_id(net, event_handler, context, ps, qp_type);
+}
+
+struct net *rdma_cm_rs_init_net(void)
+{
+	return &init_net;
+}
+
+/* The caller's network namespace, with a reference the caller must put. */
+struct net *rdma_cm_rs_get_current_net(void)
+{
+	return get_net(current->nsproxy->net_ns);
+}
+
+void rdma_cm_rs_put_net(struct net *net)
+{
+	put_net(net);
+}
+
+struct task_struct *rdma_cm_rs_current_task(void)
+{
+	return current;
+}
+
+struct ib_pd *rdma_cm_rs_alloc_pd(struct ib_device *device, unsigned int flags)
+{
+	return ib_alloc_pd(device, flags);
+}
+
+void rdma_cm_rs_dealloc_pd(struct ib_pd *pd)
+{
+	ib_dealloc_pd(pd);
+}
+
+struct ib_cq *rdma_cm_rs_alloc_cq(struct ib_device *dev, void *private,
+				  int nr_cqe, int comp_vector,
+				  enum ib_poll_context poll_ctx)
+{
+	return ib_alloc_cq(dev, private, nr_cqe, comp_vector, poll_ctx);
+}
+
+int rdma_cm_rs_post_send(struct ib_qp *qp, const struct ib_send_wr *wr)
+{
+	return ib_post_send(qp, wr, NULL);
+}
+
+int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr)
+{
+	return ib_post_recv(qp, wr, NULL);
+}
+
+int rdma_cm_rs_dma_map_single(struct ib_device *dev, void *cpu_addr,
+			      size_t size, enum dma_data_direction dir,
+			      u64 *dma_addr)
+{
+	u64 addr = ib_dma_map_single(dev, cpu_addr, size, dir);
+
+	if (ib_dma_mapping_error(dev, addr))
+		return -ENOMEM;
+	*dma_addr = addr;
+	return 0;
+}
+
+void rdma_cm_rs_dma_unmap_single(struct ib_device *dev, u64 addr, size_t size,
+				 enum dma_data_direction dir)
+{
+	ib_dma_unmap_single(dev, addr, size, dir);
+}
+
+void rdma_cm_rs_dma_sync_for_cpu(struct ib_device *dev, u64 addr, size_t size,
+				 enum dma_data_direction dir)
+{
+	ib_dma_sync_single_for_cpu(dev, addr, size, dir);
+}
+
+void rdma_cm_rs_dma_sync_for_device(struct ib_device *dev, u64 addr,
+				    size_t size, enum dma_data_direction dir)
+{
+	ib_dma_sync_single_for_device(dev, addr, size, dir);
+}

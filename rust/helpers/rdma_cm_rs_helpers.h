@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * C shims for the parts of the RDMA API that Rust cannot call directly:
+ * macros that capture KBUILD_MODNAME (rdma_create_id, ib_alloc_pd,
+ * ib_alloc_cq) and static inlines (post, DMA mapping).  The prefix keeps them
+ * apart from the kernel's own rust_helper_ functions.
+ */
+#ifndef RDMA_CM_RS_HELPERS_H
+#define RDMA_CM_RS_HELPERS_H
+
+#include <linux/types.h>
+#include <linux/dma-direction.h>
+#include <rdma/ib_verbs.h>
+#include <rdma/rdma_cm.h>
+
+struct rdma_cm_id *rdma_cm_rs_create_id(struct net *net,
+					rdma_cm_event_handler event_handler,
+					void *context,
+					enum rdma_ucm_port_space ps,
+					enum ib_qp_type qp_type);
+struct net *rdma_cm_rs_init_net(void);
+struct net *rdma_cm_rs_get_current_net(void);
+void rdma_cm_rs_put_net(struct net *net);
+struct task_struct *rdma_cm_rs_current_task(void);
+
+struct ib_pd *rdma_cm_rs_alloc_pd(struct ib_device *device, unsigned int flags);
+void rdma_cm_rs_dealloc_pd(struct ib_pd *pd);
+struct ib_cq *rdma_cm_rs_alloc_cq(struct ib_device *dev, void *private,
+				  int nr_cqe, int comp_vector,
+				  enum ib_poll_context poll_ctx);
+int rdma_cm_rs_post_send(struct ib_qp *qp, const struct ib_send_wr *wr);
+int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr);
+int rdma_cm_rs_dma_map_single(struct ib_device *dev, void *cpu_addr,
+			      size_t size, enum dma_data_direction dir,
+			      u64 *dma_addr);
+void rdma_cm_rs_dma_unmap_single(struct ib_device *dev, u64 addr, size_t size,
+				 enum dma_data_direction dir);
+void rdma_cm_rs_dma_sync_for_cpu(struct ib_device *dev, u64 addr, size_t size,
+				 enum dma_data_direction dir);
+void rdma_cm_rs_dma_sync_for_device(struct ib_device *dev, u64 addr,
+				    size_t size, enum dma_data_direction dir);
+
+#endif /* RDMA_CM_RS_HELPERS_H */

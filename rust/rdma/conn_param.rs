@@ -1,0 +1,362 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Connection parameters (`struct rdma_conn_param`) with the limits of
+//! `rdma_connect(3)`, `rdma_accept(3)` and `rdma_reject(3)` enforced before
+//! anything reaches the CM.
+//!
+//! Private data limits, from `include/rdma/ib_cm.h` (the IB CM message sizes,
+//! checked in `drivers/infiniband/core/cm.c`) minus the 36-byte `struct
+//! cma_hdr` that `cma.c` prepends to requests for IP addressing:
+//!
+//! | message          | CM limit | user limit |
+//! |------------------|----------|------------|
+//! | REQ (RC connect) | 92       | 56         |
+//! | SIDR REQ (UD)    | 216      | 180        |
+//! | REP (RC accept)  | 196      | 196        |
+//! | SIDR REP (UD)    | 136      | 136        |
+//! | REJ (reject)     | 148      | 148        |
+//!
+//! Receivers see padded lengths over IB/RoCE (a REQ's data always arrives as
+//! 56 bytes, a REP's as 196, a REJ's as 148): the CM cannot tell the sender's
+//! length.  [`ConnParamView::private_data`] reports what the CM reported.
+
+use super::bindings;
+use kernel::prelude::*;
+
+/// Size of the IP header `cma.c` prepends to REQ and SIDR REQ private data.
+pub const CMA_HDR_SIZE: usize = 36;
+/// Connect private data on `RDMA_PS_TCP`/`RDMA_PS_IB` RC ids.
+pub const MAX_CONNECT_PRIVATE_DATA_RC: usize =
+    bindings::ib_cm_data_size_IB_CM_REQ_PRIVATE_DATA_SIZE as usize - CMA_HDR_SIZE;
+/// Connect (SIDR REQ) private data on `RDMA_PS_UDP` ids.
+pub const MAX_CONNECT_PRIVATE_DATA_UD: usize =
+    bindings::ib_cm_data_size_IB_CM_SIDR_REQ_PRIVATE_DATA_SIZE as usize - CMA_HDR_SIZE;
+/// Accept (REP) private data on RC ids.
+pub const MAX_ACCEPT_PRIVATE_DATA_RC: usize = bindings::ib_cm_data_size_IB_CM_REP_PRIVATE_DATA_SIZE as usize;
+/// Accept (SIDR REP) private data on UD ids.
+pub const MAX_ACCEPT_PRIVATE_DATA_UD: usize = bindings::ib_cm_data_size_IB_CM_SIDR_REP_PRIVATE_DATA_SIZE as usize;
+/// Reject (REJ) private data.
+pub const MAX_REJECT_PRIVATE_DATA: usize = bindings::ib_cm_data_size_IB_CM_REJ_PRIVATE_DATA_SIZE as usize;
+/// Room for any private data a CM message can carry (RTU: 224).
+pub const PRIVATE_DATA_CAPACITY: usize = 256;
+/// Largest 3-bit retry count (`rnr_retry_count` 7 means "retry for ever").
+pub const MAX_RETRY_COUNT: u8 = 7;
+/// Queue pair numbers are 24 bits wide.
+pub const MAX_QP_NUM: u32 = 0x00ff_ffff;
+
+/// What a set of private data is for: each use has its own limit.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum PrivateDataUse {
+    /// `rdma_connect` on an RC id.
+    ConnectRc,
+    /// `rdma_connect` (SIDR REQ) on a UD id.
+    ConnectUd,
+    /// `rdma_accept` on an RC id.
+    AcceptRc,
+    /// `rdma_accept` (SIDR REP) on a UD id.
+    AcceptUd,
+    /// `rdma_reject`.
+    Reject,
+}
+
+impl PrivateDataUse {
+    /// The largest private data this use allows.
+    pub const fn limit(self) -> usize {
+        match self {
+            Self::ConnectRc => MAX_CONNECT_PRIVATE_DATA_RC,
+            Self::ConnectUd => MAX_CONNECT_PRIVATE_DATA_UD,
+            Self::AcceptRc => MAX_ACCEPT_PRIVATE_DATA_RC,
+            Self::AcceptUd => MAX_ACCEPT_PRIVATE_DATA_UD,
+            Self::Reject => MAX_REJECT_PRIVATE_DATA,
+        }
+    }
+}
+
+/// Private data owned by the kernel side: a copy, never a borrowed pointer.
+#[derive(Clone, Copy)]
+pub struct PrivateData {
+    bytes: [u8; PRIVATE_DATA_CAPACITY],
+    len: u16,
+}
+
+impl Default for PrivateData {
+    fn default() -> Self {
+        Self {
+            bytes: [0; PRIVATE_DATA_CAPACITY],
+            len: 0,
+        }
+    }
+}
+
+impl PrivateData {
+    /// Copies `data`; fails with `EINVAL` above [`PRIVATE_DATA_CAPACITY`].
+    pub fn new(data: &[u8]) -> Result<Self> {
+        if data.len() > PRIVATE_DATA_CAPACITY {
+            return Err(EINVAL);
+        }
+        let mut pd = Self::default();
+        pd.bytes[..data.len()].copy_from_slice(data);
+        pd.len = data.len() as u16;
+        Ok(pd)
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    /// Number of bytes.
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Checks the length against the limit of `usage`.
+    pub fn check(&self, usage: PrivateDataUse) -> Result {
+        if self.len() > usage.limit() {
+            Err(EINVAL)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Connection parameters for `connect` and `accept`.
+///
+/// # Invariants
+///
+/// `retry_count` and `rnr_retry_count` are at most [`MAX_RETRY_COUNT`];
+/// `qp_num` is at most [`MAX_QP_NUM`].
+#[derive(Clone, Copy, Default)]
+pub struct ConnParam {
+    private_data: PrivateData,
+    responder_resources: u8,
+    initiator_depth: u8,
+    flow_control: bool,
+    retry_count: u8,
+    rnr_retry_count: u8,
+    srq: bool,
+    qp_num: u32,
+}
+
+impl ConnParam {
+    /// Parameters with no private data, no RDMA reads, no retries.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the private data (its use-specific limit is checked when used).
+    pub fn private_data(mut self, data: &[u8]) -> Result<Self> {
+        self.private_data = PrivateData::new(data)?;
+        Ok(self)
+    }
+
+    /// Outstanding RDMA reads/atomics the local side accepts from the peer.
+    pub fn responder_resources(mut self, value: u8) -> Self {
+        self.responder_resources = value;
+        self
+    }
+
+    /// Outstanding RDMA reads/atomics the local side issues to the peer.
+    pub fn initiator_depth(mut self, value: u8) -> Self {
+        self.initiator_depth = value;
+        self
+    }
+
+    /// Whether the local side uses hardware flow control.
+    pub fn flow_control(mut self, value: bool) -> Self {
+        self.flow_control = value;
+        self
+    }
+
+    /// Transport retries (3 bits: 0..=7); `EINVAL` otherwise.
+    pub fn retry_count(mut self, value: u8) -> Result<Self> {
+        if value > MAX_RETRY_COUNT {
+            return Err(EINVAL);
+        }
+        // INVARIANT: checked above.
+        self.retry_count = value;
+        Ok(self)
+    }
+
+    /// Receiver-not-ready retries (3 bits: 0..=7, 7 = infinite); `EINVAL` otherwise.
+    pub fn rnr_retry_count(mut self, value: u8) -> Result<Self> {
+        if value > MAX_RETRY_COUNT {
+            return Err(EINVAL);
+        }
+        // INVARIANT: checked above.
+        self.rnr_retry_count = value;
+        Ok(self)
+    }
+
+    /// Whether the QP uses a shared receive queue (ignored when the CM id owns the QP).
+    pub fn srq(mut self, value: bool) -> Self {
+        self.srq = value;
+        self
+    }
+
+    /// QP number (24 bits; ignored when the CM id owns the QP); `EINVAL` otherwise.
+    pub fn qp_num(mut self, value: u32) -> Result<Self> {
+        if value > MAX_QP_NUM {
+            return Err(EINVAL);
+        }
+        // INVARIANT: checked above.
+        self.qp_num = value;
+        Ok(self)
+    }
+
+    /// (`responder_resources`, `initiator_depth`).
+    pub fn rd_atom(&self) -> (u8, u8) {
+        (self.responder_resources, self.initiator_depth)
+    }
+
+    /// The private data.
+    pub fn data(&self) -> &PrivateData {
+        &self.private_data
+    }
+
+    /// Checks the private data's length for `usage`, and the RDMA read
+    /// depths against the device's limits (`max_qp_rd_atom` for responder
+    /// resources, `max_qp_init_rd_atom` for the initiator depth).
+    pub fn check(&self, usage: PrivateDataUse, max_rd_atom: u32, max_init_rd_atom: u32) -> Result {
+        self.private_data.check(usage)?;
+        if u32::from(self.responder_resources) > max_rd_atom
+            || u32::from(self.initiator_depth) > max_init_rd_atom
+        {
+            return Err(EINVAL);
+        }
+        Ok(())
+    }
+
+    /// The C structure; `private_data` points into `self`, which must outlive its use.
+    pub(crate) fn to_raw(&self) -> bindings::rdma_conn_param {
+        bindings::rdma_conn_param {
+            private_data: if self.private_data.is_empty() {
+                core::ptr::null()
+            } else {
+                self.private_data.as_slice().as_ptr().cast()
+            },
+            // The CM's field is a u8: every use-specific limit is below 256.
+            private_data_len: self.private_data.len().min(255) as u8,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: u8::from(self.flow_control),
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: u8::from(self.srq),
+            qp_num: self.qp_num,
+            qkey: 0,
+        }
+    }
+}
+
+/// A view of the connection parameters an event reported.
+///
+/// It borrows the event: the private data the CM delivered is valid only
+/// during the callback, so a consumer that needs it later copies it
+/// ([`ConnParamView::to_owned`]).
+#[derive(Clone, Copy)]
+pub struct ConnParamView<'a> {
+    pub(crate) raw: &'a bindings::rdma_conn_param,
+}
+
+impl<'a> ConnParamView<'a> {
+    /// The private data as the CM reported it (padded over IB/RoCE).
+    pub fn private_data(&self) -> &'a [u8] {
+        let len = usize::from(self.raw.private_data_len);
+        if self.raw.private_data.is_null() || len == 0 {
+            return &[];
+        }
+        // SAFETY: The CM guarantees `private_data` points to
+        // `private_data_len` readable bytes for the duration of the callback,
+        // which the lifetime `'a` (bound to the event) does not outlive.
+        unsafe { core::slice::from_raw_parts(self.raw.private_data.cast::<u8>(), len) }
+    }
+
+    /// Responder resources the peer offered.
+    pub fn responder_resources(&self) -> u8 {
+        self.raw.responder_resources
+    }
+
+    /// Initiator depth the peer offered.
+    pub fn initiator_depth(&self) -> u8 {
+        self.raw.initiator_depth
+    }
+
+    /// Whether the peer uses flow control.
+    pub fn flow_control(&self) -> bool {
+        self.raw.flow_control != 0
+    }
+
+    /// Retry count the peer asked for.
+    pub fn retry_count(&self) -> u8 {
+        self.raw.retry_count
+    }
+
+    /// RNR retry count the peer asked for.
+    pub fn rnr_retry_count(&self) -> u8 {
+        self.raw.rnr_retry_count
+    }
+
+    /// Whether the peer uses an SRQ.
+    pub fn srq(&self) -> bool {
+        self.raw.srq != 0
+    }
+
+    /// The peer's QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.raw.qp_num
+    }
+
+    /// Copies the parameters out of the event.
+    pub fn to_owned(&self) -> ConnParam {
+        let mut param = ConnParam::new()
+            .responder_resources(self.responder_resources())
+            .initiator_depth(self.initiator_depth())
+            .flow_control(self.flow_control())
+            .srq(self.srq());
+        // The CM's values come off the wire: clamp to the fields' widths
+        // rather than fail, so that a copy always succeeds.
+        param.retry_count = self.retry_count().min(MAX_RETRY_COUNT);
+        param.rnr_retry_count = self.rnr_retry_count().min(MAX_RETRY_COUNT);
+        param.qp_num = self.qp_num() & MAX_QP_NUM;
+        let data = self.private_data();
+        let n = data.len().min(PRIVATE_DATA_CAPACITY);
+        param.private_data.bytes[..n].copy_from_slice(&data[..n]);
+        param.private_data.len = n as u16;
+        param
+    }
+}
+
+/// A view of the UD parameters (SIDR) an event reported.
+#[derive(Clone, Copy)]
+pub struct UdParamView<'a> {
+    pub(crate) raw: &'a bindings::rdma_ud_param,
+}
+
+impl<'a> UdParamView<'a> {
+    /// The private data as the CM reported it.
+    pub fn private_data(&self) -> &'a [u8] {
+        let len = usize::from(self.raw.private_data_len);
+        if self.raw.private_data.is_null() || len == 0 {
+            return &[];
+        }
+        // SAFETY: As for `ConnParamView::private_data`: valid for the callback, which `'a`
+        // does not outlive.
+        unsafe { core::slice::from_raw_parts(self.raw.private_data.cast::<u8>(), len) }
+    }
+
+    /// The remote QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.raw.qp_num
+    }
+
+    /// The remote Q_Key.
+    pub fn qkey(&self) -> u32 {
+        self.raw.qkey
+    }
+}

@@ -1,0 +1,170 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! CM events (`struct rdma_cm_event`).
+//!
+//! An [`Event`] borrows the C event for the duration of the callback only;
+//! its parameter views borrow it in turn, so private data cannot be kept past
+//! the callback by mistake.
+
+use super::{
+    bindings,
+    conn_param::{ConnParamView, UdParamView},
+};
+use kernel::prelude::*;
+
+/// `enum rdma_cm_event_type` of Linux 7.3, every value.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u32)]
+pub enum EventType {
+    /// Address resolution (`resolve_addr`) completed.
+    AddrResolved = bindings::rdma_cm_event_type_RDMA_CM_EVENT_ADDR_RESOLVED,
+    /// Address resolution failed.
+    AddrError = bindings::rdma_cm_event_type_RDMA_CM_EVENT_ADDR_ERROR,
+    /// Route resolution (`resolve_route`) completed.
+    RouteResolved = bindings::rdma_cm_event_type_RDMA_CM_EVENT_ROUTE_RESOLVED,
+    /// Route resolution failed.
+    RouteError = bindings::rdma_cm_event_type_RDMA_CM_EVENT_ROUTE_ERROR,
+    /// A connection request arrived on a listener.
+    ConnectRequest = bindings::rdma_cm_event_type_RDMA_CM_EVENT_CONNECT_REQUEST,
+    /// The peer answered a connect on an id without a QP.
+    ConnectResponse = bindings::rdma_cm_event_type_RDMA_CM_EVENT_CONNECT_RESPONSE,
+    /// Connection establishment failed.
+    ConnectError = bindings::rdma_cm_event_type_RDMA_CM_EVENT_CONNECT_ERROR,
+    /// The peer could not be reached.
+    Unreachable = bindings::rdma_cm_event_type_RDMA_CM_EVENT_UNREACHABLE,
+    /// The peer rejected the connection; the status is the reject reason.
+    Rejected = bindings::rdma_cm_event_type_RDMA_CM_EVENT_REJECTED,
+    /// The connection is established.
+    Established = bindings::rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED,
+    /// The connection was disconnected.
+    Disconnected = bindings::rdma_cm_event_type_RDMA_CM_EVENT_DISCONNECTED,
+    /// The device the id is bound to is going away: destroy the id soon.
+    DeviceRemoval = bindings::rdma_cm_event_type_RDMA_CM_EVENT_DEVICE_REMOVAL,
+    /// A multicast join completed.
+    MulticastJoin = bindings::rdma_cm_event_type_RDMA_CM_EVENT_MULTICAST_JOIN,
+    /// A multicast join failed.
+    MulticastError = bindings::rdma_cm_event_type_RDMA_CM_EVENT_MULTICAST_ERROR,
+    /// The local address changed.
+    AddrChange = bindings::rdma_cm_event_type_RDMA_CM_EVENT_ADDR_CHANGE,
+    /// The QP left the timewait state.
+    TimewaitExit = bindings::rdma_cm_event_type_RDMA_CM_EVENT_TIMEWAIT_EXIT,
+}
+
+impl EventType {
+    /// Every event type, in numeric order.
+    pub const ALL: [EventType; 16] = [
+        Self::AddrResolved,
+        Self::AddrError,
+        Self::RouteResolved,
+        Self::RouteError,
+        Self::ConnectRequest,
+        Self::ConnectResponse,
+        Self::ConnectError,
+        Self::Unreachable,
+        Self::Rejected,
+        Self::Established,
+        Self::Disconnected,
+        Self::DeviceRemoval,
+        Self::MulticastJoin,
+        Self::MulticastError,
+        Self::AddrChange,
+        Self::TimewaitExit,
+    ];
+
+    /// The type of a raw event number, if it is one 7.3 defines.
+    pub fn from_raw(raw: u32) -> Option<Self> {
+        Self::ALL.iter().copied().find(|t| *t as u32 == raw)
+    }
+
+    /// The CM's name for it (`rdma_event_msg`), e.g. `RDMA_CM_EVENT_ESTABLISHED`.
+    pub fn name(self) -> &'static CStr {
+        // SAFETY: `rdma_event_msg` accepts any value and returns a pointer to
+        // a static NUL-terminated string.
+        unsafe { CStr::from_char_ptr(bindings::rdma_event_msg(self as u32)) }
+    }
+
+    /// Whether the event carries `rdma_conn_param` (on RC ids).
+    fn has_conn_param(self) -> bool {
+        matches!(
+            self,
+            Self::ConnectRequest
+                | Self::ConnectResponse
+                | Self::Established
+                | Self::Rejected
+                | Self::ConnectError
+                | Self::Unreachable
+        )
+    }
+}
+
+/// An event delivered to a [`super::cm::Handler`], valid for the callback.
+pub struct Event<'a> {
+    raw: &'a bindings::rdma_cm_event,
+    kind: EventType,
+    qp_type: u32,
+}
+
+impl<'a> Event<'a> {
+    /// Wraps a C event; `None` for an event type 7.3 does not define.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must point to a valid event for the duration of `'a`, and
+    /// `qp_type` must be the QP type of the id it was delivered to.
+    pub(crate) unsafe fn from_raw(raw: *const bindings::rdma_cm_event, qp_type: u32) -> Option<Self> {
+        // SAFETY: By the function's safety requirements.
+        let raw = unsafe { &*raw };
+        Some(Self {
+            kind: EventType::from_raw(raw.event)?,
+            raw,
+            qp_type,
+        })
+    }
+
+    /// The event's type.
+    pub fn kind(&self) -> EventType {
+        self.kind
+    }
+
+    /// The raw status: 0, a negative errno, or for [`EventType::Rejected`]
+    /// the (positive) IB CM reject reason.
+    pub fn status(&self) -> i32 {
+        self.raw.status
+    }
+
+    /// The status as a result: `Ok` for 0, the errno otherwise (a reject
+    /// reason maps to `ECONNREFUSED`).
+    pub fn result(&self) -> Result {
+        match self.raw.status {
+            0 => Ok(()),
+            s if s < 0 => Err(Error::from_errno(s)),
+            _ => Err(ECONNREFUSED),
+        }
+    }
+
+    /// Connection parameters, for connection events on RC ids.
+    pub fn conn_param(&self) -> Option<ConnParamView<'a>> {
+        if self.kind.has_conn_param() && self.qp_type != bindings::ib_qp_type_IB_QPT_UD {
+            // SAFETY: For these event types on connected ids the CM fills the
+            // `conn` member of the union.
+            Some(ConnParamView {
+                raw: unsafe { self.raw.param.conn.as_ref() },
+            })
+        } else {
+            None
+        }
+    }
+
+    /// UD parameters, for SIDR events on UD ids.
+    pub fn ud_param(&self) -> Option<UdParamView<'a>> {
+        if self.kind.has_conn_param() && self.qp_type == bindings::ib_qp_type_IB_QPT_UD {
+            // SAFETY: For these event types on UD ids the CM fills the `ud`
+            // member of the union.
+            Some(UdParamView {
+                raw: unsafe { self.raw.param.ud.as_ref() },
+            })
+        } else {
+            None
+        }
+    }
+}

@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! KUnit suites for the abstraction layer's validation rules.  They run when
+//! the module is loaded (`kunit_module_notify`) and report KTAP to dmesg.
+
+use kernel::prelude::*;
+
+#[kunit_tests(rdma_cm_rs_addr)]
+mod addr_tests {
+    use crate::rdma::addr::*;
+
+    #[test]
+    fn parses_ipv4_with_port() {
+        let a = SocketAddr::parse(b"192.0.2.1:7471").unwrap();
+        assert_eq!(a, SocketAddr::V4 { ip: [192, 0, 2, 1], port: 7471 });
+    }
+
+    #[test]
+    fn rejects_malformed_ipv4() {
+        for bad in [
+            &b"192.0.2:7471"[..],
+            b"192.0.2.1.5:1",
+            b"256.0.0.1:1",
+            b"192.0.2.1",
+            b"192.0.2.1:",
+            b"192.0.2.1:65536",
+            b"1a.0.0.1:1",
+            b"192.0.2.1:-1",
+        ] {
+            assert!(SocketAddr::parse(bad).is_err());
+        }
+    }
+
+    #[test]
+    fn parses_ipv6_forms() {
+        let a = SocketAddr::parse(b"[2001:db8::1]:7471").unwrap();
+        let mut ip = [0u8; 16];
+        ip[0] = 0x20;
+        ip[1] = 0x01;
+        ip[2] = 0x0d;
+        ip[3] = 0xb8;
+        ip[15] = 1;
+        assert_eq!(a, SocketAddr::V6 { ip, port: 7471, flowinfo: 0, scope_id: 0 });
+        assert_eq!(parse_ipv6(b"::").unwrap(), [0u8; 16]);
+        let mapped = parse_ipv6(b"::ffff:192.0.2.1").unwrap();
+        assert_eq!(&mapped[10..], &[0xff, 0xff, 192, 0, 2, 1]);
+        assert_eq!(parse_ipv6(b"1:2:3:4:5:6:7:8").unwrap()[15], 8);
+        let scoped = SocketAddr::parse(b"[fe80::1%3]:1").unwrap();
+        assert!(matches!(scoped, SocketAddr::V6 { scope_id: 3, .. }));
+    }
+
+    #[test]
+    fn rejects_malformed_ipv6() {
+        for bad in [
+            &b"1::2::3"[..],
+            b"1:2:3:4:5:6:7:8:9",
+            b"1:2:3:4:5:6:7",
+            b"12345::",
+            b"g::1",
+            b":1:2:3:4:5:6:7",
+        ] {
+            assert!(parse_ipv6(bad).is_err());
+        }
+        assert!(SocketAddr::parse(b"[2001:db8::1]7471").is_err());
+        assert!(SocketAddr::parse(b"[2001:db8::1:7471").is_err());
+    }
+
+    #[test]
+    fn sockaddr_round_trip() {
+        for text in [&b"192.0.2.1:7471"[..], b"[2001:db8::2]:1", b"0.0.0.0:0"] {
+            let a = SocketAddr::parse(text).unwrap();
+            let bytes = a.to_sockaddr();
+            assert_eq!(SocketAddr::from_sockaddr(&bytes.0).unwrap(), Some(a));
+        }
+        // Network byte order on the wire: port 7471 = 0x1d2f.
+        let b = SocketAddr::parse(b"192.0.2.1:7471").unwrap().to_sockaddr();
+        assert_eq!(&b.0[..8], &[2, 0, 0x1d, 0x2f, 192, 0, 2, 1]);
+    }
+
+    #[test]
+    fn sockaddr_rejects_garbage() {
+        let mut b = SocketAddr::parse(b"192.0.2.1:1").unwrap().to_sockaddr();
+        b.0[9] = 1; // sin_zero
+        assert!(SocketAddr::from_sockaddr(&b.0).is_err());
+        let mut b = SocketAddr::parse(b"[::1]:1").unwrap().to_sockaddr();
+        b.0[100] = 1; // past sockaddr_in6
+        assert!(SocketAddr::from_sockaddr(&b.0).is_err());
+        let mut none = [0u8; SOCKADDR_SIZE];
+        assert_eq!(SocketAddr::from_sockaddr(&none).unwrap(), None);
+        none[5] = 1;
+        assert!(SocketAddr::from_sockaddr(&none).is_err());
+        let mut ib = [0u8; SOCKADDR_SIZE];
+        ib[0] = AF_IB as u8;
+        assert_eq!(SocketAddr::from_sockaddr(&ib), Err(kernel::error::code::EAFNOSUPPORT));
+    }
+}
+
+#[kunit_tests(rdma_cm_rs_conn_param)]
+mod conn_param_tests {
+    use crate::rdma::conn_param::*;
+
+    #[test]
+    fn private_data_limits_match_the_man_pages() {
+        assert_eq!(MAX_CONNECT_PRIVATE_DATA_RC, 56);
+        assert_eq!(MAX_CONNECT_PRIVATE_DATA_UD, 180);
+        assert_eq!(MAX_ACCEPT_PRIVATE_DATA_RC, 196);
+        assert_eq!(MAX_ACCEPT_PRIVATE_DATA_UD, 136);
+        assert_eq!(MAX_REJECT_PRIVATE_DATA, 148);
+    }
+
+    #[test]
+    fn private_data_checked_per_use() {
+        let data = [0xa5u8; 200];
+        for (usage, limit) in [
+            (PrivateDataUse::ConnectRc, 56),
+            (PrivateDataUse::ConnectUd, 180),
+            (PrivateDataUse::AcceptRc, 196),
+            (PrivateDataUse::AcceptUd, 136),
+            (PrivateDataUse::Reject, 148),
+        ] {
+            assert!(PrivateData::new(&data[..limit]).unwrap().check(usage).is_ok());
+            assert!(PrivateData::new(&data[..limit + 1]).unwrap().check(usage).is_err());
+        }
+        assert!(PrivateData::new(&[0u8; 257]).is_err());
+    }
+
+    #[test]
+    fn retry_counts_are_three_bits() {
+        for v in 0..=7u8 {
+            assert!(ConnParam::new().retry_count(v).is_ok());
+            assert!(ConnParam::new().rnr_retry_count(v).is_ok());
+        }
+        assert!(ConnParam::new().retry_count(8).is_err());
+        assert!(ConnParam::new().rnr_retry_count(8).is_err());
+        assert!(ConnParam::new().retry_count(255).is_err());
+    }
+
+    #[test]
+    fn qp_num_is_24_bits() {
+        assert!(ConnParam::new().qp_num(0xff_ffff).is_ok());
+        assert!(ConnParam::new().qp_num(0x100_0000).is_err());
+    }
+
+    #[test]
+    fn rd_atom_bounded_by_device() {
+        let p = ConnParam::new().responder_resources(4).initiator_depth(2);
+        assert!(p.check(PrivateDataUse::ConnectRc, 4, 2).is_ok());
+        assert!(p.check(PrivateDataUse::ConnectRc, 3, 2).is_err());
+        assert!(p.check(PrivateDataUse::ConnectRc, 4, 1).is_err());
+    }
+}
+
+#[kunit_tests(rdma_cm_rs_getaddrinfo)]
+mod getaddrinfo_tests {
+    use crate::rdma::{addr::*, cm::*, getaddrinfo::*};
+    use kernel::error::code::*;
+
+    #[test]
+    fn active_numeric() {
+        let ai = getaddrinfo(Some(b"192.0.2.1"), Some(b"7471"), &Hints::default()).unwrap();
+        assert_eq!(ai.dst, Some(SocketAddr::V4 { ip: [192, 0, 2, 1], port: 7471 }));
+        assert_eq!(ai.src, None);
+        assert_eq!(ai.port_space, PortSpace::Tcp);
+        assert_eq!(ai.qp_type, QpType::Rc);
+    }
+
+    #[test]
+    fn passive_defaults_to_wildcard() {
+        let hints = Hints { flags: RAI_PASSIVE, ..Hints::default() };
+        let ai = getaddrinfo(None, Some(b"7471"), &hints).unwrap();
+        assert_eq!(ai.src, Some(SocketAddr::V4 { ip: [0; 4], port: 7471 }));
+        let hints = Hints { flags: RAI_PASSIVE | RAI_FAMILY, family: AF_INET6, ..Hints::default() };
+        let ai = getaddrinfo(None, None, &hints).unwrap();
+        assert_eq!(ai.family, AF_INET6);
+        assert!(ai.src.unwrap().is_any());
+    }
+
+    #[test]
+    fn ud_hint_selects_udp() {
+        let hints = Hints { qp_type: Some(QpType::Ud), ..Hints::default() };
+        let ai = getaddrinfo(Some(b"2001:db8::1"), Some(b"7174"), &hints).unwrap();
+        assert_eq!(ai.port_space, PortSpace::Udp);
+        assert_eq!(ai.family, AF_INET6);
+        let bad = Hints { qp_type: Some(QpType::Ud), port_space: Some(PortSpace::Tcp), ..Hints::default() };
+        assert_eq!(getaddrinfo(Some(b"192.0.2.1"), None, &bad), Err(EINVAL));
+    }
+
+    #[test]
+    fn names_are_not_resolved() {
+        assert_eq!(getaddrinfo(Some(b"localhost"), None, &Hints::default()), Err(EOPNOTSUPP));
+        assert_eq!(getaddrinfo(Some(b"192.0.2.1"), Some(b"http"), &Hints::default()), Err(EOPNOTSUPP));
+        let numeric = Hints { flags: RAI_NUMERICHOST, ..Hints::default() };
+        assert_eq!(getaddrinfo(Some(b"localhost"), None, &numeric), Err(EINVAL));
+    }
+
+    #[test]
+    fn family_and_flags_checked() {
+        let v6 = Hints { flags: RAI_FAMILY, family: AF_INET6, ..Hints::default() };
+        assert_eq!(getaddrinfo(Some(b"192.0.2.1"), None, &v6), Err(EAFNOSUPPORT));
+        let ib = Hints { family: AF_IB, ..Hints::default() };
+        assert_eq!(getaddrinfo(Some(b"192.0.2.1"), None, &ib), Err(EAFNOSUPPORT));
+        let unknown = Hints { flags: 0x100, ..Hints::default() };
+        assert_eq!(getaddrinfo(Some(b"192.0.2.1"), None, &unknown), Err(EINVAL));
+        assert_eq!(getaddrinfo(None, Some(b"1"), &Hints::default()), Err(EINVAL));
+        let noroute = Hints { flags: RAI_NOROUTE, ..Hints::default() };
+        assert!(getaddrinfo(Some(b"192.0.2.1"), None, &noroute).is_ok());
+    }
+}
+
+#[kunit_tests(rdma_cm_rs_ids)]
+mod id_tests {
+    use crate::rdma::{cm::*, event::*};
+
+    #[test]
+    fn every_event_type_has_a_name() {
+        for (i, t) in EventType::ALL.iter().enumerate() {
+            assert_eq!(*t as usize, i);
+            assert_eq!(EventType::from_raw(i as u32), Some(*t));
+            assert!(t.name().to_bytes().starts_with(b"RDMA_CM_EVENT_"));
+        }
+        assert_eq!(EventType::from_raw(16), None);
+    }
+
+    #[test]
+    fn qp_type_must_fit_port_space() {
+        assert!(QpType::Rc.allowed_in(PortSpace::Tcp));
+        assert!(!QpType::Ud.allowed_in(PortSpace::Tcp));
+        assert!(QpType::Ud.allowed_in(PortSpace::Udp));
+        assert!(!QpType::Rc.allowed_in(PortSpace::Udp));
+        assert!(QpType::Rc.allowed_in(PortSpace::Ib));
+    }
+
+    struct Nop;
+    impl Handler for Nop {
+        fn event(&self, _id: &LockedId<'_>, _event: &Event<'_>) {}
+    }
+
+    #[test]
+    fn create_and_destroy_ids() {
+        let id = CmId::new(Nop, Namespace::Init, PortSpace::Tcp, QpType::Rc).unwrap();
+        // Unbound: no device, no QP, no address.
+        id.with_lock(|l| {
+            assert_eq!(l.port_num(), 0);
+            assert_eq!(l.qp_num(), None);
+            assert!(l.src_addr().is_none());
+            // Options that need an RC id in the right state.
+            assert!(l.set_ack_timeout(32).is_err());
+            assert!(l.set_min_rnr_timer(32).is_err());
+            assert!(l.set_ack_timeout(14).is_ok());
+            assert!(l.set_reuseaddr(true).is_ok());
+            assert!(l.resolve_route(0).is_err());
+            assert!(l.listen(0).is_err());
+        });
+        drop(id);
+        assert!(CmId::new(Nop, Namespace::Current, PortSpace::Tcp, QpType::Ud).is_err());
+        let ud = CmId::new(Nop, Namespace::Current, PortSpace::Udp, QpType::Ud).unwrap();
+        drop(ud);
+    }
+
+    #[test]
+    fn bind_to_loopback_any_port() {
+        let id = CmId::new(Nop, Namespace::Init, PortSpace::Tcp, QpType::Rc).unwrap();
+        let any = crate::rdma::addr::SocketAddr::any(crate::rdma::addr::AF_INET, 0).unwrap();
+        id.with_lock(|l| {
+            assert!(l.bind(&any).is_ok());
+            // A bound id picked a port; binding again fails.
+            assert!(l.src_addr().map(|a| a.port() != 0).unwrap_or(false));
+            assert!(l.bind(&any).is_err());
+            // Options that are only valid before binding.
+            assert!(l.set_reuseaddr(true).is_err());
+            assert!(l.set_afonly(true).is_err());
+        });
+    }
+}

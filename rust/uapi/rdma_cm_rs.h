@@ -1,0 +1,258 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/*
+ * rdma_cm_rs: ioctl ABI of /dev/rdma_cm_rs, an in-kernel RDMA CM consumer
+ * driven from user space.  See Documentation/rdma_cm_rs/ioctl-abi.rst.
+ *
+ * Rules that hold for every structure here:
+ *  - sizes and offsets are identical for 32- and 64-bit user space: user
+ *    pointers travel as __u64, every field is naturally aligned, padding is
+ *    explicit and named "reserved";
+ *  - reserved fields and unused bytes of an address must be zero, else the
+ *    command fails with -EINVAL, so that they can be given meaning later;
+ *  - a command number encodes its structure's size; the kernel accepts a
+ *    shorter structure from an older header (missing fields read as zero) and
+ *    a longer one whose extra bytes are zero (else -E2BIG), like
+ *    copy_struct_from_user();
+ *  - unknown commands fail with -ENOTTY, bad user pointers with -EFAULT.
+ */
+#ifndef _UAPI_RDMA_CM_RS_H
+#define _UAPI_RDMA_CM_RS_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define RDMA_CM_RS_ABI_VERSION 1
+#define RDMA_CM_RS_DEVICE_NAME "rdma_cm_rs"
+
+/* Largest private data any CM message can carry (the IB CM's RTU: 224). */
+#define RDMA_CM_RS_MAX_PRIVATE_DATA 256
+/* Largest message SEND/RECV move; the module keeps receives of this size posted. */
+#define RDMA_CM_RS_MAX_MESSAGE 4096
+/* Receive buffers the module keeps posted on each connection. */
+#define RDMA_CM_RS_RECV_DEPTH 16
+/* Wait for ever (GET_EVENT, RECV). */
+#define RDMA_CM_RS_TIMEOUT_INFINITE 0xffffffffU
+
+/* Port spaces (enum rdma_ucm_port_space). */
+#define RDMA_CM_RS_PS_IPOIB 0x0002
+#define RDMA_CM_RS_PS_IB 0x013F
+#define RDMA_CM_RS_PS_TCP 0x0106
+#define RDMA_CM_RS_PS_UDP 0x0111
+
+/* QP types (enum ib_qp_type). */
+#define RDMA_CM_RS_QPT_RC 2
+#define RDMA_CM_RS_QPT_UD 4
+
+/*
+ * A socket address exactly as user space builds it: a struct sockaddr_in or
+ * sockaddr_in6 (AF_IB is reserved for later), in network byte order, followed
+ * by zeros up to 128 bytes.  family == 0 means "no address".
+ */
+struct rdma_cm_rs_sockaddr {
+	__u8 bytes[128];
+};
+
+/*
+ * Connection parameters (struct rdma_conn_param).  On CONNECT and ACCEPT the
+ * module owns the QP, so qp_num and srq are reported, never taken; on events
+ * they are what the peer sent.  private_data_len is what the CM reported:
+ * the CM pads received private data (REQ to 56 bytes, REP to 196, REJ to 148
+ * over IB/RoCE), so applications encode their own length in the payload.
+ */
+struct rdma_cm_rs_conn_param {
+	__u32 qp_num;			/* 24 bits */
+	__u16 private_data_len;
+	__u8 responder_resources;
+	__u8 initiator_depth;
+	__u8 flow_control;
+	__u8 retry_count;		/* 0..7 */
+	__u8 rnr_retry_count;		/* 0..7, 7 = infinite */
+	__u8 srq;
+	__u32 reserved;
+	__u8 private_data[RDMA_CM_RS_MAX_PRIVATE_DATA];
+};
+
+/* RDMA_CM_RS_IOC_INFO */
+struct rdma_cm_rs_info {
+	__u32 abi_version;		/* RDMA_CM_RS_ABI_VERSION */
+	__u32 max_private_data;		/* RDMA_CM_RS_MAX_PRIVATE_DATA */
+	__u32 max_message;		/* RDMA_CM_RS_MAX_MESSAGE */
+	__u32 max_ids;			/* ids one file may hold */
+	__u32 recv_depth;		/* RDMA_CM_RS_RECV_DEPTH */
+	__u32 reserved[11];
+};
+
+/* RDMA_CM_RS_IOC_CREATE_ID */
+struct rdma_cm_rs_create_id {
+	__u64 context;			/* in: returned with every event of the id */
+	__u32 port_space;		/* in: RDMA_CM_RS_PS_* */
+	__u32 qp_type;			/* in: RDMA_CM_RS_QPT_* */
+	__u32 id;			/* out: handle, never 0 */
+	__u32 reserved;
+};
+
+/* RDMA_CM_RS_IOC_DESTROY_ID, RDMA_CM_RS_IOC_DISCONNECT */
+struct rdma_cm_rs_id_cmd {
+	__u32 id;
+	__u32 reserved;
+};
+
+/* RDMA_CM_RS_IOC_BIND */
+struct rdma_cm_rs_bind {
+	__u32 id;
+	__u32 reserved;
+	struct rdma_cm_rs_sockaddr addr;
+};
+
+/* RDMA_CM_RS_IOC_RESOLVE_ADDR: completes with ADDR_RESOLVED or ADDR_ERROR. */
+struct rdma_cm_rs_resolve_addr {
+	__u32 id;
+	__u32 timeout_ms;		/* 1..60000 */
+	struct rdma_cm_rs_sockaddr src;	/* optional: family 0 = any */
+	struct rdma_cm_rs_sockaddr dst;
+};
+
+/* RDMA_CM_RS_IOC_RESOLVE_ROUTE: completes with ROUTE_RESOLVED or ROUTE_ERROR. */
+struct rdma_cm_rs_resolve_route {
+	__u32 id;
+	__u32 timeout_ms;		/* 1..60000 */
+};
+
+/* RDMA_CM_RS_IOC_LISTEN */
+struct rdma_cm_rs_listen {
+	__u32 id;
+	__u32 backlog;			/* 1..1024, enforced by the module */
+};
+
+/*
+ * RDMA_CM_RS_IOC_CONNECT: after ROUTE_RESOLVED.  The module creates the QP
+ * (RC, RDMA_CM_RS_RECV_DEPTH receives posted).
+ */
+struct rdma_cm_rs_connect {
+	__u32 id;
+	__u32 reserved;
+	struct rdma_cm_rs_conn_param param;
+};
+
+/* RDMA_CM_RS_IOC_ACCEPT: on an id delivered by a CONNECT_REQUEST event. */
+#define RDMA_CM_RS_ACCEPT_REQUEST_PARAM (1U << 0) /* use the request's values (rdma_accept(id, NULL)) */
+struct rdma_cm_rs_accept {
+	__u32 id;
+	__u32 flags;			/* RDMA_CM_RS_ACCEPT_* */
+	struct rdma_cm_rs_conn_param param; /* ignored with ACCEPT_REQUEST_PARAM */
+};
+
+/* RDMA_CM_RS_IOC_REJECT */
+struct rdma_cm_rs_reject {
+	__u32 id;
+	__u8 reason;			/* IB CM reject reason; 0 = consumer defined (28) */
+	__u8 reserved[1];
+	__u16 private_data_len;		/* <= 148 */
+	__u8 private_data[RDMA_CM_RS_MAX_PRIVATE_DATA];
+};
+
+/* RDMA_CM_RS_IOC_SET_OPTION */
+enum rdma_cm_rs_option {
+	RDMA_CM_RS_OPT_TOS = 1,		/* 0..255, any state before connect/listen */
+	RDMA_CM_RS_OPT_REUSEADDR = 2,	/* 0/1, before bind */
+	RDMA_CM_RS_OPT_AFONLY = 3,	/* 0/1, before bind */
+	RDMA_CM_RS_OPT_ACK_TIMEOUT = 4,	/* 0..31: 4.096 us * 2^t, RC only */
+	RDMA_CM_RS_OPT_MIN_RNR_TIMER = 5, /* 0..31 (IB encoding) */
+};
+struct rdma_cm_rs_set_option {
+	__u32 id;
+	__u32 option;			/* enum rdma_cm_rs_option */
+	__u64 value;
+};
+
+/* RDMA_CM_RS_IOC_QUERY */
+struct rdma_cm_rs_query {
+	__u32 id;			/* in */
+	__u32 state;			/* out: enum rdma_cm_rs_state */
+	__u32 port_space;
+	__u32 qp_type;
+	__u32 qp_num;			/* 0 while there is no QP */
+	__u32 port_num;			/* 0 while not bound to a device */
+	__u8 responder_resources;	/* negotiated, once connected */
+	__u8 initiator_depth;
+	__u8 tos;
+	__u8 tos_set;
+	__u32 backlog;			/* listeners */
+	struct rdma_cm_rs_sockaddr src;
+	struct rdma_cm_rs_sockaddr dst;
+	char device[64];		/* NUL-terminated, empty while unbound */
+	__u64 reserved[4];
+};
+
+/* States reported by RDMA_CM_RS_IOC_QUERY (the CM's enum rdma_cm_state). */
+enum rdma_cm_rs_state {
+	RDMA_CM_RS_IDLE = 0,
+	RDMA_CM_RS_ADDR_QUERY,
+	RDMA_CM_RS_ADDR_RESOLVED,
+	RDMA_CM_RS_ROUTE_QUERY,
+	RDMA_CM_RS_ROUTE_RESOLVED,
+	RDMA_CM_RS_CONNECT,
+	RDMA_CM_RS_DISCONNECT,
+	RDMA_CM_RS_ADDR_BOUND,
+	RDMA_CM_RS_LISTEN,
+	RDMA_CM_RS_DEVICE_REMOVAL,
+	RDMA_CM_RS_DESTROYING,
+};
+
+/* An event: RDMA_CM_RS_IOC_GET_EVENT. */
+struct rdma_cm_rs_event {
+	__u64 context;			/* the id's create-time context */
+	__u32 id;			/* handle of the id the event is for */
+	__u32 event;			/* enum rdma_cm_event_type (RDMA_CM_EVENT_*) */
+	__s32 status;			/* 0 or a negative errno; REJECTED: the reject reason */
+	__u32 new_id;			/* CONNECT_REQUEST: handle of the new id, else 0 */
+	__u32 ud_qp_num;		/* UD (SIDR) events */
+	__u32 ud_qkey;
+	struct rdma_cm_rs_conn_param param;
+	__u64 reserved[2];
+};
+
+struct rdma_cm_rs_get_event {
+	__u32 timeout_ms;		/* in: 0 = do not wait; RDMA_CM_RS_TIMEOUT_INFINITE */
+	__u32 reserved;
+	struct rdma_cm_rs_event event;	/* out */
+};
+
+/* RDMA_CM_RS_IOC_SEND: one message, returns after its completion. */
+struct rdma_cm_rs_send {
+	__u32 id;
+	__u32 len;			/* 1..RDMA_CM_RS_MAX_MESSAGE */
+	__u64 buf;			/* user pointer */
+	__u32 timeout_ms;		/* wait for the completion; 0 = 5000 */
+	__u32 reserved;
+};
+
+/* RDMA_CM_RS_IOC_RECV: the oldest message received on the connection. */
+struct rdma_cm_rs_recv {
+	__u32 id;
+	__u32 len;			/* in: buffer size; out: message length */
+	__u64 buf;			/* user pointer */
+	__u32 timeout_ms;		/* 0 = do not wait; RDMA_CM_RS_TIMEOUT_INFINITE */
+	__u32 reserved;
+};
+
+#define RDMA_CM_RS_IOCTL_MAGIC 0xD7
+
+#define RDMA_CM_RS_IOC_INFO		_IOR(RDMA_CM_RS_IOCTL_MAGIC, 0x00, struct rdma_cm_rs_info)
+#define RDMA_CM_RS_IOC_CREATE_ID	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x01, struct rdma_cm_rs_create_id)
+#define RDMA_CM_RS_IOC_DESTROY_ID	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x02, struct rdma_cm_rs_id_cmd)
+#define RDMA_CM_RS_IOC_BIND		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x03, struct rdma_cm_rs_bind)
+#define RDMA_CM_RS_IOC_RESOLVE_ADDR	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x04, struct rdma_cm_rs_resolve_addr)
+#define RDMA_CM_RS_IOC_RESOLVE_ROUTE	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x05, struct rdma_cm_rs_resolve_route)
+#define RDMA_CM_RS_IOC_LISTEN		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x06, struct rdma_cm_rs_listen)
+#define RDMA_CM_RS_IOC_CONNECT		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x07, struct rdma_cm_rs_connect)
+#define RDMA_CM_RS_IOC_ACCEPT		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x08, struct rdma_cm_rs_accept)
+#define RDMA_CM_RS_IOC_REJECT		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x09, struct rdma_cm_rs_reject)
+#define RDMA_CM_RS_IOC_DISCONNECT	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x0a, struct rdma_cm_rs_id_cmd)
+#define RDMA_CM_RS_IOC_SET_OPTION	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x0b, struct rdma_cm_rs_set_option)
+#define RDMA_CM_RS_IOC_QUERY		_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x0c, struct rdma_cm_rs_query)
+#define RDMA_CM_RS_IOC_GET_EVENT	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x0d, struct rdma_cm_rs_get_event)
+#define RDMA_CM_RS_IOC_SEND		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x0e, struct rdma_cm_rs_send)
+#define RDMA_CM_RS_IOC_RECV		_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x0f, struct rdma_cm_rs_recv)
+
+#endif /* _UAPI_RDMA_CM_RS_H */

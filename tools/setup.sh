@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# Installs everything rdma-cm-rs needs on a Debian machine (bookworm or
+# trixie, as root) and prepares the kernel source.  Idempotent: a second run
+# only checks and takes seconds.
+#
+#   tools/setup.sh            packages, Rust components, bindgen, kernel source
+#
+# Environment:
+#   KDIR=...                  a Rust-enabled kernel build of the user's own: no
+#                             kernel source is fetched
+#   RDMA_CM_RS_CACHE=...      where downloads and builds are cached
+#                             (default /var/cache/rdma-cm-rs)
+set -euo pipefail
+
+cache=${RDMA_CM_RS_CACHE:-/var/cache/rdma-cm-rs}
+kernel_series=7.3
+bindgen_version=0.72.1
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "run as root (packages are installed with apt-get)"
+
+packages=(
+	clang-19 lld-19 llvm-19 libclang-19-dev
+	qemu-system-x86 busybox-static
+	librdmacm-dev libibverbs-dev ibverbs-providers rdmacm-utils ibverbs-utils
+	iproute2 flex bison bc libelf-dev libssl-dev cpio kmod xz-utils
+	make gcc pkg-config
+)
+
+install_packages() {
+	local missing=() p
+	for p in "${packages[@]}"; do
+		dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' ||
+			missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	log "installing ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+install_rust_parts() {
+	command -v rustup >/dev/null || die "rustup not found: install Rust with rustup first"
+	rustup component list --installed 2>/dev/null | grep -q '^rust-src' ||
+		rustup component add rust-src
+	for c in rustfmt clippy; do
+		rustup component list --installed 2>/dev/null | grep -q "^$c" ||
+			rustup component add "$c"
+	done
+	if ! bindgen --version 2>/dev/null | grep -qx "bindgen $bindgen_version"; then
+		log "installing bindgen-cli $bindgen_version"
+		cargo install --quiet bindgen-cli --version "$bindgen_version" --locked
+	fi
+}
+
+# The mirror of the machine's own Debian sources, read at run time so that no
+# registry host name is ever written into the repository.
+debian_mirror() {
+	local uri
+	uri=$(awk '
+		/^URIs:/ { u = $2 }
+		/^Suites:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) s = 1 }
+		/^$/ { if (u != "" && s) { print u; exit } u = ""; s = 0 }
+		END { if (u != "" && s) print u }' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)
+	if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
+		uri=$(awk '$1 == "deb" && $0 !~ /security/ {
+			for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i !~ /\]$/ && $i ~ /:\/\//) { print $i; exit } }' \
+			/etc/apt/sources.list)
+	fi
+	[ -n "$uri" ] || die "no Debian mirror found in the system's apt sources"
+	printf '%s\n' "$uri"
+}
+
+# Fetches Debian's linux-source-$kernel_series from trixie-backports through a
+# private apt configuration: its own sources and lists, the system keyring.
+fetch_kernel_source() {
+	local src_root="$cache/src" apt_root="$cache/apt" deb tarball dir
+	dir=$(ls -d "$src_root"/linux-source-"$kernel_series" 2>/dev/null || true)
+	if [ -n "$dir" ] && [ -f "$dir/.rdma-cm-rs-complete" ]; then
+		return 0
+	fi
+	mkdir -p "$apt_root/sources.list.d" "$apt_root/lists/partial" \
+		"$apt_root/archives/partial" "$apt_root/preferences.d" "$src_root"
+	printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s trixie-backports main\n' \
+		"$(debian_mirror)" >"$apt_root/sources.list"
+	local opts=(
+		-o Dir::Etc::sourcelist="$apt_root/sources.list"
+		-o Dir::Etc::sourceparts="$apt_root/sources.list.d"
+		-o Dir::Etc::preferencesparts="$apt_root/preferences.d"
+		-o Dir::State::Lists="$apt_root/lists"
+		-o Dir::Cache::Archives="$apt_root/archives"
+		-o Dir::Cache::pkgcache="" -o Dir::Cache::srcpkgcache=""
+		-o APT::Get::List-Cleanup=0
+	)
+	log "fetching linux-source-$kernel_series (private apt configuration)"
+	apt-get "${opts[@]}" update -qq
+	(cd "$apt_root/archives" && apt-get "${opts[@]}" download -qq "linux-source-$kernel_series")
+	deb=$(ls -t "$apt_root"/archives/linux-source-"$kernel_series"_*.deb | head -n1)
+	[ -f "$deb" ] || die "linux-source-$kernel_series was not downloaded"
+	log "unpacking $(basename "$deb")"
+	rm -rf "$apt_root/unpack" && mkdir -p "$apt_root/unpack"
+	dpkg-deb -x "$deb" "$apt_root/unpack"
+	tarball=$(ls "$apt_root"/unpack/usr/src/linux-source-"$kernel_series".tar.* | head -n1)
+	rm -rf "$src_root/linux-source-$kernel_series"
+	tar -C "$src_root" -xf "$tarball"
+	rm -rf "$apt_root/unpack"
+	dir="$src_root/linux-source-$kernel_series"
+	[ -f "$dir/Makefile" ] || die "unexpected tarball layout in $deb"
+	local version
+	version=$(make -s -C "$dir" kernelversion)
+	case "$version" in
+	"$kernel_series".*) log "kernel source $version in $dir" ;;
+	*) die "expected a $kernel_series.x kernel, got $version" ;;
+	esac
+	touch "$dir/.rdma-cm-rs-complete"
+}
+
+install_packages
+install_rust_parts
+if [ -z "${KDIR:-}" ]; then
+	fetch_kernel_source
+fi
+log "ready"
