@@ -77,7 +77,8 @@ pub mod state {
     pub const DEVICE_REMOVAL: u32 = b::rdma_cm_rs_state_RDMA_CM_RS_DEVICE_REMOVAL;
 }
 
-const MAGIC: u32 = b::RDMA_CM_RS_IOCTL_MAGIC;
+/// The ioctl type ("magic") of every command.
+pub const MAGIC: u32 = b::RDMA_CM_RS_IOCTL_MAGIC;
 
 /// The ioctl numbers, computed from the generated structures' sizes.
 pub mod cmd {

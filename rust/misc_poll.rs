@@ -20,6 +20,10 @@ use kernel::{
     types::{ForeignOwnable, Opaque},
 };
 
+/// `EPOLLIN | EPOLLRDNORM` (`include/uapi/linux/eventpoll.h`; bindgen cannot
+/// evaluate their `__force` casts).
+pub const POLL_READABLE: u32 = 0x0000_0001 | 0x0000_0040;
+
 /// A misc device whose files can be polled.
 #[vtable]
 pub trait PollMiscDevice: Sized {

@@ -657,13 +657,14 @@ impl LockedId<'_> {
         unsafe { bindings::rdma_set_service_type(self.as_ptr(), i32::from(tos)) };
     }
 
-    /// `rdma_set_reuseaddr`: only before the id is bound.
+    /// `rdma_set_reuseaddr`: setting it is refused only on a listener,
+    /// clearing it only on an id that is not idle (`cma.c`).
     pub fn set_reuseaddr(&self, on: bool) -> Result {
         // SAFETY: The id is live.
         to_result(unsafe { bindings::rdma_set_reuseaddr(self.as_ptr(), i32::from(on)) })
     }
 
-    /// `rdma_set_afonly`: only before the id is bound.
+    /// `rdma_set_afonly`: only while the id is idle or just bound.
     pub fn set_afonly(&self, on: bool) -> Result {
         // SAFETY: The id is live.
         to_result(unsafe { bindings::rdma_set_afonly(self.as_ptr(), i32::from(on)) })

@@ -169,6 +169,12 @@ struct Buffer {
     data: KVec<u8>,
 }
 
+// SAFETY: `device` is only passed to the DMA API, which may be called from
+// any thread; the data is owned.
+unsafe impl Send for Buffer {}
+// SAFETY: Shared references only read the data.
+unsafe impl Sync for Buffer {}
+
 impl Buffer {
     fn new(pd: &Pd, capacity: usize, direction: bindings::dma_data_direction) -> Result<KBox<Self>> {
         if capacity == 0 || capacity > u32::MAX as usize {

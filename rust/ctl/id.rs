@@ -1,0 +1,225 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! One id of a file: its CM event handler and the state the ioctls share
+//! with it.
+//!
+//! Lock order: an id's CM handler mutex, then its [`IdState`], then the
+//! file's state.  Ioctls take the handler mutex through `CmId::with_lock`
+//! first; handlers already hold it.
+
+use super::{conn::Conn, CtlFile};
+use crate::{
+    abi,
+    rdma::{
+        cm::{CmId, ConnectRequest, Handler, LockedId},
+        conn_param::ConnParamView,
+        event::{Event, EventType},
+    },
+};
+use core::sync::atomic::{AtomicU32, Ordering};
+use kernel::{
+    new_mutex,
+    prelude::*,
+    sync::{Arc, Mutex},
+};
+
+/// An id owned by a file.
+pub(crate) type CtlId = CmId<IdEvents>;
+
+/// A listener's backlog, enforced here because the CM honours it only on iWARP.
+pub(crate) struct Backlog {
+    limit: u32,
+    /// Requests delivered and neither accepted, rejected nor destroyed.
+    pending: AtomicU32,
+}
+
+impl Backlog {
+    pub(crate) fn new(limit: u32) -> Result<Arc<Self>> {
+        Ok(Arc::new(
+            Self {
+                limit,
+                pending: AtomicU32::new(0),
+            },
+            GFP_KERNEL,
+        )?)
+    }
+
+    fn try_acquire(&self) -> bool {
+        self.pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| (p < self.limit).then_some(p + 1))
+            .is_ok()
+    }
+
+    fn release(&self) {
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Requests holding a slot.
+    pub(crate) fn pending(&self) -> u32 {
+        self.pending.load(Ordering::Acquire)
+    }
+}
+
+/// A slot of a listener's backlog, held by a request until it is accepted,
+/// rejected or destroyed: released exactly once, by drop.
+pub(crate) struct BacklogSlot(Arc<Backlog>);
+
+impl Drop for BacklogSlot {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// What the ioctls and the handler share about an id.
+pub(crate) struct IdState {
+    /// `abi::state::*`, tracked from the calls made and the events seen.
+    pub(crate) state: u32,
+    pub(crate) tos: Option<u8>,
+    /// Listeners: the backlog.
+    pub(crate) backlog: Option<Arc<Backlog>>,
+    /// Ids made by a request: their listener's backlog slot.
+    pub(crate) slot: Option<BacklogSlot>,
+    /// The data path, once connecting or accepting created it.
+    pub(crate) conn: Option<Arc<Conn>>,
+    /// RDMA read depths: what was sent, then what the peer answered.
+    pub(crate) responder_resources: u8,
+    pub(crate) initiator_depth: u8,
+}
+
+#[pin_data]
+pub(crate) struct IdShared {
+    #[pin]
+    pub(crate) state: Mutex<IdState>,
+}
+
+impl IdShared {
+    pub(crate) fn new(state: u32, backlog_slot: Option<BacklogSlot>) -> Result<Arc<Self>> {
+        Ok(Arc::pin_init(
+            pin_init!(Self {
+                state <- new_mutex!(IdState {
+                    state,
+                    tos: None,
+                    backlog: None,
+                    slot: backlog_slot,
+                    conn: None,
+                    responder_resources: 0,
+                    initiator_depth: 0,
+                }),
+            }),
+            GFP_KERNEL,
+        )?)
+    }
+}
+
+/// The CM event handler of a file's id.
+pub(crate) struct IdEvents {
+    pub(crate) file: Arc<CtlFile>,
+    pub(crate) handle: u32,
+    pub(crate) context: u64,
+    pub(crate) shared: Arc<IdShared>,
+}
+
+/// Copies an event's connection parameters into the ABI form.
+fn fill_conn_param(out: &mut abi::ConnParam, view: &ConnParamView<'_>) {
+    let data = view.private_data();
+    let n = data.len().min(out.private_data.len());
+    out.private_data[..n].copy_from_slice(&data[..n]);
+    out.private_data_len = n as u16;
+    out.responder_resources = view.responder_resources();
+    out.initiator_depth = view.initiator_depth();
+    out.flow_control = u8::from(view.flow_control());
+    out.retry_count = view.retry_count();
+    out.rnr_retry_count = view.rnr_retry_count();
+    out.srq = u8::from(view.srq());
+    out.qp_num = view.qp_num();
+}
+
+impl IdEvents {
+    fn abi_event(&self, event: &Event<'_>) -> abi::Event {
+        let mut out: abi::Event = pin_init::zeroed();
+        out.context = self.context;
+        out.id = self.handle;
+        out.event = event.kind() as u32;
+        out.status = event.status();
+        if let Some(param) = event.conn_param() {
+            fill_conn_param(&mut out.param, &param);
+        }
+        if let Some(ud) = event.ud_param() {
+            out.ud_qp_num = ud.qp_num();
+            out.ud_qkey = ud.qkey();
+            let data = ud.private_data();
+            let n = data.len().min(out.param.private_data.len());
+            out.param.private_data[..n].copy_from_slice(&data[..n]);
+            out.param.private_data_len = n as u16;
+        }
+        out
+    }
+}
+
+impl Handler for IdEvents {
+    fn event(&self, _id: &LockedId<'_>, event: &Event<'_>) {
+        {
+            let mut st = self.shared.state.lock();
+            st.state = match event.kind() {
+                EventType::AddrResolved => abi::state::ADDR_RESOLVED,
+                EventType::AddrError => abi::state::ADDR_BOUND,
+                EventType::RouteResolved => abi::state::ROUTE_RESOLVED,
+                EventType::RouteError => abi::state::ADDR_RESOLVED,
+                EventType::Established => abi::state::CONNECT,
+                EventType::Disconnected
+                | EventType::Rejected
+                | EventType::Unreachable
+                | EventType::ConnectError => abi::state::DISCONNECT,
+                EventType::DeviceRemoval => abi::state::DEVICE_REMOVAL,
+                _ => st.state,
+            };
+            if event.kind() == EventType::Established {
+                if let Some(p) = event.conn_param() {
+                    // The active side learns the peer's answer here.
+                    if p.responder_resources() != 0 || p.initiator_depth() != 0 {
+                        st.responder_resources = st.responder_resources.min(p.initiator_depth());
+                        st.initiator_depth = st.initiator_depth.min(p.responder_resources());
+                    }
+                }
+            }
+        }
+        self.file.push_event(self.abi_event(event));
+        if event.kind() == EventType::DeviceRemoval {
+            // The device waits for every id on it to be destroyed: drop the
+            // file's reference now.  Dropped inside its own callback, the id
+            // is destroyed from the workqueue.
+            drop(self.file.detach(self.handle));
+        }
+    }
+
+    fn connect_request(&self, _listener: &LockedId<'_>, request: ConnectRequest<'_, Self>, event: &Event<'_>) {
+        let backlog = self.shared.state.lock().backlog.clone();
+        let Some(backlog) = backlog else {
+            return;
+        };
+        // Over the backlog: dropping the request makes the CM destroy the
+        // new id and reject the peer.
+        if !backlog.try_acquire() {
+            return;
+        }
+        let slot = BacklogSlot(backlog);
+        let mut out = self.abi_event(event);
+        let file = &self.file;
+        let inserted = file.insert(|handle| {
+            let shared = IdShared::new(abi::state::CONNECT, Some(slot))?;
+            let id = request.adopt(IdEvents {
+                file: file.clone(),
+                handle,
+                context: self.context,
+                shared,
+            })?;
+            Ok(Arc::new(id, GFP_KERNEL)?)
+        });
+        // On failure the request (and with it the slot) is dropped: the CM
+        // destroys the new id.
+        if let Ok(handle) = inserted {
+            out.new_id = handle;
+            file.push_event(out);
+        }
+    }
+}

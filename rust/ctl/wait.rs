@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Bounded, interruptible waits for the ioctls that block.
+
+use crate::abi;
+use kernel::{
+    prelude::*,
+    sync::{CondVar, CondVarTimeoutResult, MutexGuard},
+    time::msecs_to_jiffies,
+};
+
+/// How long a caller is willing to wait.
+#[derive(Clone, Copy)]
+pub(crate) struct Wait {
+    timeout_ms: u32,
+    nonblock: bool,
+}
+
+impl Wait {
+    /// `timeout_ms` 0 = do not wait, [`abi::TIMEOUT_INFINITE`] = no limit;
+    /// `nonblock` (the file's `O_NONBLOCK`) never waits.
+    pub(crate) fn new(timeout_ms: u32, nonblock: bool) -> Self {
+        Self { timeout_ms, nonblock }
+    }
+}
+
+/// Waits on `cv` until `ready` holds for the guarded state.
+///
+/// `EAGAIN` when not ready and not allowed to wait, `ETIMEDOUT` when the
+/// time ran out, `ERESTARTSYS` on a signal.
+pub(crate) fn wait_for<T>(
+    cv: &CondVar,
+    guard: &mut MutexGuard<'_, T>,
+    wait: Wait,
+    ready: impl Fn(&T) -> bool,
+) -> Result {
+    if ready(guard) {
+        return Ok(());
+    }
+    if wait.nonblock || wait.timeout_ms == 0 {
+        return Err(EAGAIN);
+    }
+    if wait.timeout_ms == abi::TIMEOUT_INFINITE {
+        while !ready(guard) {
+            if cv.wait_interruptible(guard) {
+                return Err(ERESTARTSYS);
+            }
+        }
+        return Ok(());
+    }
+    let mut left = msecs_to_jiffies(wait.timeout_ms);
+    loop {
+        match cv.wait_interruptible_timeout(guard, left) {
+            CondVarTimeoutResult::Timeout => {
+                return if ready(guard) { Ok(()) } else { Err(ETIMEDOUT) };
+            }
+            CondVarTimeoutResult::Signal { .. } => return Err(ERESTARTSYS),
+            CondVarTimeoutResult::Woken { jiffies } => {
+                if ready(guard) {
+                    return Ok(());
+                }
+                if jiffies == 0 {
+                    return Err(ETIMEDOUT);
+                }
+                left = jiffies;
+            }
+        }
+    }
+}
