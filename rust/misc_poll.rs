@@ -10,9 +10,9 @@
 
 use core::marker::PhantomData;
 use kernel::{
-    ffi,
     bindings,
     error::{to_result, VTABLE_DEFAULT_ERROR},
+    ffi,
     fs::File,
     module::this_module,
     prelude::*,
@@ -112,8 +112,16 @@ impl<T: PollMiscDevice> Vtable<T> {
     const VTABLE: bindings::file_operations = bindings::file_operations {
         open: Some(Self::open),
         release: Some(Self::release),
-        unlocked_ioctl: if T::HAS_IOCTL { Some(Self::ioctl) } else { None },
-        compat_ioctl: if T::HAS_IOCTL { Some(Self::ioctl) } else { None },
+        unlocked_ioctl: if T::HAS_IOCTL {
+            Some(Self::ioctl)
+        } else {
+            None
+        },
+        compat_ioctl: if T::HAS_IOCTL {
+            Some(Self::ioctl)
+        } else {
+            None
+        },
         poll: if T::HAS_POLL { Some(Self::poll) } else { None },
         llseek: Some(bindings::noop_llseek),
         owner: this_module::<T::OwnerModule>().as_ptr(),
@@ -123,7 +131,10 @@ impl<T: PollMiscDevice> Vtable<T> {
     /// # Safety
     ///
     /// Called by the VFS for a file of this device being opened.
-    unsafe extern "C" fn open(inode: *mut bindings::inode, raw_file: *mut bindings::file) -> ffi::c_int {
+    unsafe extern "C" fn open(
+        inode: *mut bindings::inode,
+        raw_file: *mut bindings::file,
+    ) -> ffi::c_int {
         // SAFETY: The pointers are valid for a file being opened.
         let ret = unsafe { bindings::generic_file_open(inode, raw_file) };
         if ret != 0 {
@@ -146,7 +157,10 @@ impl<T: PollMiscDevice> Vtable<T> {
     /// # Safety
     ///
     /// Called by the VFS once, for a file opened by `open`.
-    unsafe extern "C" fn release(_inode: *mut bindings::inode, raw_file: *mut bindings::file) -> ffi::c_int {
+    unsafe extern "C" fn release(
+        _inode: *mut bindings::inode,
+        raw_file: *mut bindings::file,
+    ) -> ffi::c_int {
         // SAFETY: Release owns the private data `open` stored.
         let ptr = unsafe { T::Ptr::from_foreign((*raw_file).private_data.cast()) };
         // SAFETY: The file is valid during release.
@@ -157,14 +171,18 @@ impl<T: PollMiscDevice> Vtable<T> {
     /// # Safety
     ///
     /// Called by the VFS between `open` and `release`.
-    unsafe extern "C" fn ioctl(raw_file: *mut bindings::file, cmd: ffi::c_uint, arg: ffi::c_ulong) -> ffi::c_long {
+    unsafe extern "C" fn ioctl(
+        raw_file: *mut bindings::file,
+        cmd: ffi::c_uint,
+        arg: ffi::c_ulong,
+    ) -> ffi::c_long {
         // SAFETY: Between open and release the private data may be borrowed.
         let device = unsafe { T::Ptr::borrow((*raw_file).private_data.cast()) };
         // SAFETY: The file is valid during the call.
         let file = unsafe { File::from_raw_file(raw_file) };
         // 32-bit callers pass a zero-extended pointer; the structures have
         // one layout, so both entry points share this path.
-        match T::ioctl(device, file, cmd, arg as usize) {
+        match T::ioctl(device, file, cmd, arg) {
             Ok(ret) => ret as ffi::c_long,
             Err(e) => e.to_errno() as ffi::c_long,
         }
@@ -173,7 +191,10 @@ impl<T: PollMiscDevice> Vtable<T> {
     /// # Safety
     ///
     /// Called by the VFS between `open` and `release`.
-    unsafe extern "C" fn poll(raw_file: *mut bindings::file, table: *mut bindings::poll_table) -> bindings::__poll_t {
+    unsafe extern "C" fn poll(
+        raw_file: *mut bindings::file,
+        table: *mut bindings::poll_table,
+    ) -> bindings::__poll_t {
         // SAFETY: Between open and release the private data may be borrowed.
         let device = unsafe { T::Ptr::borrow((*raw_file).private_data.cast()) };
         // SAFETY: The file is valid during the call.

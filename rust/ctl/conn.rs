@@ -120,7 +120,12 @@ impl Conn {
         };
         let mut tx = self.shared.tx.lock();
         // A send that timed out earlier may still hold the buffer.
-        wait_for(&self.shared.tx_done, &mut tx, Wait::new(timeout_ms, false), |t| t.buf.is_some())?;
+        wait_for(
+            &self.shared.tx_done,
+            &mut tx,
+            Wait::new(timeout_ms, false),
+            |t| t.buf.is_some(),
+        )?;
         let Some(mut buf) = tx.buf.take() else {
             return Err(EIO);
         };
@@ -133,13 +138,23 @@ impl Conn {
             tx.buf = Some(buf);
             return Err(e);
         }
-        wait_for(&self.shared.tx_done, &mut tx, Wait::new(timeout_ms, false), |t| t.result.is_some())?;
+        wait_for(
+            &self.shared.tx_done,
+            &mut tx,
+            Wait::new(timeout_ms, false),
+            |t| t.result.is_some(),
+        )?;
         tx.result.take().unwrap_or(Err(EIO))
     }
 
     /// Copies the oldest received message to `out` (at most `capacity`
     /// bytes), returns its length and reposts its buffer.
-    pub(crate) fn recv(&self, out: &mut UserSliceWriter, capacity: usize, wait: Wait) -> Result<usize> {
+    pub(crate) fn recv(
+        &self,
+        out: &mut UserSliceWriter,
+        capacity: usize,
+        wait: Wait,
+    ) -> Result<usize> {
         let buf = {
             let mut rx = self.shared.rx.lock();
             wait_for(&self.shared.rx_ready, &mut rx, wait, |q| !q.is_empty())?;

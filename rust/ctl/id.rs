@@ -46,7 +46,9 @@ impl Backlog {
 
     fn try_acquire(&self) -> bool {
         self.pending
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| (p < self.limit).then_some(p + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                (p < self.limit).then_some(p + 1)
+            })
             .is_ok()
     }
 
@@ -94,7 +96,7 @@ pub(crate) struct IdShared {
 
 impl IdShared {
     pub(crate) fn new(state: u32, backlog_slot: Option<BacklogSlot>) -> Result<Arc<Self>> {
-        Ok(Arc::pin_init(
+        Arc::pin_init(
             pin_init!(Self {
                 state <- new_mutex!(IdState {
                     state,
@@ -107,7 +109,7 @@ impl IdShared {
                 }),
             }),
             GFP_KERNEL,
-        )?)
+        )
     }
 }
 
@@ -192,7 +194,12 @@ impl Handler for IdEvents {
         }
     }
 
-    fn connect_request(&self, _listener: &LockedId<'_>, request: ConnectRequest<'_, Self>, event: &Event<'_>) {
+    fn connect_request(
+        &self,
+        _listener: &LockedId<'_>,
+        request: ConnectRequest<'_, Self>,
+        event: &Event<'_>,
+    ) {
         let backlog = self.shared.state.lock().backlog.clone();
         let Some(backlog) = backlog else {
             return;

@@ -159,7 +159,7 @@ fn addr_from_abi(bytes: &[u8]) -> Result<Option<SocketAddr>> {
 
 impl CtlFile {
     fn new() -> Result<Arc<Self>> {
-        Ok(Arc::pin_init(
+        Arc::pin_init(
             pin_init!(Self {
                 ids <- XArray::new(AllocKind::Alloc),
                 state <- new_mutex!(FileState {
@@ -171,7 +171,7 @@ impl CtlFile {
                 events_ready <- new_poll_condvar!("rdma_cm_rs events"),
             }),
             GFP_KERNEL,
-        )?)
+        )
     }
 
     /// Registers a new id under a fresh handle; `make` builds it.
@@ -195,7 +195,9 @@ impl CtlFile {
             .lock()
             .store(handle as usize, id, GFP_KERNEL)
             .map_err(|e| e.error)?;
-        st.handles.push_within_capacity(handle).map_err(|_| ENOMEM)?;
+        st.handles
+            .push_within_capacity(handle)
+            .map_err(|_| ENOMEM)?;
         Ok(handle)
     }
 
@@ -333,7 +335,10 @@ impl CtlFile {
                 context: c.context,
                 shared: IdShared::new(abi::state::IDLE, None)?,
             };
-            Ok(Arc::new(CmId::new(events, Namespace::Current, ps, qp_type)?, GFP_KERNEL)?)
+            Ok(Arc::new(
+                CmId::new(events, Namespace::Current, ps, qp_type)?,
+                GFP_KERNEL,
+            )?)
         })?;
         c.id = handle;
         if let Err(e) = write_arg(arg, &c) {
@@ -533,7 +538,7 @@ impl CtlFile {
             let mut name = [0u8; 64];
             if l.device_name(&mut name) {
                 for (d, s) in out.device.iter_mut().zip(name.iter()) {
-                    *d = *s as _;
+                    *d = *s;
                 }
             }
         });

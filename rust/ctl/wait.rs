@@ -20,7 +20,10 @@ impl Wait {
     /// `timeout_ms` 0 = do not wait, [`abi::TIMEOUT_INFINITE`] = no limit;
     /// `nonblock` (the file's `O_NONBLOCK`) never waits.
     pub(crate) fn new(timeout_ms: u32, nonblock: bool) -> Self {
-        Self { timeout_ms, nonblock }
+        Self {
+            timeout_ms,
+            nonblock,
+        }
     }
 }
 

@@ -133,8 +133,8 @@ pub trait Handler: Send + Sync + Sized + 'static {
         request: ConnectRequest<'_, Self>,
         event: &Event<'_>,
     ) {
-        let _ = (listener, event);
-        drop(request);
+        // Dropping the request unadopted makes the CM destroy the new id.
+        let _ = (listener, request, event);
     }
 }
 
@@ -492,10 +492,7 @@ impl LockedId<'_> {
         }
         // SAFETY: As in `device_name`.
         let attrs = unsafe { &(*dev).attrs };
-        Some((
-            attrs.max_qp_rd_atom.max(0) as u32,
-            attrs.max_qp_init_rd_atom.max(0) as u32,
-        ))
+        Some((attrs.max_qp_rd_atom, attrs.max_qp_init_rd_atom))
     }
 
     /// The source address (`rdma_get_local_addr`), if set.
@@ -517,7 +514,12 @@ impl LockedId<'_> {
 
     /// Starts address resolution (`rdma_resolve_addr`); completes with
     /// ADDR_RESOLVED or ADDR_ERROR.  `timeout_ms` must be 1..=60000.
-    pub fn resolve_addr(&self, src: Option<&SocketAddr>, dst: &SocketAddr, timeout_ms: u32) -> Result {
+    pub fn resolve_addr(
+        &self,
+        src: Option<&SocketAddr>,
+        dst: &SocketAddr,
+        timeout_ms: u32,
+    ) -> Result {
         if timeout_ms == 0 || timeout_ms > MAX_RESOLVE_TIMEOUT_MS {
             return Err(EINVAL);
         }
@@ -539,7 +541,7 @@ impl LockedId<'_> {
                 self.as_ptr(),
                 src_ptr,
                 (&raw mut dst_buf).cast(),
-                timeout_ms as _,
+                timeout_ms as usize,
             )
         })
     }
@@ -551,7 +553,7 @@ impl LockedId<'_> {
             return Err(EINVAL);
         }
         // SAFETY: The id is live.
-        to_result(unsafe { bindings::rdma_resolve_route(self.as_ptr(), timeout_ms as _) })
+        to_result(unsafe { bindings::rdma_resolve_route(self.as_ptr(), timeout_ms as usize) })
     }
 
     /// Listens (`rdma_listen`); an unbound id listens on the wildcard.
@@ -579,7 +581,7 @@ impl LockedId<'_> {
             PrivateDataUse::ConnectRc
         };
         self.check_param(param, usage)?;
-        let mut raw = param.to_raw();
+        let mut raw = param.as_raw();
         // SAFETY: The handler mutex is held (type invariants), as
         // `rdma_connect_locked` requires; `raw` and the private data it
         // points into (inside `param`) live across the call.
@@ -593,11 +595,11 @@ impl LockedId<'_> {
         let req = self.request_param.ok_or(EINVAL)?;
         let (rd, init) = self.device_rd_atom_limits().ok_or(EINVAL)?;
         let (req_rr, req_id) = req.rd_atom();
-        Ok(ConnParam::new()
+        ConnParam::new()
             .responder_resources(u8::try_from(u32::from(req_id).min(rd)).unwrap_or(u8::MAX))
             .initiator_depth(u8::try_from(u32::from(req_rr).min(init)).unwrap_or(u8::MAX))
             .flow_control(true)
-            .rnr_retry_count(MAX_RETRY_COUNT)?)
+            .rnr_retry_count(MAX_RETRY_COUNT)
     }
 
     /// Accepts a connection request (`rdma_accept`); `None` uses
@@ -617,7 +619,7 @@ impl LockedId<'_> {
             PrivateDataUse::AcceptRc
         };
         self.check_param(param, usage)?;
-        let mut raw = param.to_raw();
+        let mut raw = param.as_raw();
         // SAFETY: The handler mutex is held (type invariants), as
         // `rdma_accept` asserts; `raw` outlives the call.
         to_result(unsafe { bindings::rdma_accept(self.as_ptr(), &mut raw) })
@@ -638,7 +640,11 @@ impl LockedId<'_> {
         to_result(unsafe {
             bindings::rdma_reject(
                 self.as_ptr(),
-                if data.is_empty() { ptr::null() } else { data.as_ptr().cast() },
+                if data.is_empty() {
+                    ptr::null()
+                } else {
+                    data.as_ptr().cast()
+                },
                 data.len() as u8,
                 reason,
             )

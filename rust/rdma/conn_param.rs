@@ -32,11 +32,14 @@ pub const MAX_CONNECT_PRIVATE_DATA_RC: usize =
 pub const MAX_CONNECT_PRIVATE_DATA_UD: usize =
     bindings::ib_cm_data_size_IB_CM_SIDR_REQ_PRIVATE_DATA_SIZE as usize - CMA_HDR_SIZE;
 /// Accept (REP) private data on RC ids.
-pub const MAX_ACCEPT_PRIVATE_DATA_RC: usize = bindings::ib_cm_data_size_IB_CM_REP_PRIVATE_DATA_SIZE as usize;
+pub const MAX_ACCEPT_PRIVATE_DATA_RC: usize =
+    bindings::ib_cm_data_size_IB_CM_REP_PRIVATE_DATA_SIZE as usize;
 /// Accept (SIDR REP) private data on UD ids.
-pub const MAX_ACCEPT_PRIVATE_DATA_UD: usize = bindings::ib_cm_data_size_IB_CM_SIDR_REP_PRIVATE_DATA_SIZE as usize;
+pub const MAX_ACCEPT_PRIVATE_DATA_UD: usize =
+    bindings::ib_cm_data_size_IB_CM_SIDR_REP_PRIVATE_DATA_SIZE as usize;
 /// Reject (REJ) private data.
-pub const MAX_REJECT_PRIVATE_DATA: usize = bindings::ib_cm_data_size_IB_CM_REJ_PRIVATE_DATA_SIZE as usize;
+pub const MAX_REJECT_PRIVATE_DATA: usize =
+    bindings::ib_cm_data_size_IB_CM_REJ_PRIVATE_DATA_SIZE as usize;
 /// Room for any private data a CM message can carry (RTU: 224).
 pub const PRIVATE_DATA_CAPACITY: usize = 256;
 /// Largest 3-bit retry count (`rnr_retry_count` 7 means "retry for ever").
@@ -233,7 +236,7 @@ impl ConnParam {
     }
 
     /// The C structure; `private_data` points into `self`, which must outlive its use.
-    pub(crate) fn to_raw(&self) -> bindings::rdma_conn_param {
+    pub(crate) fn as_raw(&self) -> bindings::rdma_conn_param {
         bindings::rdma_conn_param {
             private_data: if self.private_data.is_empty() {
                 core::ptr::null()

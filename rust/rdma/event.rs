@@ -111,7 +111,10 @@ impl<'a> Event<'a> {
     ///
     /// `raw` must point to a valid event for the duration of `'a`, and
     /// `qp_type` must be the QP type of the id it was delivered to.
-    pub(crate) unsafe fn from_raw(raw: *const bindings::rdma_cm_event, qp_type: u32) -> Option<Self> {
+    pub(crate) unsafe fn from_raw(
+        raw: *const bindings::rdma_cm_event,
+        qp_type: u32,
+    ) -> Option<Self> {
         // SAFETY: By the function's safety requirements.
         let raw = unsafe { &*raw };
         Some(Self {
@@ -145,9 +148,9 @@ impl<'a> Event<'a> {
     /// Connection parameters, for connection events on RC ids.
     pub fn conn_param(&self) -> Option<ConnParamView<'a>> {
         if self.kind.has_conn_param() && self.qp_type != bindings::ib_qp_type_IB_QPT_UD {
-            // SAFETY: For these event types on connected ids the CM fills the
-            // `conn` member of the union.
             Some(ConnParamView {
+                // SAFETY: For these event types on connected ids the CM fills
+                // the `conn` member of the union.
                 raw: unsafe { self.raw.param.conn.as_ref() },
             })
         } else {
@@ -158,9 +161,9 @@ impl<'a> Event<'a> {
     /// UD parameters, for SIDR events on UD ids.
     pub fn ud_param(&self) -> Option<UdParamView<'a>> {
         if self.kind.has_conn_param() && self.qp_type == bindings::ib_qp_type_IB_QPT_UD {
-            // SAFETY: For these event types on UD ids the CM fills the `ud`
-            // member of the union.
             Some(UdParamView {
+                // SAFETY: For these event types on UD ids the CM fills the
+                // `ud` member of the union.
                 raw: unsafe { self.raw.param.ud.as_ref() },
             })
         } else {

@@ -140,13 +140,24 @@ pub fn getaddrinfo(node: Option<&[u8]>, service: Option<&[u8]>, hints: &Hints) -
             }
             parse_node(node, port)?
         }
-        None if passive => SocketAddr::any(if hints.family == 0 { AF_INET } else { hints.family }, port)?,
+        None if passive => SocketAddr::any(
+            if hints.family == 0 {
+                AF_INET
+            } else {
+                hints.family
+            },
+            port,
+        )?,
         None => return Err(EINVAL),
     };
     if hints.family != 0 && addr.family() != hints.family {
         return Err(EAFNOSUPPORT);
     }
-    let (src, dst) = if passive { (Some(addr), None) } else { (None, Some(addr)) };
+    let (src, dst) = if passive {
+        (Some(addr), None)
+    } else {
+        (None, Some(addr))
+    };
     Ok(AddrInfo {
         flags: hints.flags,
         family: addr.family(),

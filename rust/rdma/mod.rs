@@ -31,6 +31,10 @@ mod tests;
 /// (`sockaddr`, `net`, `device`, ...) one identity.
 #[allow(
     clippy::all,
+    clippy::as_underscore,
+    clippy::cast_lossless,
+    clippy::ptr_as_ptr,
+    clippy::ref_as_ptr,
     clippy::undocumented_unsafe_blocks,
     dead_code,
     missing_docs,

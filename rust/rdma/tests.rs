@@ -12,7 +12,13 @@ mod addr_tests {
     #[test]
     fn parses_ipv4_with_port() {
         let a = SocketAddr::parse(b"192.0.2.1:7471").unwrap();
-        assert_eq!(a, SocketAddr::V4 { ip: [192, 0, 2, 1], port: 7471 });
+        assert_eq!(
+            a,
+            SocketAddr::V4 {
+                ip: [192, 0, 2, 1],
+                port: 7471
+            }
+        );
     }
 
     #[test]
@@ -40,7 +46,15 @@ mod addr_tests {
         ip[2] = 0x0d;
         ip[3] = 0xb8;
         ip[15] = 1;
-        assert_eq!(a, SocketAddr::V6 { ip, port: 7471, flowinfo: 0, scope_id: 0 });
+        assert_eq!(
+            a,
+            SocketAddr::V6 {
+                ip,
+                port: 7471,
+                flowinfo: 0,
+                scope_id: 0
+            }
+        );
         assert_eq!(parse_ipv6(b"::").unwrap(), [0u8; 16]);
         let mapped = parse_ipv6(b"::ffff:192.0.2.1").unwrap();
         assert_eq!(&mapped[10..], &[0xff, 0xff, 192, 0, 2, 1]);
@@ -91,7 +105,10 @@ mod addr_tests {
         assert!(SocketAddr::from_sockaddr(&none).is_err());
         let mut ib = [0u8; SOCKADDR_SIZE];
         ib[0] = AF_IB as u8;
-        assert_eq!(SocketAddr::from_sockaddr(&ib), Err(kernel::error::code::EAFNOSUPPORT));
+        assert_eq!(
+            SocketAddr::from_sockaddr(&ib),
+            Err(kernel::error::code::EAFNOSUPPORT)
+        );
     }
 }
 
@@ -118,8 +135,14 @@ mod conn_param_tests {
             (PrivateDataUse::AcceptUd, 136),
             (PrivateDataUse::Reject, 148),
         ] {
-            assert!(PrivateData::new(&data[..limit]).unwrap().check(usage).is_ok());
-            assert!(PrivateData::new(&data[..limit + 1]).unwrap().check(usage).is_err());
+            assert!(PrivateData::new(&data[..limit])
+                .unwrap()
+                .check(usage)
+                .is_ok());
+            assert!(PrivateData::new(&data[..limit + 1])
+                .unwrap()
+                .check(usage)
+                .is_err());
         }
         assert!(PrivateData::new(&[0u8; 257]).is_err());
     }
@@ -158,7 +181,13 @@ mod getaddrinfo_tests {
     #[test]
     fn active_numeric() {
         let ai = getaddrinfo(Some(b"192.0.2.1"), Some(b"7471"), &Hints::default()).unwrap();
-        assert_eq!(ai.dst, Some(SocketAddr::V4 { ip: [192, 0, 2, 1], port: 7471 }));
+        assert_eq!(
+            ai.dst,
+            Some(SocketAddr::V4 {
+                ip: [192, 0, 2, 1],
+                port: 7471
+            })
+        );
         assert_eq!(ai.src, None);
         assert_eq!(ai.port_space, PortSpace::Tcp);
         assert_eq!(ai.qp_type, QpType::Rc);
@@ -166,10 +195,23 @@ mod getaddrinfo_tests {
 
     #[test]
     fn passive_defaults_to_wildcard() {
-        let hints = Hints { flags: RAI_PASSIVE, ..Hints::default() };
+        let hints = Hints {
+            flags: RAI_PASSIVE,
+            ..Hints::default()
+        };
         let ai = getaddrinfo(None, Some(b"7471"), &hints).unwrap();
-        assert_eq!(ai.src, Some(SocketAddr::V4 { ip: [0; 4], port: 7471 }));
-        let hints = Hints { flags: RAI_PASSIVE | RAI_FAMILY, family: AF_INET6, ..Hints::default() };
+        assert_eq!(
+            ai.src,
+            Some(SocketAddr::V4 {
+                ip: [0; 4],
+                port: 7471
+            })
+        );
+        let hints = Hints {
+            flags: RAI_PASSIVE | RAI_FAMILY,
+            family: AF_INET6,
+            ..Hints::default()
+        };
         let ai = getaddrinfo(None, None, &hints).unwrap();
         assert_eq!(ai.family, AF_INET6);
         assert!(ai.src.unwrap().is_any());
@@ -177,32 +219,70 @@ mod getaddrinfo_tests {
 
     #[test]
     fn ud_hint_selects_udp() {
-        let hints = Hints { qp_type: Some(QpType::Ud), ..Hints::default() };
+        let hints = Hints {
+            qp_type: Some(QpType::Ud),
+            ..Hints::default()
+        };
         let ai = getaddrinfo(Some(b"2001:db8::1"), Some(b"7174"), &hints).unwrap();
         assert_eq!(ai.port_space, PortSpace::Udp);
         assert_eq!(ai.family, AF_INET6);
-        let bad = Hints { qp_type: Some(QpType::Ud), port_space: Some(PortSpace::Tcp), ..Hints::default() };
+        let bad = Hints {
+            qp_type: Some(QpType::Ud),
+            port_space: Some(PortSpace::Tcp),
+            ..Hints::default()
+        };
         assert_eq!(getaddrinfo(Some(b"192.0.2.1"), None, &bad), Err(EINVAL));
     }
 
     #[test]
     fn names_are_not_resolved() {
-        assert_eq!(getaddrinfo(Some(b"localhost"), None, &Hints::default()), Err(EOPNOTSUPP));
-        assert_eq!(getaddrinfo(Some(b"192.0.2.1"), Some(b"http"), &Hints::default()), Err(EOPNOTSUPP));
-        let numeric = Hints { flags: RAI_NUMERICHOST, ..Hints::default() };
+        assert_eq!(
+            getaddrinfo(Some(b"localhost"), None, &Hints::default()),
+            Err(EOPNOTSUPP)
+        );
+        assert_eq!(
+            getaddrinfo(Some(b"192.0.2.1"), Some(b"http"), &Hints::default()),
+            Err(EOPNOTSUPP)
+        );
+        let numeric = Hints {
+            flags: RAI_NUMERICHOST,
+            ..Hints::default()
+        };
         assert_eq!(getaddrinfo(Some(b"localhost"), None, &numeric), Err(EINVAL));
     }
 
     #[test]
     fn family_and_flags_checked() {
-        let v6 = Hints { flags: RAI_FAMILY, family: AF_INET6, ..Hints::default() };
-        assert_eq!(getaddrinfo(Some(b"192.0.2.1"), None, &v6), Err(EAFNOSUPPORT));
-        let ib = Hints { family: AF_IB, ..Hints::default() };
-        assert_eq!(getaddrinfo(Some(b"192.0.2.1"), None, &ib), Err(EAFNOSUPPORT));
-        let unknown = Hints { flags: 0x100, ..Hints::default() };
+        let v6 = Hints {
+            flags: RAI_FAMILY,
+            family: AF_INET6,
+            ..Hints::default()
+        };
+        assert_eq!(
+            getaddrinfo(Some(b"192.0.2.1"), None, &v6),
+            Err(EAFNOSUPPORT)
+        );
+        let ib = Hints {
+            family: AF_IB,
+            ..Hints::default()
+        };
+        assert_eq!(
+            getaddrinfo(Some(b"192.0.2.1"), None, &ib),
+            Err(EAFNOSUPPORT)
+        );
+        let unknown = Hints {
+            flags: 0x100,
+            ..Hints::default()
+        };
         assert_eq!(getaddrinfo(Some(b"192.0.2.1"), None, &unknown), Err(EINVAL));
-        assert_eq!(getaddrinfo(None, Some(b"1"), &Hints::default()), Err(EINVAL));
-        let noroute = Hints { flags: RAI_NOROUTE, ..Hints::default() };
+        assert_eq!(
+            getaddrinfo(None, Some(b"1"), &Hints::default()),
+            Err(EINVAL)
+        );
+        let noroute = Hints {
+            flags: RAI_NOROUTE,
+            ..Hints::default()
+        };
         assert!(getaddrinfo(Some(b"192.0.2.1"), None, &noroute).is_ok());
     }
 }
@@ -277,8 +357,8 @@ mod id_tests {
     fn bind_to_wildcard_any_port() {
         let id = CmId::new(Nop, Namespace::Init, PortSpace::Tcp, QpType::Rc).unwrap();
         let any = crate::rdma::addr::SocketAddr::any(crate::rdma::addr::AF_INET, 0).unwrap();
-        let (first, src, second, afonly_bound, listen, afonly_listening, reuse_listening) =
-            id.with_lock(|l| {
+        let (first, src, second, afonly_bound, listen, afonly_listening, reuse_listening) = id
+            .with_lock(|l| {
                 (
                     l.bind(&any),
                     l.src_addr(),

@@ -176,7 +176,11 @@ unsafe impl Send for Buffer {}
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
-    fn new(pd: &Pd, capacity: usize, direction: bindings::dma_data_direction) -> Result<KBox<Self>> {
+    fn new(
+        pd: &Pd,
+        capacity: usize,
+        direction: bindings::dma_data_direction,
+    ) -> Result<KBox<Self>> {
         if capacity == 0 || capacity > u32::MAX as usize {
             return Err(EINVAL);
         }
@@ -221,7 +225,12 @@ impl Buffer {
     fn sync_for_cpu(&self) {
         // SAFETY: Mapped by the type invariants.
         unsafe {
-            bindings::rdma_cm_rs_dma_sync_for_cpu(self.device, self.dma, self.data.len(), self.direction)
+            bindings::rdma_cm_rs_dma_sync_for_cpu(
+                self.device,
+                self.dma,
+                self.data.len(),
+                self.direction,
+            )
         };
     }
 
@@ -247,7 +256,9 @@ impl Buffer {
         // SAFETY: By the safety requirements `wr_cqe` is the `cqe` field of a `Buffer`.
         unsafe {
             let cqe = (*wc).__bindgen_anon_1.wr_cqe;
-            let buf = cqe.byte_sub(core::mem::offset_of!(Buffer, cqe)).cast::<Buffer>();
+            let buf = cqe
+                .byte_sub(core::mem::offset_of!(Buffer, cqe))
+                .cast::<Buffer>();
             KBox::from_raw(buf)
         }
     }
@@ -257,7 +268,12 @@ impl Drop for Buffer {
     fn drop(&mut self) {
         // SAFETY: Mapped by the type invariants, unmapped once here.
         unsafe {
-            bindings::rdma_cm_rs_dma_unmap_single(self.device, self.dma, self.data.len(), self.direction)
+            bindings::rdma_cm_rs_dma_unmap_single(
+                self.device,
+                self.dma,
+                self.data.len(),
+                self.direction,
+            )
         };
     }
 }
@@ -268,7 +284,11 @@ pub struct RecvBuffer(KBox<Buffer>);
 impl RecvBuffer {
     /// A buffer of `capacity` bytes for the PD's device.
     pub fn new(pd: &Pd, capacity: usize) -> Result<Self> {
-        Ok(Self(Buffer::new(pd, capacity, bindings::dma_data_direction::DMA_FROM_DEVICE)?))
+        Ok(Self(Buffer::new(
+            pd,
+            capacity,
+            bindings::dma_data_direction::DMA_FROM_DEVICE,
+        )?))
     }
 
     /// The bytes the last completion delivered.
@@ -288,7 +308,11 @@ pub struct SendBuffer(KBox<Buffer>);
 impl SendBuffer {
     /// A buffer of `capacity` bytes for the PD's device.
     pub fn new(pd: &Pd, capacity: usize) -> Result<Self> {
-        Ok(Self(Buffer::new(pd, capacity, bindings::dma_data_direction::DMA_TO_DEVICE)?))
+        Ok(Self(Buffer::new(
+            pd,
+            capacity,
+            bindings::dma_data_direction::DMA_TO_DEVICE,
+        )?))
     }
 
     /// Replaces the contents; `EMSGSIZE` if `data` does not fit.
@@ -366,7 +390,9 @@ impl<C: CompletionHandler> Qp<C> {
         attr.cap.max_recv_sge = 1;
         // SAFETY: The id is live and locked; `pd` and the CQ are live and
         // outlive the QP (it holds them).
-        kernel::error::to_result(unsafe { bindings::rdma_create_qp(id.raw(), pd.raw.as_ptr(), &mut attr) })?;
+        kernel::error::to_result(unsafe {
+            bindings::rdma_create_qp(id.raw(), pd.raw.as_ptr(), &mut attr)
+        })?;
         // SAFETY: `rdma_create_qp` succeeded, so `qp` is set.
         let raw = unsafe { (*id.raw()).qp };
         // SAFETY: `raw` is the live QP just created.
@@ -438,7 +464,7 @@ impl<C: CompletionHandler> Qp<C> {
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         wr.opcode = bindings::ib_wr_opcode_IB_WR_SEND;
-        wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED as i32;
+        wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
         let leaked = KBox::into_raw(inner);
         // SAFETY: As in `post_recv`.
         let ret = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), &wr) };
@@ -477,7 +503,10 @@ fn wc_result(wc: &bindings::ib_wc) -> Result {
 ///
 /// Called by the CQ for a receive posted by [`Qp::post_recv`] on a QP whose
 /// CQ is a `Cq<C>`.
-unsafe extern "C" fn recv_done<C: CompletionHandler>(cq: *mut bindings::ib_cq, wc: *mut bindings::ib_wc) {
+unsafe extern "C" fn recv_done<C: CompletionHandler>(
+    cq: *mut bindings::ib_cq,
+    wc: *mut bindings::ib_wc,
+) {
     // SAFETY: By the safety requirements.
     let mut buf = unsafe { Buffer::from_wc(wc) };
     // SAFETY: The CQ is live during its callback; its context is the `Cq<C>`.
@@ -496,7 +525,10 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(cq: *mut bindings::ib_cq, w
 ///
 /// Called by the CQ for a send posted by [`Qp::post_send`] on a QP whose CQ
 /// is a `Cq<C>`.
-unsafe extern "C" fn send_done<C: CompletionHandler>(cq: *mut bindings::ib_cq, wc: *mut bindings::ib_wc) {
+unsafe extern "C" fn send_done<C: CompletionHandler>(
+    cq: *mut bindings::ib_cq,
+    wc: *mut bindings::ib_wc,
+) {
     // SAFETY: By the safety requirements.
     let buf = unsafe { Buffer::from_wc(wc) };
     // SAFETY: As in `recv_done`.
