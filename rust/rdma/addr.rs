@@ -202,7 +202,7 @@ impl SocketAddr {
     }
 }
 
-impl core::fmt::Display for SocketAddr {
+impl kernel::fmt::Display for SocketAddr {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Self::V4 { ip, port } => write!(f, "{}.{}.{}.{}:{}", ip[0], ip[1], ip[2], ip[3], port),

@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! An RC echo service on the safe RDMA CM abstractions: the example to read
+//! first.
+//!
+//! `insmod rdma_cm_rs_echo.ko port=7500` listens on every address; each
+//! connection is accepted inside the connection-request callback with the
+//! private data `"rdma_cm_rs_echo"`, and every message received is sent
+//! back.  Connections end when the peer disconnects; unloading the module
+//! destroys whatever is left.
+//!
+//! The sample owns no `unsafe` code: `unsafe_code` is denied for the whole
+//! crate except the abstraction layer it compiles in (`rust/rdma/`, where
+//! all of the project's `unsafe` lives), which it uses through safe calls.
+
+#![deny(unsafe_code)]
+
+#[path = "../rust/rdma/mod.rs"]
+#[allow(dead_code, unsafe_code)]
+pub mod rdma;
+
+use kernel::{
+    new_mutex,
+    prelude::*,
+    sync::{Arc, Mutex, SetOnce},
+};
+use rdma::{
+    addr::{SocketAddr, AF_INET},
+    cm::{CmId, ConnectRequest, Handler, LockedId, Namespace, PortSpace, QpType},
+    event::{Event, EventType},
+    verbs::{CompletionHandler, Cq, Pd, Qp, QpCaps, RecvBuffer, SendBuffer},
+};
+
+module! {
+    type: EchoModule,
+    name: "rdma_cm_rs_echo",
+    authors: ["rdma-cm-rs developers"],
+    description: "RC echo service on the safe Rust RDMA CM abstractions",
+    license: "GPL",
+    params: {
+        port: u16 {
+            default: 7500,
+            description: "Port to listen on (RDMA_PS_TCP)",
+        },
+    },
+}
+
+/// Receives kept posted per connection, and sends in flight.
+const DEPTH: usize = 8;
+/// Largest message echoed.
+const MESSAGE_SIZE: usize = 4096;
+/// Private data of every accept.
+const ACCEPT_DATA: &[u8] = b"rdma_cm_rs_echo";
+
+/// State shared by the listener and every connection.
+#[pin_data]
+struct Service {
+    /// Open connections; a connection removes itself when it ends.
+    #[pin]
+    conns: Mutex<KVec<Arc<CmId<Echo>>>>,
+}
+
+/// A connection's data path.
+#[pin_data]
+struct Link {
+    /// The QP, until the connection ends: clearing it breaks the
+    /// QP -> CQ -> handler -> QP reference cycle.
+    #[pin]
+    qp: Mutex<Option<Arc<Qp<LinkRef>>>>,
+    /// Send buffers not in flight.
+    #[pin]
+    free_sends: Mutex<KVec<SendBuffer>>,
+}
+
+/// The completion handler: a reference to the connection's [`Link`].
+struct LinkRef(Arc<Link>);
+
+impl CompletionHandler for LinkRef {
+    fn recv_done(&self, buf: RecvBuffer, result: Result<usize>) {
+        if result.is_err() {
+            // Flushed at teardown: the buffer is freed.
+            return;
+        }
+        let Some(qp) = self.0.qp.lock().clone() else {
+            return;
+        };
+        if let Some(mut send) = self.0.free_sends.lock().pop() {
+            if send.fill(buf.data()).is_ok() {
+                if let Err((_, send)) = qp.post_send(send) {
+                    let _ = self.0.free_sends.lock().push(send, GFP_KERNEL);
+                }
+            } else {
+                let _ = self.0.free_sends.lock().push(send, GFP_KERNEL);
+            }
+        }
+        // Recycle the receive; on a dead QP it is flushed and freed.
+        let _ = qp.post_recv(buf);
+    }
+
+    fn send_done(&self, buf: SendBuffer, _result: Result) {
+        let _ = self.0.free_sends.lock().push(buf, GFP_KERNEL);
+    }
+}
+
+/// The handler of the listener and of every connection.
+struct Echo {
+    service: Arc<Service>,
+    /// Connections only: the data path, set once accepted.
+    link: SetOnce<Arc<Link>>,
+}
+
+impl Echo {
+    fn new(service: Arc<Service>) -> Self {
+        Self {
+            service,
+            link: SetOnce::new(),
+        }
+    }
+
+    /// Builds the data path on a locked, adopted id and posts the receives.
+    fn build_link(id: &LockedId<'_>) -> Result<Arc<Link>> {
+        let pd = Pd::alloc(id)?;
+        let mut sends = KVec::with_capacity(DEPTH, GFP_KERNEL)?;
+        for _ in 0..DEPTH {
+            sends.push(SendBuffer::new(&pd, MESSAGE_SIZE)?, GFP_KERNEL)?;
+        }
+        let link = Arc::pin_init(
+            pin_init!(Link {
+                qp <- new_mutex!(None),
+                free_sends <- new_mutex!(sends),
+            }),
+            GFP_KERNEL,
+        )?;
+        let cq = Cq::alloc(id, (2 * DEPTH) as u32, LinkRef(link.clone()))?;
+        let caps = QpCaps {
+            max_send_wr: DEPTH as u32,
+            max_recv_wr: DEPTH as u32,
+        };
+        let qp = id.create_qp(&pd, &cq, caps)?;
+        *link.qp.lock() = Some(qp.clone());
+        for _ in 0..DEPTH {
+            if let Err((e, _)) = qp.post_recv(RecvBuffer::new(&pd, MESSAGE_SIZE)?) {
+                link.qp.lock().take();
+                return Err(e);
+            }
+        }
+        Ok(link)
+    }
+
+    /// Accepts a request on its adopted id, echo-ready.
+    fn accept(id: &LockedId<'_>) -> Result<Arc<Link>> {
+        let link = Self::build_link(id)?;
+        let param = id.request_accept_param()?.private_data(ACCEPT_DATA)?;
+        if let Err(e) = id.accept(Some(&param)) {
+            link.qp.lock().take();
+            return Err(e);
+        }
+        Ok(link)
+    }
+}
+
+/// Ends a connection: breaks its reference cycle, then drops the id
+/// (destroyed now, or from the workqueue when inside its own callback).
+fn end(conn: Arc<CmId<Echo>>) {
+    if let Some(link) = conn.handler().link.as_ref() {
+        link.qp.lock().take();
+    }
+    drop(conn);
+}
+
+impl Handler for Echo {
+    fn event(&self, _id: &LockedId<'_>, event: &Event<'_>) {
+        match event.kind() {
+            EventType::Established => pr_info!("connection established\n"),
+            EventType::Disconnected
+            | EventType::DeviceRemoval
+            | EventType::ConnectError
+            | EventType::Unreachable
+            | EventType::Rejected => {
+                // Find this connection by its handler and end it.
+                let conn = {
+                    let mut conns = self.service.conns.lock();
+                    let at = conns.iter().position(|c| core::ptr::eq(c.handler(), self));
+                    match at {
+                        Some(i) => conns.remove(i).ok(),
+                        None => None,
+                    }
+                };
+                if let Some(conn) = conn {
+                    pr_info!(
+                        "connection ended ({})\n",
+                        event.kind().name().to_str().unwrap_or("?")
+                    );
+                    end(conn);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn connect_request(
+        &self,
+        _listener: &LockedId<'_>,
+        request: ConnectRequest<'_, Self>,
+        _event: &Event<'_>,
+    ) {
+        let Ok(id) = request.adopt(Echo::new(self.service.clone())) else {
+            return;
+        };
+        // The CM holds the new id's handler mutex: `with_lock` runs inside it.
+        match id.with_lock(Echo::accept) {
+            Ok(link) => {
+                let _ = id.handler().link.populate(link);
+                let Ok(id) = Arc::new(id, GFP_KERNEL) else {
+                    return;
+                };
+                if let Err(e) = self.service.conns.lock().push(id.clone(), GFP_KERNEL) {
+                    pr_err!("cannot track connection: {:?}\n", e);
+                    end(id);
+                }
+            }
+            Err(e) => pr_err!("accept failed: {:?}\n", e),
+        }
+    }
+}
+
+struct EchoModule {
+    service: Arc<Service>,
+    listener: Option<CmId<Echo>>,
+}
+
+impl kernel::Module for EchoModule {
+    fn init(_module: &'static ThisModule) -> Result<Self> {
+        let service = Arc::pin_init(
+            pin_init!(Service {
+                conns <- new_mutex!(KVec::new()),
+            }),
+            GFP_KERNEL,
+        )?;
+        let port = module_parameters::port.value();
+        let listener = CmId::new(
+            Echo::new(service.clone()),
+            Namespace::Init,
+            PortSpace::Tcp,
+            QpType::Rc,
+        )?;
+        let addr = SocketAddr::any(AF_INET, port)?;
+        listener.with_lock(|l| {
+            l.bind(&addr)?;
+            l.listen(64)
+        })?;
+        pr_info!("listening on {}\n", addr);
+        Ok(Self {
+            service,
+            listener: Some(listener),
+        })
+    }
+}
+
+impl Drop for EchoModule {
+    fn drop(&mut self) {
+        // No new connections, then end the open ones.
+        drop(self.listener.take());
+        let conns = core::mem::take(&mut *self.service.conns.lock());
+        for conn in conns {
+            end(conn);
+        }
+        if rdma::cm::wait_for_deferred_destroys(10_000).is_err() {
+            pr_err!("deferred cm_id destructions still pending at unload\n");
+        }
+    }
+}
