@@ -262,7 +262,10 @@ impl CtlFile {
             core::mem::take(&mut st.handles)
         };
         for handle in handles {
-            drop(self.ids.lock().remove(handle as usize));
+            // The XArray guard must be gone before the id is destroyed: the
+            // destruction sleeps.
+            let id = self.ids.lock().remove(handle as usize);
+            drop(id);
         }
     }
 

@@ -589,15 +589,17 @@ impl LockedId<'_> {
     }
 
     /// The parameters `rdma_accept(3)` uses when given none: the request's
-    /// values adjusted to the local device (our responder resources are the
-    /// peer's initiator depth, and the other way round).
+    /// values adjusted down to the local device.  The IB CM already reports
+    /// a request from the receiver's side (its responder resources are the
+    /// peer's initiator depth, `cm_format_req_event`), so they are used as
+    /// they are.
     pub fn request_accept_param(&self) -> Result<ConnParam> {
         let req = self.request_param.ok_or(EINVAL)?;
         let (rd, init) = self.device_rd_atom_limits().ok_or(EINVAL)?;
         let (req_rr, req_id) = req.rd_atom();
         ConnParam::new()
-            .responder_resources(u8::try_from(u32::from(req_id).min(rd)).unwrap_or(u8::MAX))
-            .initiator_depth(u8::try_from(u32::from(req_rr).min(init)).unwrap_or(u8::MAX))
+            .responder_resources(u8::try_from(u32::from(req_rr).min(rd)).unwrap_or(u8::MAX))
+            .initiator_depth(u8::try_from(u32::from(req_id).min(init)).unwrap_or(u8::MAX))
             .flow_control(true)
             .rnr_retry_count(MAX_RETRY_COUNT)
     }

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# `make check`: every test of the project, one summary line.
+#
+#   static   rustfmt, the module built with CLIPPY=1 and no warnings allowed,
+#            no `unsafe` outside the abstraction layer
+#   host     cargo fmt/clippy/test of the userspace tool
+#   vm       one VM (rxe on a dummy netdev): KUnit suites at insmod, the
+#            userspace suite against the module, the sample echo module;
+#            two VMs (rxe over a QEMU socket link): the userspace suite with
+#            the librdmacm peer in the other VM.  Each VM run is gated on a
+#            clean dmesg (tools/vm/dmesg-gate).
+#
+# Every KUnit case, every KTAP case of the userspace suite, every cargo test
+# and every gate counts once in "N passed, N failed".  Exit status is
+# non-zero if anything failed.
+#
+# Logs: $RDMA_CM_RS_LOGS (default build/logs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. tools/lib/env.sh
+
+logs=${RDMA_CM_RS_LOGS:-$PWD/build/logs}
+rm -rf "$logs"
+mkdir -p "$logs"
+passed=0
+failed=0
+start_all=$(date +%s)
+
+note() { printf '# %s\n' "$*"; }
+pass() { passed=$((passed + 1)); printf 'ok - %s\n' "$1"; }
+fail() {
+	failed=$((failed + 1))
+	printf 'not ok - %s\n' "$1"
+	[ -n "${2:-}" ] && [ -f "$2" ] && tail -n 40 "$2" | sed 's/^/#   /'
+	return 0
+}
+# step NAME LOGFILE CMD...: one pass/fail from the command's exit status.
+step() {
+	local name=$1 log=$2
+	shift 2
+	local t0=$(date +%s)
+	if "$@" >"$log" 2>&1; then
+		pass "$name ($(($(date +%s) - t0)) s)"
+	else
+		fail "$name ($(($(date +%s) - t0)) s)" "$log"
+		return 1
+	fi
+}
+finish() {
+	note "total $(($(date +%s) - start_all)) s; logs in $logs"
+	echo "$passed passed, $failed failed"
+	[ "$failed" -eq 0 ]
+	exit $?
+}
+
+# KTAP counting: every "ok N"/"not ok N" line at any indentation except
+# suite-level lines that only summarise subtests (KUnit prints both).
+# Args: file, label.  Prints the failing case names.
+count_ktap() {
+	local file=$1 label=$2 p f
+	p=$(grep -cE '^\s+ok [0-9]+ ' "$file" || true)
+	f=$(grep -cE '^\s+not ok [0-9]+ ' "$file" || true)
+	passed=$((passed + p))
+	failed=$((failed + f))
+	note "$label: $p passed, $f failed"
+	grep -E '^\s+not ok [0-9]+ ' "$file" | sed "s/^\s*/not ok - $label: /" || true
+}
+# The userspace suite prints flat KTAP (no indentation).
+count_flat_ktap() {
+	local file=$1 label=$2 p f
+	p=$(grep -cE '^ok [0-9]+ ' "$file" || true)
+	f=$(grep -cE '^not ok [0-9]+ ' "$file" || true)
+	passed=$((passed + p))
+	failed=$((failed + f))
+	note "$label: $p passed, $f failed"
+	grep -E '^not ok [0-9]+ ' "$file" | sed "s/^/not ok - $label: /" || true
+	[ "$((p + f))" -gt 0 ] || fail "$label ran no test" "$file"
+}
+
+echo "TAP version 13"
+
+# --- build -----------------------------------------------------------------
+step "setup" "$logs/setup.log" tools/setup.sh || finish
+if [ -n "${KDIR:-}" ]; then
+	kdir=$KDIR
+	pass "kernel (KDIR=$kdir)"
+else
+	step "kernel build (cached when unchanged)" "$logs/kernel.log" tools/kernel.sh || finish
+	kdir=$(tail -n1 "$logs/kernel.log")
+fi
+
+kmake() { make -C "$kdir" M="$PWD" LLVM=-19 "$@"; }
+kmake clean >/dev/null 2>&1
+# One build serves both: clippy-driver compiles the module too.
+if step "module build with CLIPPY=1" "$logs/module.log" kmake CLIPPY=1 modules; then
+	if grep -qE '^(warning|error)' "$logs/module.log"; then
+		fail "module build has no warnings" "$logs/module.log"
+	else
+		pass "module build has no warnings"
+	fi
+else
+	finish
+fi
+
+rustfmt_cfg="$kernel_src/.rustfmt.toml"
+step "rustfmt --check (module and samples)" "$logs/rustfmt.log" \
+	rustfmt --edition 2021 --config-path "$rustfmt_cfg" --check \
+	rust/rdma_cm_rs.rs samples/rdma_cm_rs_echo.rs
+
+# No `unsafe` outside the abstraction layer: the char device forbids it,
+# the samples deny it; this catches an `allow` slipping in.
+unsafe_outside() {
+	! grep -rnE '\bunsafe\b' --include='*.rs' rust/ctl samples | grep -vE '^\S+:\s*//' |
+		grep -vE 'deny\(unsafe_code\)|forbid\(unsafe_code\)|allow\(dead_code, unsafe_code\)|unsafe_code` is denied|no `unsafe`|owns no `unsafe`'
+}
+step "no unsafe outside rust/rdma" "$logs/unsafe.log" unsafe_outside
+
+# --- host ------------------------------------------------------------------
+tool_dir=tools/userspace-test
+step "userspace-test: cargo fmt --check" "$logs/cargo-fmt.log" \
+	cargo fmt --manifest-path $tool_dir/Cargo.toml -- --check
+step "userspace-test: cargo clippy -D warnings" "$logs/cargo-clippy.log" \
+	cargo clippy --manifest-path $tool_dir/Cargo.toml --locked --all-targets -- -D warnings
+if cargo test --manifest-path $tool_dir/Cargo.toml --locked >"$logs/cargo-test.log" 2>&1; then
+	pass "userspace-test: cargo test"
+else
+	fail "userspace-test: cargo test" "$logs/cargo-test.log"
+fi
+p=$(sed -nE 's/^test result: .*\. ([0-9]+) passed; ([0-9]+) failed.*/\1/p' "$logs/cargo-test.log" | paste -sd+ | bc)
+f=$(sed -nE 's/^test result: .*\. ([0-9]+) passed; ([0-9]+) failed.*/\2/p' "$logs/cargo-test.log" | paste -sd+ | bc)
+passed=$((passed + ${p:-0}))
+failed=$((failed + ${f:-0}))
+note "cargo test: ${p:-0} passed, ${f:-0} failed"
+step "userspace-test: release build" "$logs/cargo-build.log" \
+	cargo build --manifest-path $tool_dir/Cargo.toml --locked --release || finish
+tool=$tool_dir/target/release/userspace-test
+
+# --- one VM ----------------------------------------------------------------
+vm_one="$logs/vm-one"
+step "VM (one, rxe loopback): KUnit + userspace suite + echo sample, clean dmesg" "$logs/vm-one.log" \
+	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" \
+	--module "$PWD/rdma_cm_rs.ko" -- \
+	"$tool suite && tools/echo-test.sh"
+if [ -f "$vm_one/dmesg" ]; then
+	count_ktap "$vm_one/dmesg" "KUnit"
+else
+	fail "KUnit results (no dmesg saved)"
+fi
+count_flat_ktap "$logs/vm-one.log" "suite, one VM"
+
+# --- two VMs ---------------------------------------------------------------
+vm_two="$logs/vm-two"
+step "VMs (two, socket link): userspace suite across the wire, clean dmesg" "$logs/vm-two.log" \
+	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
+	--module "$PWD/rdma_cm_rs.ko" --two-vms \
+	--peer-cmd "$tool agent --listen 0.0.0.0:7999" -- \
+	"$tool suite --peer \$RDMA_CM_RS_PEER_IP:7999"
+count_flat_ktap "$logs/vm-two.log" "suite, two VMs"
+
+finish

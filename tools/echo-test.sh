@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# Kernel-to-kernel test, run inside the test VM: the sample echo module
+# listens, rdma_cm_rs.ko connects to it through /dev/rdma_cm_rs (driven by
+# the userspace tool) and checks that messages come back unchanged.
+# Prints KTAP; exits non-zero on failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tool=tools/userspace-test/target/release/userspace-test
+ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
+port=7500
+n=0
+fails=0
+result() {
+	n=$((n + 1))
+	if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fails=$((fails + 1)); fi
+}
+
+insmod ./rdma_cm_rs_echo.ko port=$port
+result $? "echo: insmod rdma_cm_rs_echo"
+for msg in x "hello, echo" "$(head -c 4000 /dev/zero | tr '\0' 'e')"; do
+	out=$($tool ctl connect "$ip:$port" --message "$msg" 2>&1)
+	rc=$?
+	echo "$out" | sed 's/^/# /' | cut -c1-200
+	reply=$(echo "$out" | sed -n 's/^module: reply(\([0-9]*\))=.*/\1/p' | tail -n1)
+	[ $rc -eq 0 ] && [ "$reply" = "${#msg}" ]
+	result $? "echo: kernel client <-> kernel echo service, ${#msg}-byte message"
+done
+rmmod rdma_cm_rs_echo
+result $? "echo: rmmod with connections ended"
+echo "1..$n"
+[ $fails -eq 0 ]

@@ -1,0 +1,329 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The librdmacm peer as a service: one request line a TCP connection,
+//! `key=value` words (bytes in hex), answered by `ready` where the peer
+//! must be listening before the suite goes on, then one `result ...` or
+//! `error ...` line.  The suite runs it in-process (one VM) or in the other
+//! VM (two VMs) and drives both topologies with the same code.
+//!
+//! Requests:
+//!   serve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N] [disc=self]
+//!   connect addr=A data=HEX [rr= id= retry= rnr=] [msg=HEX] [disc=self|peer|none]
+//!   multi addr=A count=N      (then the suite sends "close")
+
+use crate::cm::{self, Channel, Conn, Param};
+use crate::uapi::{EV_CONNECT_REQUEST, EV_DISCONNECTED, EV_ESTABLISHED};
+use anyhow::{anyhow, bail, Context, Result};
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    io::{BufRead, BufReader, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    time::Duration,
+};
+
+const T: Duration = Duration::from_secs(20);
+
+pub fn hex(data: &[u8]) -> String {
+    let mut s = String::with_capacity(data.len() * 2);
+    for b in data {
+        let _ = write!(s, "{b:02x}");
+    }
+    if s.is_empty() {
+        s.push('-');
+    }
+    s
+}
+
+pub fn unhex(s: &str) -> Result<Vec<u8>> {
+    if s == "-" {
+        return Ok(Vec::new());
+    }
+    if !s.len().is_multiple_of(2) {
+        bail!("odd hex length");
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| anyhow!("bad hex: {e}")))
+        .collect()
+}
+
+/// Parses `word key=value ...`.
+pub fn parse(line: &str) -> (String, BTreeMap<String, String>) {
+    let mut words = line.split_whitespace();
+    let verb = words.next().unwrap_or("").to_string();
+    let kv = words
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    (verb, kv)
+}
+
+struct Req {
+    kv: BTreeMap<String, String>,
+}
+
+impl Req {
+    fn get(&self, k: &str) -> Option<&str> {
+        self.kv.get(k).map(String::as_str)
+    }
+    fn addr(&self) -> Result<SocketAddr> {
+        self.get("addr").context("addr=")?.parse().context("addr")
+    }
+    fn num(&self, k: &str, default: u32) -> Result<u32> {
+        self.get(k)
+            .map_or(Ok(default), |v| v.parse().context("number"))
+    }
+    fn bytes(&self, k: &str) -> Result<Vec<u8>> {
+        self.get(k).map_or(Ok(Vec::new()), unhex)
+    }
+}
+
+/// Serves requests on `listener` until the process ends.
+pub fn serve_forever(listener: TcpListener) {
+    for stream in listener.incoming().flatten() {
+        std::thread::spawn(move || {
+            match handle(stream) {
+                // The suite hung up (a scenario that failed early): not news.
+                Err(e)
+                    if e.downcast_ref::<std::io::Error>().map(std::io::Error::kind)
+                        == Some(std::io::ErrorKind::BrokenPipe) => {}
+                Err(e) => {
+                    // One write, so that it cannot split a KTAP line.
+                    let line = format!("# agent: {e:#}\n");
+                    let _ = std::io::stderr().write_all(line.as_bytes());
+                }
+                Ok(()) => {}
+            }
+        });
+    }
+}
+
+/// Starts an agent thread on 127.0.0.1 and returns its address.
+pub fn spawn_local() -> Result<SocketAddr> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let a = l.local_addr()?;
+    std::thread::spawn(move || serve_forever(l));
+    Ok(a)
+}
+
+fn handle(stream: TcpStream) -> Result<()> {
+    let mut out = stream.try_clone()?;
+    let mut input = BufReader::new(stream);
+    let mut line = String::new();
+    input.read_line(&mut line)?;
+    let (verb, kv) = parse(&line);
+    let req = Req { kv };
+    let result = match verb.as_str() {
+        "serve" => serve(&req, &mut out),
+        "connect" => connect(&req),
+        "multi" => multi(&req, &mut out, &mut input),
+        _ => Err(anyhow!("unknown request {verb:?}")),
+    };
+    match result {
+        Ok(r) => writeln!(out, "result {r}")?,
+        Err(e) => writeln!(out, "error {}", format!("{e:#}").replace('\n', " "))?,
+    }
+    Ok(())
+}
+
+fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
+    let ch = Channel::new()?;
+    let _listener = cm::listen(&ch, &req.addr()?, 128)?;
+    writeln!(out, "ready")?;
+    let mut report = String::new();
+    for n in 0..req.num("count", 1)? {
+        let ev = ch.expect(EV_CONNECT_REQUEST, T)?;
+        let _ = write!(
+            report,
+            "req{n}={} rr{n}={} id{n}={} retry{n}={} rnr{n}={} ",
+            hex(&ev.private_data),
+            ev.responder_resources,
+            ev.initiator_depth,
+            ev.retry_count,
+            ev.rnr_retry_count
+        );
+        if req.get("reject").is_some() {
+            cm::reject(ev.id, &req.bytes("rejdata")?)?;
+            continue;
+        }
+        let mut conn = Conn::new(ev.id)?;
+        conn.accept(&Param::with_data(&req.bytes("accept")?))?;
+        let est = ch.expect(EV_ESTABLISHED, T)?;
+        let _ = write!(report, "est{n}={} ", hex(&est.private_data));
+        for i in 0..req.num("echo", 0)? {
+            let msg = conn.recv(T)?;
+            if i == 0 {
+                let _ = write!(report, "msg{n}={} ", hex(&msg));
+            }
+            conn.send(&msg)?;
+        }
+        if req.get("disc") == Some("self") {
+            conn.disconnect()?;
+        }
+        let disc = ch.expect(EV_DISCONNECTED, T)?;
+        let _ = write!(report, "disc{n}={} ", disc.name());
+    }
+    Ok(report.trim_end().to_string())
+}
+
+fn connect(req: &Req) -> Result<String> {
+    let ch = Channel::new()?;
+    let id = cm::resolve(&ch, &req.addr()?, Duration::from_secs(5))?;
+    let mut conn = Conn::new(id)?;
+    let mut param = Param::with_data(&req.bytes("data")?);
+    param.responder_resources = req.num("rr", 1)? as u8;
+    param.initiator_depth = req.num("id", 1)? as u8;
+    param.retry_count = req.num("retry", 7)? as u8;
+    param.rnr_retry_count = req.num("rnr", 7)? as u8;
+    let ev = conn.connect(&param, &ch, T)?;
+    let mut report = format!(
+        "event={} status={} pdata={} rr={} id={}",
+        ev.name(),
+        ev.status,
+        hex(&ev.private_data),
+        ev.responder_resources,
+        ev.initiator_depth
+    );
+    if ev.event != EV_ESTABLISHED {
+        return Ok(report);
+    }
+    let msg = req.bytes("msg")?;
+    if !msg.is_empty() {
+        conn.send(&msg)?;
+        let reply = conn.recv(T)?;
+        let _ = write!(report, " reply={}", hex(&reply));
+    }
+    match req.get("disc").unwrap_or("self") {
+        "self" => {
+            conn.disconnect()?;
+            let d = ch.expect(EV_DISCONNECTED, T)?;
+            let _ = write!(report, " disc={}", d.name());
+        }
+        "peer" => {
+            let d = ch.expect(EV_DISCONNECTED, T)?;
+            let _ = write!(report, " disc={}", d.name());
+        }
+        _ => {}
+    }
+    Ok(report)
+}
+
+fn multi(req: &Req, out: &mut TcpStream, input: &mut BufReader<TcpStream>) -> Result<String> {
+    let ch = Channel::new()?;
+    let addr = req.addr()?;
+    let count = req.num("count", 1)?;
+    let mut conns = Vec::new();
+    for _ in 0..count {
+        let id = cm::resolve(&ch, &addr, Duration::from_secs(5))?;
+        let conn = Conn::new(id)?;
+        let ev = conn.connect(&Param::with_data(b"multi"), &ch, T)?;
+        if ev.event != EV_ESTABLISHED {
+            bail!(
+                "connection {} of {count}: {} (status {})",
+                conns.len(),
+                ev.name(),
+                ev.status
+            );
+        }
+        conns.push(conn);
+    }
+    writeln!(out, "ready established={}", conns.len())?;
+    let mut line = String::new();
+    input.read_line(&mut line)?;
+    for c in &conns {
+        c.disconnect()?;
+    }
+    let mut disconnected = 0;
+    while disconnected < conns.len() {
+        let ev = ch.next(T)?;
+        if ev.event == EV_DISCONNECTED {
+            disconnected += 1;
+        }
+    }
+    drop(conns);
+    Ok(format!("closed={disconnected}"))
+}
+
+/// The suite's side of one request.
+pub struct Call {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Call {
+    pub fn start(agent: &SocketAddr, request: &str) -> Result<Self> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        // The peer VM may still be booting: retry the control connection.
+        let stream = loop {
+            match TcpStream::connect_timeout(agent, Duration::from_secs(2)) {
+                Ok(s) => break s,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => return Err(e).context("agent"),
+            }
+        };
+        stream.set_read_timeout(Some(Duration::from_secs(90)))?;
+        let mut writer = stream.try_clone()?;
+        writeln!(writer, "{request}")?;
+        Ok(Self {
+            reader: BufReader::new(stream),
+            writer,
+        })
+    }
+
+    /// The next line from the agent.
+    pub fn line(&mut self) -> Result<String> {
+        let mut l = String::new();
+        if self.reader.read_line(&mut l)? == 0 {
+            bail!("agent closed the connection");
+        }
+        Ok(l.trim_end().to_string())
+    }
+
+    /// Waits for `ready`.
+    pub fn ready(&mut self) -> Result<String> {
+        let l = self.line()?;
+        if !l.starts_with("ready") {
+            bail!("agent: {l}");
+        }
+        Ok(l)
+    }
+
+    pub fn send(&mut self, line: &str) -> Result<()> {
+        writeln!(self.writer, "{line}")?;
+        Ok(())
+    }
+
+    /// The final `result` fields.
+    pub fn result(mut self) -> Result<BTreeMap<String, String>> {
+        let l = self.line()?;
+        match l.strip_prefix("result") {
+            Some(rest) => Ok(parse(&format!("r {rest}")).1),
+            None => bail!("agent: {l}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips() {
+        for data in [&b""[..], b"a", b"\x00\xff\x10"] {
+            assert_eq!(unhex(&hex(data)).unwrap(), data);
+        }
+        assert!(unhex("abc").is_err());
+        assert!(unhex("zz").is_err());
+    }
+
+    #[test]
+    fn parses_requests() {
+        let (verb, kv) = parse("connect addr=192.0.2.1:7471 data=6869\n");
+        assert_eq!(verb, "connect");
+        assert_eq!(kv["addr"], "192.0.2.1:7471");
+        assert_eq!(unhex(&kv["data"]).unwrap(), b"hi");
+    }
+}

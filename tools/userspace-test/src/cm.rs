@@ -1,0 +1,457 @@
+// SPDX-License-Identifier: GPL-2.0
+//! A small safe layer over the real librdmacm (through `rdma-sys`): event
+//! channels with timeouts, ids, and connections with a QP, registered
+//! buffers and pre-posted receives.  The librdmacm side of every test.
+
+use anyhow::{anyhow, bail, Context, Result};
+use rdma_sys::*;
+use std::{
+    net::SocketAddr,
+    os::raw::c_void,
+    ptr,
+    time::{Duration, Instant},
+};
+
+/// Largest message, matching the module's receive buffers.
+pub const MSG: usize = 4096;
+/// Receives kept posted.
+const DEPTH: usize = 16;
+
+fn errno(what: &str) -> anyhow::Error {
+    anyhow!("{what}: {}", std::io::Error::last_os_error())
+}
+
+fn check(r: i32, what: &str) -> Result<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno(what))
+    }
+}
+
+/// `struct sockaddr_storage` for a std address.
+fn sockaddr(addr: &SocketAddr) -> libc::sockaddr_storage {
+    // SAFETY: All-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as u16,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_in fits in sockaddr_storage.
+            unsafe { ptr::write(ptr::addr_of_mut!(ss).cast(), sin) };
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as u16,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
+            unsafe { ptr::write(ptr::addr_of_mut!(ss).cast(), sin6) };
+        }
+    }
+    ss
+}
+
+/// An event copied out of librdmacm and acknowledged.
+#[derive(Clone, Debug)]
+pub struct CmEvent {
+    pub event: u32,
+    pub status: i32,
+    pub id: *mut rdma_cm_id,
+    pub private_data: Vec<u8>,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+}
+
+// SAFETY: The ids are only used by the thread that owns the channel.
+unsafe impl Send for CmEvent {}
+
+impl CmEvent {
+    pub fn name(&self) -> &'static str {
+        crate::uapi::event_name(self.event)
+    }
+}
+
+/// An event channel (non-blocking, polled with a timeout).
+pub struct Channel {
+    raw: *mut rdma_event_channel,
+}
+
+// SAFETY: The channel is used by one thread at a time.
+unsafe impl Send for Channel {}
+
+impl Channel {
+    pub fn new() -> Result<Self> {
+        // SAFETY: Plain constructor.
+        let raw = unsafe { rdma_create_event_channel() };
+        if raw.is_null() {
+            return Err(errno("rdma_create_event_channel"));
+        }
+        // SAFETY: `raw` is a live channel; its fd is ours to configure.
+        unsafe {
+            let fd = (*raw).fd;
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+        Ok(Self { raw })
+    }
+
+    pub fn create_id(&self) -> Result<*mut rdma_cm_id> {
+        let mut id = ptr::null_mut();
+        // SAFETY: `self.raw` is live; `id` receives the new id.
+        check(
+            unsafe {
+                rdma_create_id(
+                    self.raw,
+                    &mut id,
+                    ptr::null_mut(),
+                    rdma_port_space::RDMA_PS_TCP,
+                )
+            },
+            "rdma_create_id",
+        )?;
+        Ok(id)
+    }
+
+    /// The next event, or an error after `timeout`.
+    pub fn next(&self, timeout: Duration) -> Result<CmEvent> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut ev = ptr::null_mut();
+            // SAFETY: `self.raw` is live; the call does not block (O_NONBLOCK).
+            if unsafe { rdma_get_cm_event(self.raw, &mut ev) } == 0 {
+                // SAFETY: `ev` is a valid event until acknowledged below.
+                let out = unsafe {
+                    let e = &*ev;
+                    let conn = &e.param.conn;
+                    let len = usize::from(conn.private_data_len);
+                    let data = if conn.private_data.is_null() || len == 0 {
+                        Vec::new()
+                    } else {
+                        std::slice::from_raw_parts(conn.private_data.cast::<u8>(), len).to_vec()
+                    };
+                    CmEvent {
+                        event: e.event,
+                        status: e.status,
+                        id: e.id,
+                        private_data: data,
+                        responder_resources: conn.responder_resources,
+                        initiator_depth: conn.initiator_depth,
+                        retry_count: conn.retry_count,
+                        rnr_retry_count: conn.rnr_retry_count,
+                    }
+                };
+                // SAFETY: Acknowledge once, after copying.
+                unsafe { rdma_ack_cm_event(ev) };
+                return Ok(out);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                bail!("no CM event within {timeout:?}");
+            }
+            let mut pfd = libc::pollfd {
+                // SAFETY: `self.raw` is live.
+                fd: unsafe { (*self.raw).fd },
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = (deadline - now).as_millis().min(1000) as i32;
+            // SAFETY: One valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, ms.max(1)) };
+        }
+    }
+
+    /// The next event, which must be `want`.
+    pub fn expect(&self, want: u32, timeout: Duration) -> Result<CmEvent> {
+        let ev = self.next(timeout)?;
+        if ev.event != want {
+            bail!(
+                "expected {} but got {} (status {})",
+                crate::uapi::event_name(want),
+                ev.name(),
+                ev.status
+            );
+        }
+        Ok(ev)
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // SAFETY: All ids of the channel are destroyed by their owners first.
+        unsafe { rdma_destroy_event_channel(self.raw) };
+    }
+}
+
+/// `rdma_bind_addr` + `rdma_listen`.
+pub fn listen(ch: &Channel, addr: &SocketAddr, backlog: i32) -> Result<Id> {
+    let id = Id(ch.create_id()?);
+    let mut ss = sockaddr(addr);
+    // SAFETY: Live id, valid address.
+    check(
+        unsafe { rdma_bind_addr(id.0, ptr::addr_of_mut!(ss).cast()) },
+        "rdma_bind_addr",
+    )?;
+    // SAFETY: Live id.
+    check(unsafe { rdma_listen(id.0, backlog) }, "rdma_listen")?;
+    Ok(id)
+}
+
+/// An id without a QP (listeners), destroyed on drop.
+pub struct Id(pub *mut rdma_cm_id);
+
+// SAFETY: Used by one thread at a time.
+unsafe impl Send for Id {}
+
+impl Drop for Id {
+    fn drop(&mut self) {
+        // SAFETY: Live id, destroyed once.
+        unsafe { rdma_destroy_id(self.0) };
+    }
+}
+
+/// Connection parameters as librdmacm takes them.
+#[derive(Clone, Debug)]
+pub struct Param {
+    pub private_data: Vec<u8>,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+}
+
+impl Param {
+    pub fn with_data(data: &[u8]) -> Self {
+        Self {
+            private_data: data.to_vec(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        }
+    }
+
+    fn raw(&self) -> rdma_conn_param {
+        rdma_conn_param {
+            private_data: if self.private_data.is_empty() {
+                ptr::null()
+            } else {
+                self.private_data.as_ptr().cast()
+            },
+            private_data_len: self.private_data.len() as u8,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: 1,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: 0,
+            qp_num: 0,
+        }
+    }
+}
+
+/// A connection: id, QP, registered buffers, receives posted.
+pub struct Conn {
+    id: *mut rdma_cm_id,
+    recv_buf: Box<[u8]>,
+    send_buf: Box<[u8]>,
+    recv_mr: *mut ibv_mr,
+    send_mr: *mut ibv_mr,
+}
+
+// SAFETY: Used by one thread at a time.
+unsafe impl Send for Conn {}
+
+impl Conn {
+    /// Takes ownership of `id`, creates its QP and posts the receives.
+    pub fn new(id: *mut rdma_cm_id) -> Result<Self> {
+        let mut conn = Self {
+            id,
+            recv_buf: vec![0u8; MSG * DEPTH].into_boxed_slice(),
+            send_buf: vec![0u8; MSG].into_boxed_slice(),
+            recv_mr: ptr::null_mut(),
+            send_mr: ptr::null_mut(),
+        };
+        // SAFETY: Zeroed attributes are valid; the fields set are the ones used.
+        let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.cap.max_send_wr = 4;
+        attr.cap.max_recv_wr = DEPTH as u32;
+        attr.cap.max_send_sge = 1;
+        attr.cap.max_recv_sge = 1;
+        attr.qp_type = ibv_qp_type::IBV_QPT_RC;
+        attr.sq_sig_all = 1;
+        // SAFETY: Live id; librdmacm allocates the PD and CQs.
+        check(
+            unsafe { rdma_create_qp(id, ptr::null_mut(), &mut attr) },
+            "rdma_create_qp",
+        )?;
+        // SAFETY: The buffers live as long as `conn`, which deregisters them.
+        unsafe {
+            conn.recv_mr =
+                rdma_reg_msgs(id, conn.recv_buf.as_mut_ptr().cast(), conn.recv_buf.len());
+            conn.send_mr =
+                rdma_reg_msgs(id, conn.send_buf.as_mut_ptr().cast(), conn.send_buf.len());
+        }
+        if conn.recv_mr.is_null() || conn.send_mr.is_null() {
+            return Err(errno("ibv_reg_mr (is `ulimit -l` unlimited?)"));
+        }
+        for i in 0..DEPTH {
+            conn.post_recv(i)?;
+        }
+        Ok(conn)
+    }
+
+    fn post_recv(&mut self, slot: usize) -> Result<()> {
+        // SAFETY: The slot lies inside the registered receive region.
+        let r = unsafe {
+            rdma_post_recv(
+                self.id,
+                slot as *mut c_void,
+                self.recv_buf.as_mut_ptr().add(slot * MSG).cast(),
+                MSG,
+                self.recv_mr,
+            )
+        };
+        check(r, "rdma_post_recv")
+    }
+
+    /// `rdma_connect`, then the answer (ESTABLISHED, REJECTED, ...).
+    pub fn connect(&self, param: &Param, ch: &Channel, timeout: Duration) -> Result<CmEvent> {
+        let mut raw = param.raw();
+        // SAFETY: Live id with a resolved route; `raw` outlives the call.
+        check(unsafe { rdma_connect(self.id, &mut raw) }, "rdma_connect")?;
+        ch.next(timeout)
+    }
+
+    pub fn accept(&self, param: &Param) -> Result<()> {
+        let mut raw = param.raw();
+        // SAFETY: Live id from a connection request.
+        check(unsafe { rdma_accept(self.id, &mut raw) }, "rdma_accept")
+    }
+
+    pub fn disconnect(&self) -> Result<()> {
+        // SAFETY: Live id.
+        check(unsafe { rdma_disconnect(self.id) }, "rdma_disconnect")
+    }
+
+    fn poll(cq: *mut ibv_cq, timeout: Duration) -> Result<ibv_wc> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            // SAFETY: Zeroed wc is valid output space.
+            let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+            // SAFETY: Live CQ.
+            let n = unsafe { ibv_poll_cq(cq, 1, &mut wc) };
+            if n < 0 {
+                bail!("ibv_poll_cq failed");
+            }
+            if n == 1 {
+                if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+                    bail!("work completion status {}", wc.status);
+                }
+                return Ok(wc);
+            }
+            if Instant::now() >= deadline {
+                bail!("no completion within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    pub fn send(&mut self, data: &[u8]) -> Result<()> {
+        if data.len() > MSG {
+            bail!("message of {} bytes is over {MSG}", data.len());
+        }
+        self.send_buf[..data.len()].copy_from_slice(data);
+        // SAFETY: The data lies inside the registered send region.
+        let r = unsafe {
+            rdma_post_send(
+                self.id,
+                ptr::null_mut(),
+                self.send_buf.as_mut_ptr().cast(),
+                data.len(),
+                self.send_mr,
+                ibv_send_flags::IBV_SEND_SIGNALED.0 as i32,
+            )
+        };
+        check(r, "rdma_post_send")?;
+        // SAFETY: Live id with a QP: its send CQ exists.
+        Self::poll(unsafe { (*self.id).send_cq }, Duration::from_secs(5))
+            .context("send completion")?;
+        Ok(())
+    }
+
+    pub fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>> {
+        // SAFETY: Live id with a QP: its receive CQ exists.
+        let wc =
+            Self::poll(unsafe { (*self.id).recv_cq }, timeout).context("receive completion")?;
+        let slot = wc.wr_id as usize;
+        let data = self.recv_buf[slot * MSG..slot * MSG + wc.byte_len as usize].to_vec();
+        self.post_recv(slot)?;
+        Ok(data)
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // SAFETY: Destroyed once, QP before MRs before the id.
+        unsafe {
+            rdma_destroy_qp(self.id);
+            if !self.recv_mr.is_null() {
+                rdma_dereg_mr(self.recv_mr);
+            }
+            if !self.send_mr.is_null() {
+                rdma_dereg_mr(self.send_mr);
+            }
+            rdma_destroy_id(self.id);
+        }
+    }
+}
+
+/// Client side up to a resolved route: returns the id (no QP yet).
+pub fn resolve(ch: &Channel, dst: &SocketAddr, timeout: Duration) -> Result<*mut rdma_cm_id> {
+    let id = ch.create_id()?;
+    let mut ss = sockaddr(dst);
+    let ms = timeout.as_millis() as i32;
+    // SAFETY: Live id, valid address.
+    let r = unsafe { rdma_resolve_addr(id, ptr::null_mut(), ptr::addr_of_mut!(ss).cast(), ms) };
+    let result = check(r, "rdma_resolve_addr")
+        .and_then(|()| {
+            ch.expect(crate::uapi::EV_ADDR_RESOLVED, timeout)
+                .map(|_| ())
+        })
+        // SAFETY: Live id.
+        .and_then(|()| check(unsafe { rdma_resolve_route(id, ms) }, "rdma_resolve_route"))
+        .and_then(|()| {
+            ch.expect(crate::uapi::EV_ROUTE_RESOLVED, timeout)
+                .map(|_| ())
+        });
+    if let Err(e) = result {
+        // SAFETY: Live id without a QP.
+        unsafe { rdma_destroy_id(id) };
+        return Err(e);
+    }
+    Ok(id)
+}
+
+/// Rejects a connection request (librdmacm sends reason 28, consumer
+/// defined) and destroys its id.
+pub fn reject(id: *mut rdma_cm_id, data: &[u8]) -> Result<()> {
+    // SAFETY: `id` is a request's live id, destroyed once right after.
+    let r = unsafe { rdma_reject(id, data.as_ptr().cast(), data.len() as u8) };
+    // SAFETY: As above.
+    unsafe { rdma_destroy_id(id) };
+    check(r, "rdma_reject")
+}

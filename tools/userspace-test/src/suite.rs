@@ -1,0 +1,926 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The KTAP suite: each scenario drives the module through ioctls and a real
+//! librdmacm peer through the agent, and asserts what both sides saw.
+
+use crate::agent::{hex, unhex, Call};
+use crate::uapi::*;
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use std::{
+    io,
+    net::{IpAddr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+/// Where things are.
+pub struct Ctx {
+    /// The module's address (IPv4, IPv6) and the peer's.
+    pub local4: IpAddr,
+    pub peer4: IpAddr,
+    pub local6: IpAddr,
+    /// The agent serving the librdmacm side.
+    pub agent: SocketAddr,
+    next_port: u16,
+}
+
+impl Ctx {
+    pub fn new(local4: IpAddr, peer4: IpAddr, local6: IpAddr, agent: SocketAddr) -> Self {
+        Self {
+            local4,
+            peer4,
+            local6,
+            agent,
+            next_port: 18000,
+        }
+    }
+
+    /// A port no earlier scenario used.
+    fn port(&mut self) -> u16 {
+        self.next_port += 1;
+        self.next_port
+    }
+}
+
+type Test = fn(&mut Ctx) -> Result<()>;
+
+const TESTS: &[(&str, Test)] = &[
+    ("info_reports_abi", info_reports_abi),
+    ("module_listens_librdmacm_connects", module_listens_v4),
+    ("module_connects_librdmacm_listens", module_connects),
+    ("module_listens_librdmacm_connects_ipv6", module_listens_v6),
+    ("private_data_limits", private_data_limits),
+    ("reject_with_reason_and_private_data", reject_both_ways),
+    ("accept_with_request_param", accept_with_request_param),
+    ("conn_param_negotiation", conn_param_negotiation),
+    ("messages_1_to_4096_bytes_both_ways", messages_all_sizes),
+    ("hundred_connections", hundred_connections),
+    ("backlog_enforced", backlog_enforced),
+    ("options_and_their_effects", options),
+    ("unreachable_address", unreachable_address),
+    ("connect_without_listener_rejected", connect_no_listener),
+    ("listen_on_busy_port", listen_busy_port),
+    ("malformed_ioctls", malformed_ioctls),
+    ("nonblocking_timeouts_and_poll", nonblocking_and_poll),
+    ("close_destroys_everything", close_destroys_everything),
+];
+
+/// Runs the scenarios whose name contains `filter`; prints KTAP.
+pub fn run(ctx: &mut Ctx, filter: Option<&str>) -> bool {
+    let tests: Vec<_> = TESTS
+        .iter()
+        .filter(|(name, _)| filter.is_none_or(|f| name.contains(f)))
+        .collect();
+    println!("TAP version 13");
+    println!("1..{}", tests.len());
+    let mut ok = true;
+    for (i, (name, test)) in tests.iter().enumerate() {
+        let start = Instant::now();
+        match test(ctx) {
+            Ok(()) => println!("ok {} - {name} # {} ms", i + 1, start.elapsed().as_millis()),
+            Err(e) => {
+                for line in format!("{e:#}").lines() {
+                    println!("# {line}");
+                }
+                println!("not ok {} - {name}", i + 1);
+                ok = false;
+            }
+        }
+    }
+    ok
+}
+
+const T: u32 = 10_000;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// The next module event, which must be `want`.
+fn wait(dev: &Device, want: u32) -> Result<Event> {
+    let ev = dev
+        .get_event(T)
+        .with_context(|| format!("waiting for {}", event_name(want)))?;
+    ensure!(
+        ev.event == want,
+        "module: expected {} but got {} on id {} (status {})",
+        event_name(want),
+        ev.name(),
+        ev.id,
+        ev.status
+    );
+    Ok(ev)
+}
+
+fn errno_of<T>(r: io::Result<T>) -> Option<i32> {
+    r.err().and_then(|e| e.raw_os_error())
+}
+
+fn expect_errno<T>(what: &str, r: io::Result<T>, want: i32) -> Result<()> {
+    match r {
+        Ok(_) => bail!("{what}: succeeded, expected errno {want}"),
+        Err(e) if e.raw_os_error() == Some(want) => Ok(()),
+        Err(e) => bail!("{what}: {e}, expected errno {want}"),
+    }
+}
+
+fn listen(dev: &Device, addr: SocketAddr, backlog: u32, context: u64) -> Result<u32> {
+    let id = dev.create_id(context)?;
+    dev.bind(id, &addr).context("bind")?;
+    dev.listen(id, backlog).context("listen")?;
+    Ok(id)
+}
+
+/// Creates an id and resolves address and route to `dst`.
+fn resolve(dev: &Device, dst: SocketAddr) -> Result<u32> {
+    let id = dev.create_id(1)?;
+    dev.resolve_addr(id, &dst, 2000).context("resolve_addr")?;
+    wait(dev, EV_ADDR_RESOLVED)?;
+    dev.resolve_route(id, 2000).context("resolve_route")?;
+    wait(dev, EV_ROUTE_RESOLVED)?;
+    Ok(id)
+}
+
+fn field<'a>(r: &'a std::collections::BTreeMap<String, String>, k: &str) -> Result<&'a str> {
+    r.get(k)
+        .map(String::as_str)
+        .ok_or_else(|| anyhow!("peer result has no {k}: {r:?}"))
+}
+
+fn info_reports_abi(_: &mut Ctx) -> Result<()> {
+    let i = Device::open()?.info()?;
+    ensure!(
+        i.abi_version == RDMA_CM_RS_ABI_VERSION,
+        "abi_version {}",
+        i.abi_version
+    );
+    ensure!(i.max_private_data == 256 && i.max_message == 4096 && i.recv_depth == 16);
+    ensure!(i.max_ids >= 200, "max_ids {}", i.max_ids);
+    Ok(())
+}
+
+/// The module listens; librdmacm connects with 56 bytes (the RDMA_PS_TCP
+/// maximum), the module accepts with 196, a message each way, the client
+/// disconnects, both see DISCONNECTED.
+fn module_listens(ctx: &mut Ctx, local: IpAddr) -> Result<()> {
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(local, ctx.port());
+    let l = listen(&dev, addr, 8, 7)?;
+    let (req_data, acc_data) = (pattern(56, 1), pattern(196, 2));
+    let (msg, reply) = (
+        b"ping from librdmacm".to_vec(),
+        b"pong from the module".to_vec(),
+    );
+    let call = Call::start(
+        &ctx.agent,
+        &format!(
+            "connect addr={addr} data={} msg={} disc=self",
+            hex(&req_data),
+            hex(&msg)
+        ),
+    )?;
+    let req = wait(&dev, EV_CONNECT_REQUEST)?;
+    ensure!(
+        req.id == l && req.context == 7 && req.new_id != 0,
+        "request: {req:?}"
+    );
+    ensure!(
+        req.private_data == req_data,
+        "module got private data {}",
+        hex(&req.private_data)
+    );
+    dev.accept(req.new_id, Some(&Param::with_data(&acc_data)))?;
+    let est = wait(&dev, EV_ESTABLISHED)?;
+    ensure!(est.id == req.new_id, "ESTABLISHED on id {}", est.id);
+    let got = dev.recv(req.new_id, 4096, T).context("module recv")?;
+    ensure!(got == msg, "module received {}", hex(&got));
+    dev.send(req.new_id, &reply).context("module send")?;
+    let disc = wait(&dev, EV_DISCONNECTED)?;
+    ensure!(disc.id == req.new_id);
+    // The passive side completes the handshake (the IB CM sends the DREP).
+    dev.disconnect(req.new_id)?;
+    let q = dev.query(req.new_id)?;
+    ensure!(
+        q.state == rdma_cm_rs_state_RDMA_CM_RS_DISCONNECT,
+        "state {}",
+        q.state
+    );
+    let r = call.result()?;
+    ensure!(field(&r, "event")? == "ESTABLISHED", "peer: {r:?}");
+    ensure!(
+        unhex(field(&r, "pdata")?)? == acc_data,
+        "peer got accept data {}",
+        field(&r, "pdata")?
+    );
+    ensure!(
+        unhex(field(&r, "reply")?)? == reply,
+        "peer got reply {}",
+        field(&r, "reply")?
+    );
+    ensure!(field(&r, "disc")? == "DISCONNECTED");
+    Ok(())
+}
+
+fn module_listens_v4(ctx: &mut Ctx) -> Result<()> {
+    module_listens(ctx, ctx.local4)
+}
+
+fn module_listens_v6(ctx: &mut Ctx) -> Result<()> {
+    module_listens(ctx, ctx.local6)
+}
+
+/// librdmacm listens; the module connects with 56 bytes, the peer accepts
+/// with 196, a message each way, the module disconnects.
+fn module_connects(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let (req_data, acc_data) = (pattern(56, 3), pattern(196, 4));
+    let mut call = Call::start(
+        &ctx.agent,
+        &format!("serve addr={addr} count=1 accept={} echo=1", hex(&acc_data)),
+    )?;
+    call.ready()?;
+    let id = resolve(&dev, addr)?;
+    dev.connect(id, &Param::with_data(&req_data))?;
+    let est = wait(&dev, EV_ESTABLISHED)?;
+    ensure!(
+        est.private_data == acc_data,
+        "module got accept data {}",
+        hex(&est.private_data)
+    );
+    let q = dev.query(id)?;
+    ensure!(
+        q.qp_num != 0 && q.state == rdma_cm_rs_state_RDMA_CM_RS_CONNECT,
+        "query: {q:?}"
+    );
+    ensure!(
+        parse_sockaddr(&q.dst) == Some(addr),
+        "dst {:?}",
+        parse_sockaddr(&q.dst)
+    );
+    let msg = b"hello from the kernel".to_vec();
+    dev.send(id, &msg)?;
+    ensure!(dev.recv(id, 4096, T)? == msg, "echo differs");
+    dev.disconnect(id)?;
+    wait(&dev, EV_DISCONNECTED)?;
+    let r = call.result()?;
+    ensure!(
+        unhex(field(&r, "req0")?)? == req_data,
+        "peer got request data {}",
+        field(&r, "req0")?
+    );
+    ensure!(unhex(field(&r, "msg0")?)? == msg);
+    ensure!(field(&r, "disc0")? == "DISCONNECTED");
+    Ok(())
+}
+
+fn private_data_limits(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    // Connect: 57 bytes is refused before anything is sent; 56 goes.
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let mut call = Call::start(&ctx.agent, &format!("serve addr={addr} count=1 accept=-"))?;
+    call.ready()?;
+    let id = resolve(&dev, addr)?;
+    expect_errno(
+        "connect with 57 bytes",
+        dev.connect(id, &Param::with_data(&[1; 57])),
+        libc::EINVAL,
+    )?;
+    dev.connect(id, &Param::with_data(&[1; 56]))
+        .context("connect with 56 bytes")?;
+    wait(&dev, EV_ESTABLISHED)?;
+    dev.disconnect(id)?;
+    wait(&dev, EV_DISCONNECTED)?;
+    call.result()?;
+    // Accept: 197 refused, reject: 149 refused, then 196 accepted.
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    listen(&dev, addr, 4, 0)?;
+    let call = Call::start(
+        &ctx.agent,
+        &format!("connect addr={addr} data=00 disc=self"),
+    )?;
+    let req = wait(&dev, EV_CONNECT_REQUEST)?;
+    expect_errno(
+        "accept with 197 bytes",
+        dev.accept(req.new_id, Some(&Param::with_data(&[2; 197]))),
+        libc::EINVAL,
+    )?;
+    expect_errno(
+        "reject with 149 bytes",
+        dev.reject(req.new_id, 0, &[3; 149]),
+        libc::EINVAL,
+    )?;
+    dev.accept(req.new_id, Some(&Param::with_data(&[2; 196])))?;
+    wait(&dev, EV_ESTABLISHED)?;
+    wait(&dev, EV_DISCONNECTED)?;
+    dev.disconnect(req.new_id)?;
+    let r = call.result()?;
+    ensure!(unhex(field(&r, "pdata")?)? == [2; 196]);
+    Ok(())
+}
+
+fn reject_both_ways(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    // The module rejects: reason 0 means consumer defined (28).
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    listen(&dev, addr, 4, 0)?;
+    let call = Call::start(&ctx.agent, &format!("connect addr={addr} data=01"))?;
+    let req = wait(&dev, EV_CONNECT_REQUEST)?;
+    let data = pattern(148, 5);
+    dev.reject(req.new_id, 0, &data)?;
+    let r = call.result()?;
+    ensure!(field(&r, "event")? == "REJECTED", "peer: {r:?}");
+    ensure!(
+        field(&r, "status")? == "28",
+        "peer status {}",
+        field(&r, "status")?
+    );
+    ensure!(
+        unhex(field(&r, "pdata")?)? == data,
+        "peer got {}",
+        field(&r, "pdata")?
+    );
+    // The peer rejects the module.
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let data = pattern(148, 6);
+    let mut call = Call::start(
+        &ctx.agent,
+        &format!("serve addr={addr} count=1 reject=1 rejdata={}", hex(&data)),
+    )?;
+    call.ready()?;
+    let id = resolve(&dev, addr)?;
+    dev.connect(id, &Param::with_data(b"please"))?;
+    let rej = wait(&dev, EV_REJECTED)?;
+    ensure!(rej.status == 28, "module saw status {}", rej.status);
+    ensure!(
+        rej.private_data == data,
+        "module got {}",
+        hex(&rej.private_data)
+    );
+    let r = call.result()?;
+    // The CM pads REQ private data to 56 bytes.
+    let req = unhex(field(&r, "req0")?)?;
+    ensure!(
+        req.len() == 56 && req.starts_with(b"please"),
+        "peer got {}",
+        hex(&req)
+    );
+    Ok(())
+}
+
+fn accept_with_request_param(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    listen(&dev, addr, 4, 0)?;
+    let call = Call::start(
+        &ctx.agent,
+        &format!("connect addr={addr} data=00 rr=3 id=2 disc=self"),
+    )?;
+    let req = wait(&dev, EV_CONNECT_REQUEST)?;
+    // Events give the receiver's side: the peer's initiator depth is our
+    // responder resources.
+    ensure!(
+        req.responder_resources == 2 && req.initiator_depth == 3,
+        "request rr {} id {}",
+        req.responder_resources,
+        req.initiator_depth
+    );
+    dev.accept(req.new_id, None)?;
+    wait(&dev, EV_ESTABLISHED)?;
+    // rdma_accept(3) with no parameters: the request's values.
+    let q = dev.query(req.new_id)?;
+    ensure!(
+        q.responder_resources == 2 && q.initiator_depth == 3,
+        "module negotiated rr {} id {}",
+        q.responder_resources,
+        q.initiator_depth
+    );
+    wait(&dev, EV_DISCONNECTED)?;
+    dev.disconnect(req.new_id)?;
+    let r = call.result()?;
+    ensure!(field(&r, "event")? == "ESTABLISHED");
+    ensure!(
+        field(&r, "rr")? == "3" && field(&r, "id")? == "2",
+        "peer saw {r:?}"
+    );
+    Ok(())
+}
+
+fn conn_param_negotiation(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    listen(&dev, addr, 4, 0)?;
+    let call = Call::start(
+        &ctx.agent,
+        &format!("connect addr={addr} data=00 rr=2 id=3 retry=5 rnr=6 disc=self"),
+    )?;
+    let req = wait(&dev, EV_CONNECT_REQUEST)?;
+    ensure!(
+        (
+            req.responder_resources,
+            req.initiator_depth,
+            req.retry_count,
+            req.rnr_retry_count
+        ) == (3, 2, 5, 6),
+        "module saw rr {} id {} retry {} rnr {}",
+        req.responder_resources,
+        req.initiator_depth,
+        req.retry_count,
+        req.rnr_retry_count
+    );
+    let mut p = Param::with_data(b"ok");
+    p.responder_resources = 1;
+    p.initiator_depth = 2;
+    dev.accept(req.new_id, Some(&p))?;
+    wait(&dev, EV_ESTABLISHED)?;
+    wait(&dev, EV_DISCONNECTED)?;
+    dev.disconnect(req.new_id)?;
+    let r = call.result()?;
+    ensure!(
+        field(&r, "rr")? == "2" && field(&r, "id")? == "1",
+        "peer saw {r:?}"
+    );
+    // 3-bit retry counts: 8 is refused by the module before the CM.
+    let id = resolve(&dev, SocketAddr::new(ctx.peer4, ctx.port()))?;
+    let mut bad = Param::with_data(b"x");
+    bad.retry_count = 8;
+    expect_errno("retry_count 8", dev.connect(id, &bad), libc::EINVAL)?;
+    bad.retry_count = 7;
+    bad.rnr_retry_count = 8;
+    expect_errno("rnr_retry_count 8", dev.connect(id, &bad), libc::EINVAL)?;
+    Ok(())
+}
+
+fn messages_all_sizes(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let sizes = [1usize, 2, 64, 1000, 4095, 4096];
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let mut call = Call::start(
+        &ctx.agent,
+        &format!(
+            "serve addr={addr} count=1 accept=- echo={}",
+            sizes.len() + 1
+        ),
+    )?;
+    call.ready()?;
+    let id = resolve(&dev, addr)?;
+    dev.connect(id, &Param::with_data(b"sizes"))?;
+    wait(&dev, EV_ESTABLISHED)?;
+    for (i, &n) in sizes.iter().enumerate() {
+        let msg = pattern(n, i as u8);
+        dev.send(id, &msg).with_context(|| format!("send {n}"))?;
+        let back = dev.recv(id, 4096, T).with_context(|| format!("recv {n}"))?;
+        ensure!(
+            back == msg,
+            "{n}-byte message came back as {} bytes, different",
+            back.len()
+        );
+    }
+    expect_errno("send 4097 bytes", dev.send(id, &[0; 4097]), libc::EINVAL)?;
+    expect_errno("send 0 bytes", dev.send(id, &[]), libc::EINVAL)?;
+    // A buffer too small keeps the message.
+    dev.send(id, &[9; 100])?;
+    let mut tries = 0;
+    loop {
+        match errno_of(dev.recv(id, 10, 0)) {
+            Some(libc::EMSGSIZE) => break,
+            Some(libc::EAGAIN) if tries < 100 => std::thread::sleep(Duration::from_millis(50)),
+            other => bail!("small recv: {other:?}"),
+        }
+        tries += 1;
+    }
+    ensure!(dev.recv(id, 4096, T)? == [9; 100]);
+    dev.disconnect(id)?;
+    wait(&dev, EV_DISCONNECTED)?;
+    let r = call.result()?;
+    ensure!(field(&r, "disc0")? == "DISCONNECTED");
+    Ok(())
+}
+
+fn hundred_connections(ctx: &mut Ctx) -> Result<()> {
+    const N: usize = 100;
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    listen(&dev, addr, 128, 0)?;
+    let mut call = Call::start(&ctx.agent, &format!("multi addr={addr} count={N}"))?;
+    let mut ids = Vec::new();
+    let mut established = 0;
+    while established < N {
+        let ev = dev.get_event(T).context("waiting for connections")?;
+        match ev.event {
+            EV_CONNECT_REQUEST => {
+                dev.accept(ev.new_id, None)?;
+                ids.push(ev.new_id);
+            }
+            EV_ESTABLISHED => established += 1,
+            _ => bail!("unexpected {} (status {})", ev.name(), ev.status),
+        }
+    }
+    ensure!(call.ready()? == format!("ready established={N}"));
+    for &id in &ids {
+        ensure!(dev.query(id)?.state == rdma_cm_rs_state_RDMA_CM_RS_CONNECT);
+    }
+    call.send("close")?;
+    let mut disconnected = 0;
+    while disconnected < N {
+        let ev = dev.get_event(T).context("waiting for disconnects")?;
+        if ev.event == EV_DISCONNECTED {
+            dev.disconnect(ev.id)?;
+            disconnected += 1;
+        }
+    }
+    let r = call.result()?;
+    ensure!(field(&r, "closed")? == N.to_string());
+    for id in ids {
+        dev.destroy(id)?;
+    }
+    Ok(())
+}
+
+fn backlog_enforced(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    let l = listen(&dev, addr, 2, 0)?;
+    let connect = |d: &str| {
+        Call::start(
+            &ctx.agent,
+            &format!("connect addr={addr} data={d} disc=peer"),
+        )
+    };
+    let c1 = connect("01")?;
+    let r1 = wait(&dev, EV_CONNECT_REQUEST)?;
+    let c2 = connect("02")?;
+    let r2 = wait(&dev, EV_CONNECT_REQUEST)?;
+    ensure!(
+        dev.query(l)?.backlog == 2,
+        "backlog in use {}",
+        dev.query(l)?.backlog
+    );
+    // The third request is over the backlog: the module refuses it.
+    let r = connect("03")?.result()?;
+    ensure!(field(&r, "event")? == "REJECTED", "third connect: {r:?}");
+    expect_errno("no third request", dev.get_event(0), libc::EAGAIN)?;
+    // Accepting one frees a slot.
+    dev.accept(r1.new_id, None)?;
+    wait(&dev, EV_ESTABLISHED)?;
+    let c4 = connect("04")?;
+    let r4 = wait(&dev, EV_CONNECT_REQUEST)?;
+    ensure!(r4.private_data.first() == Some(&4));
+    dev.reject(r2.new_id, 0, b"")?;
+    dev.reject(r4.new_id, 0, b"")?;
+    dev.disconnect(r1.new_id)?;
+    wait(&dev, EV_DISCONNECTED)?;
+    ensure!(field(&c1.result()?, "event")? == "ESTABLISHED");
+    ensure!(field(&c2.result()?, "event")? == "REJECTED");
+    ensure!(field(&c4.result()?, "event")? == "REJECTED");
+    Ok(())
+}
+
+fn options(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let id = dev.create_id(0)?;
+    let o = |opt, v| dev.set_option(id, opt, v);
+    o(rdma_cm_rs_option_RDMA_CM_RS_OPT_TOS, 32)?;
+    let q = dev.query(id)?;
+    ensure!(
+        q.tos == 32 && q.tos_set == 1,
+        "tos {} set {}",
+        q.tos,
+        q.tos_set
+    );
+    expect_errno(
+        "TOS 256",
+        o(rdma_cm_rs_option_RDMA_CM_RS_OPT_TOS, 256),
+        libc::EINVAL,
+    )?;
+    expect_errno(
+        "ACK_TIMEOUT 32",
+        o(rdma_cm_rs_option_RDMA_CM_RS_OPT_ACK_TIMEOUT, 32),
+        libc::EINVAL,
+    )?;
+    o(rdma_cm_rs_option_RDMA_CM_RS_OPT_ACK_TIMEOUT, 14)?;
+    expect_errno(
+        "MIN_RNR_TIMER 32",
+        o(rdma_cm_rs_option_RDMA_CM_RS_OPT_MIN_RNR_TIMER, 32),
+        libc::EINVAL,
+    )?;
+    o(rdma_cm_rs_option_RDMA_CM_RS_OPT_MIN_RNR_TIMER, 12)?;
+    expect_errno(
+        "REUSEADDR 2",
+        o(rdma_cm_rs_option_RDMA_CM_RS_OPT_REUSEADDR, 2),
+        libc::EINVAL,
+    )?;
+    expect_errno("unknown option", o(99, 0), libc::EINVAL)?;
+    // REUSEADDR: two ids that both set it share a port; a third without it cannot.
+    let port = ctx.port();
+    let addr = SocketAddr::new(ctx.local4, port);
+    let a = dev.create_id(0)?;
+    let b = dev.create_id(0)?;
+    let c = dev.create_id(0)?;
+    dev.set_option(a, rdma_cm_rs_option_RDMA_CM_RS_OPT_REUSEADDR, 1)?;
+    dev.set_option(b, rdma_cm_rs_option_RDMA_CM_RS_OPT_REUSEADDR, 1)?;
+    dev.bind(a, &addr)?;
+    dev.bind(b, &addr).context("second bind with REUSEADDR")?;
+    expect_errno(
+        "bind without REUSEADDR",
+        dev.bind(c, &addr),
+        libc::EADDRINUSE,
+    )?;
+    // AFONLY: an IPv6-only wildcard listener leaves the IPv4 port free.
+    let port = ctx.port();
+    let v6 = dev.create_id(0)?;
+    dev.set_option(v6, rdma_cm_rs_option_RDMA_CM_RS_OPT_AFONLY, 1)?;
+    dev.bind(v6, &SocketAddr::new("::".parse()?, port))?;
+    dev.listen(v6, 1)?;
+    expect_errno(
+        "AFONLY on a listener",
+        dev.set_option(v6, rdma_cm_rs_option_RDMA_CM_RS_OPT_AFONLY, 0),
+        libc::EINVAL,
+    )?;
+    let v4 = dev.create_id(0)?;
+    dev.bind(v4, &SocketAddr::new("0.0.0.0".parse()?, port))
+        .context("IPv4 bind beside AFONLY IPv6")?;
+    // Without AFONLY the IPv6 wildcard takes IPv4 too.
+    let port = ctx.port();
+    let both = dev.create_id(0)?;
+    dev.set_option(both, rdma_cm_rs_option_RDMA_CM_RS_OPT_AFONLY, 0)?;
+    dev.bind(both, &SocketAddr::new("::".parse()?, port))?;
+    dev.listen(both, 1)?;
+    let v4b = dev.create_id(0)?;
+    expect_errno(
+        "IPv4 bind beside dual-stack IPv6",
+        dev.bind(v4b, &SocketAddr::new("0.0.0.0".parse()?, port)),
+        libc::EADDRNOTAVAIL,
+    )?;
+    Ok(())
+}
+
+fn unreachable_address(_: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let id = dev.create_id(0)?;
+    // TEST-NET-2 has no route in the guests (and nothing leaves them): the
+    // resolution fails, synchronously or with ADDR_ERROR, within its timeout.
+    let dst = SocketAddr::new("198.51.100.1".parse()?, 7471);
+    let start = Instant::now();
+    match dev.resolve_addr(id, &dst, 2000) {
+        Err(e) => ensure!(
+            [libc::ENETUNREACH, libc::EHOSTUNREACH, libc::EADDRNOTAVAIL]
+                .contains(&e.raw_os_error().unwrap_or(0)),
+            "resolve_addr: {e}"
+        ),
+        Ok(()) => {
+            let ev = dev.get_event(T)?;
+            ensure!(
+                [EV_ADDR_ERROR, EV_UNREACHABLE].contains(&ev.event) && ev.status < 0,
+                "got {} status {}",
+                ev.name(),
+                ev.status
+            );
+        }
+    }
+    ensure!(
+        start.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        start.elapsed()
+    );
+    Ok(())
+}
+
+fn connect_no_listener(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let id = resolve(&dev, SocketAddr::new(ctx.peer4, ctx.port()))?;
+    dev.connect(id, &Param::with_data(b"anyone?"))?;
+    let ev = dev.get_event(T)?;
+    ensure!(
+        ev.event == EV_REJECTED,
+        "got {} status {}",
+        ev.name(),
+        ev.status
+    );
+    Ok(())
+}
+
+fn listen_busy_port(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    listen(&dev, addr, 1, 0)?;
+    let other = Device::open()?;
+    let id = other.create_id(0)?;
+    let r = other.bind(id, &addr).and_then(|()| other.listen(id, 1));
+    expect_errno("second listener on the port", r, libc::EADDRINUSE)
+}
+
+fn malformed_ioctls(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let create = |c: &mut rdma_cm_rs_create_id, cmd| dev.raw_ioctl(cmd, c as *mut _ as usize);
+    let good = || rdma_cm_rs_create_id {
+        port_space: RDMA_CM_RS_PS_TCP,
+        qp_type: RDMA_CM_RS_QPT_RC,
+        ..Default::default()
+    };
+    // Unknown number, foreign magic, wrong direction.
+    expect_errno(
+        "unknown nr",
+        dev.raw_ioctl(ioc(3, 0x7f, 24), 0),
+        libc::ENOTTY,
+    )?;
+    expect_errno("foreign magic", dev.raw_ioctl(0xc018_aa01, 0), libc::ENOTTY)?;
+    expect_errno(
+        "wrong direction",
+        create(&mut good(), ioc(1, 0x01, 24)),
+        libc::ENOTTY,
+    )?;
+    // Bad pointers.
+    expect_errno(
+        "NULL argument",
+        dev.raw_ioctl(IOC_CREATE_ID, 0),
+        libc::EFAULT,
+    )?;
+    expect_errno(
+        "bad argument",
+        dev.raw_ioctl(IOC_CREATE_ID, 8),
+        libc::EFAULT,
+    )?;
+    expect_errno(
+        "bad output pointer",
+        dev.raw_ioctl(IOC_INFO, usize::MAX - 4096),
+        libc::EFAULT,
+    )?;
+    // Sizes: shorter is EINVAL; longer with a zero tail works, non-zero E2BIG.
+    expect_errno(
+        "short struct",
+        create(&mut good(), ioc(3, 0x01, 16)),
+        libc::EINVAL,
+    )?;
+    let mut long = [0u8; 32];
+    let g = good();
+    // SAFETY: Copies the plain-integer struct into the first 24 bytes.
+    unsafe { std::ptr::copy_nonoverlapping(&g as *const _ as *const u8, long.as_mut_ptr(), 24) };
+    dev.raw_ioctl(ioc(3, 0x01, 32), long.as_mut_ptr() as usize)
+        .context("longer struct, zero tail")?;
+    long[30] = 1;
+    expect_errno(
+        "longer struct, non-zero tail",
+        dev.raw_ioctl(ioc(3, 0x01, 32), long.as_mut_ptr() as usize),
+        libc::E2BIG,
+    )?;
+    // Reserved fields, bad values.
+    let mut c = good();
+    c.reserved = 1;
+    expect_errno("reserved != 0", create(&mut c, IOC_CREATE_ID), libc::EINVAL)?;
+    let mut c = good();
+    c.port_space = 0x999;
+    expect_errno(
+        "bad port space",
+        create(&mut c, IOC_CREATE_ID),
+        libc::EINVAL,
+    )?;
+    let mut c = good();
+    c.qp_type = RDMA_CM_RS_QPT_UD;
+    expect_errno(
+        "UD on RDMA_PS_TCP",
+        create(&mut c, IOC_CREATE_ID),
+        libc::EINVAL,
+    )?;
+    expect_errno("unknown id", dev.destroy(123_456), libc::ENOENT)?;
+    let id = dev.create_id(0)?;
+    let mut b = rdma_cm_rs_bind {
+        id,
+        reserved: 1,
+        addr: sockaddr(&SocketAddr::new(ctx.local4, 1)),
+    };
+    expect_errno(
+        "bind reserved",
+        dev.raw_ioctl(IOC_BIND, &mut b as *mut _ as usize),
+        libc::EINVAL,
+    )?;
+    b.reserved = 0;
+    b.addr.bytes[9] = 1;
+    expect_errno(
+        "bind sin_zero",
+        dev.raw_ioctl(IOC_BIND, &mut b as *mut _ as usize),
+        libc::EINVAL,
+    )?;
+    b.addr.bytes = [0; 128];
+    b.addr.bytes[0] = libc::AF_UNIX as u8;
+    expect_errno(
+        "bind AF_UNIX",
+        dev.raw_ioctl(IOC_BIND, &mut b as *mut _ as usize),
+        libc::EAFNOSUPPORT,
+    )?;
+    expect_errno("listen backlog 0", dev.listen(id, 0), libc::EINVAL)?;
+    expect_errno(
+        "resolve_route timeout 0",
+        dev.resolve_route(id, 0),
+        libc::EINVAL,
+    )?;
+    expect_errno(
+        "resolve_addr timeout 70 s",
+        dev.resolve_addr(id, &SocketAddr::new(ctx.peer4, 1), 70_000),
+        libc::EINVAL,
+    )?;
+    expect_errno("send unconnected", dev.send(id, b"x"), libc::ENOTCONN)?;
+    expect_errno("recv unconnected", dev.recv(id, 16, 0), libc::ENOTCONN)?;
+    let mut a = rdma_cm_rs_accept {
+        id,
+        flags: 0x80,
+        ..Default::default()
+    };
+    expect_errno(
+        "accept unknown flag",
+        dev.raw_ioctl(IOC_ACCEPT, &mut a as *mut _ as usize),
+        libc::EINVAL,
+    )?;
+    let mut g = rdma_cm_rs_get_event {
+        reserved: 1,
+        ..Default::default()
+    };
+    expect_errno(
+        "get_event reserved",
+        dev.raw_ioctl(IOC_GET_EVENT, &mut g as *mut _ as usize),
+        libc::EINVAL,
+    )?;
+    Ok(())
+}
+
+fn nonblocking_and_poll(ctx: &mut Ctx) -> Result<()> {
+    let nb = Device::open_nonblocking()?;
+    expect_errno(
+        "O_NONBLOCK, empty",
+        nb.get_event(RDMA_CM_RS_TIMEOUT_INFINITE),
+        libc::EAGAIN,
+    )?;
+    let dev = Device::open()?;
+    expect_errno("timeout 0, empty", dev.get_event(0), libc::EAGAIN)?;
+    let start = Instant::now();
+    expect_errno("timeout 300 ms", dev.get_event(300), libc::ETIMEDOUT)?;
+    let waited = start.elapsed();
+    ensure!(
+        waited >= Duration::from_millis(280) && waited < Duration::from_secs(3),
+        "waited {waited:?}"
+    );
+    let poll = |ms: i32| {
+        let mut p = libc::pollfd {
+            fd: dev.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: One valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        (n, p.revents)
+    };
+    ensure!(poll(0) == (0, 0), "readable while empty");
+    // An event makes the file readable.
+    let id = dev.create_id(0)?;
+    dev.resolve_addr(id, &SocketAddr::new(ctx.local4, 1), 2000)?;
+    let (n, revents) = poll(5000);
+    ensure!(
+        n == 1 && revents & libc::POLLIN != 0,
+        "poll {n} {revents:#x}"
+    );
+    ensure!(dev.get_event(0)?.event == EV_ADDR_RESOLVED);
+    ensure!(poll(0) == (0, 0), "readable after the event was read");
+    Ok(())
+}
+
+fn close_destroys_everything(ctx: &mut Ctx) -> Result<()> {
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    {
+        let dev = Device::open()?;
+        listen(&dev, addr, 4, 0)?;
+        let call = Call::start(
+            &ctx.agent,
+            &format!("connect addr={addr} data=00 disc=peer"),
+        )?;
+        let req = wait(&dev, EV_CONNECT_REQUEST)?;
+        dev.accept(req.new_id, None)?;
+        wait(&dev, EV_ESTABLISHED)?;
+        drop(dev);
+        // Closing the file disconnected the peer.
+        let r = call.result()?;
+        ensure!(field(&r, "disc")? == "DISCONNECTED", "peer: {r:?}");
+    }
+    // The port is free again.
+    let dev = Device::open()?;
+    listen(&dev, addr, 4, 0).context("listening again after close")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_names_are_unique() {
+        let mut names: Vec<_> = TESTS.iter().map(|(n, _)| *n).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), TESTS.len());
+    }
+
+    #[test]
+    fn patterns_differ_by_seed() {
+        assert_eq!(pattern(56, 1).len(), 56);
+        assert_ne!(pattern(8, 1), pattern(8, 2));
+    }
+}

@@ -1,0 +1,430 @@
+// SPDX-License-Identifier: GPL-2.0
+//! `/dev/rdma_cm_rs` from user space: the structures generated from the C
+//! header, the ioctl numbers, and a `Device` with one safe method a command.
+
+#![allow(non_camel_case_types, non_upper_case_globals, dead_code)]
+
+use std::{
+    fs::{File, OpenOptions},
+    io,
+    mem::size_of,
+    net::SocketAddr,
+    os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
+};
+
+include!(concat!(env!("OUT_DIR"), "/uapi.rs"));
+
+pub const DEVICE: &str = "/dev/rdma_cm_rs";
+const MAGIC: u32 = RDMA_CM_RS_IOCTL_MAGIC;
+const IOC_WRITE: u32 = 1;
+const IOC_READ: u32 = 2;
+
+/// `_IOC(dir, type, nr, size)` of `include/uapi/asm-generic/ioctl.h`.
+pub const fn ioc(dir: u32, nr: u32, size: usize) -> u32 {
+    (dir << 30) | ((size as u32) << 16) | (MAGIC << 8) | nr
+}
+const fn iow<T>(nr: u32) -> u32 {
+    ioc(IOC_WRITE, nr, size_of::<T>())
+}
+const fn ior<T>(nr: u32) -> u32 {
+    ioc(IOC_READ, nr, size_of::<T>())
+}
+const fn iowr<T>(nr: u32) -> u32 {
+    ioc(IOC_READ | IOC_WRITE, nr, size_of::<T>())
+}
+
+pub const IOC_INFO: u32 = ior::<rdma_cm_rs_info>(0x00);
+pub const IOC_CREATE_ID: u32 = iowr::<rdma_cm_rs_create_id>(0x01);
+pub const IOC_DESTROY_ID: u32 = iow::<rdma_cm_rs_id_cmd>(0x02);
+pub const IOC_BIND: u32 = iow::<rdma_cm_rs_bind>(0x03);
+pub const IOC_RESOLVE_ADDR: u32 = iow::<rdma_cm_rs_resolve_addr>(0x04);
+pub const IOC_RESOLVE_ROUTE: u32 = iow::<rdma_cm_rs_resolve_route>(0x05);
+pub const IOC_LISTEN: u32 = iow::<rdma_cm_rs_listen>(0x06);
+pub const IOC_CONNECT: u32 = iow::<rdma_cm_rs_connect>(0x07);
+pub const IOC_ACCEPT: u32 = iow::<rdma_cm_rs_accept>(0x08);
+pub const IOC_REJECT: u32 = iow::<rdma_cm_rs_reject>(0x09);
+pub const IOC_DISCONNECT: u32 = iow::<rdma_cm_rs_id_cmd>(0x0a);
+pub const IOC_SET_OPTION: u32 = iow::<rdma_cm_rs_set_option>(0x0b);
+pub const IOC_QUERY: u32 = iowr::<rdma_cm_rs_query>(0x0c);
+pub const IOC_GET_EVENT: u32 = iowr::<rdma_cm_rs_get_event>(0x0d);
+pub const IOC_SEND: u32 = iow::<rdma_cm_rs_send>(0x0e);
+pub const IOC_RECV: u32 = iowr::<rdma_cm_rs_recv>(0x0f);
+
+/// The kernel's `enum rdma_cm_event_type` names, by value.
+pub const EVENT_NAMES: [&str; 16] = [
+    "ADDR_RESOLVED",
+    "ADDR_ERROR",
+    "ROUTE_RESOLVED",
+    "ROUTE_ERROR",
+    "CONNECT_REQUEST",
+    "CONNECT_RESPONSE",
+    "CONNECT_ERROR",
+    "UNREACHABLE",
+    "REJECTED",
+    "ESTABLISHED",
+    "DISCONNECTED",
+    "DEVICE_REMOVAL",
+    "MULTICAST_JOIN",
+    "MULTICAST_ERROR",
+    "ADDR_CHANGE",
+    "TIMEWAIT_EXIT",
+];
+pub const EV_ADDR_RESOLVED: u32 = 0;
+pub const EV_ADDR_ERROR: u32 = 1;
+pub const EV_ROUTE_RESOLVED: u32 = 2;
+pub const EV_CONNECT_REQUEST: u32 = 4;
+pub const EV_CONNECT_ERROR: u32 = 6;
+pub const EV_UNREACHABLE: u32 = 7;
+pub const EV_REJECTED: u32 = 8;
+pub const EV_ESTABLISHED: u32 = 9;
+pub const EV_DISCONNECTED: u32 = 10;
+pub const EV_TIMEWAIT_EXIT: u32 = 15;
+
+pub fn event_name(e: u32) -> &'static str {
+    EVENT_NAMES.get(e as usize).copied().unwrap_or("UNKNOWN")
+}
+
+/// Encodes a socket address in the ABI's form: `sockaddr_in`/`sockaddr_in6`
+/// in network byte order, zero-padded to 128 bytes.
+pub fn sockaddr(addr: &SocketAddr) -> rdma_cm_rs_sockaddr {
+    let mut out = rdma_cm_rs_sockaddr { bytes: [0; 128] };
+    let b = &mut out.bytes;
+    match addr {
+        SocketAddr::V4(a) => {
+            b[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+            b[2..4].copy_from_slice(&a.port().to_be_bytes());
+            b[4..8].copy_from_slice(&a.ip().octets());
+        }
+        SocketAddr::V6(a) => {
+            b[0..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+            b[2..4].copy_from_slice(&a.port().to_be_bytes());
+            b[4..8].copy_from_slice(&a.flowinfo().to_be_bytes());
+            b[8..24].copy_from_slice(&a.ip().octets());
+            b[24..28].copy_from_slice(&a.scope_id().to_ne_bytes());
+        }
+    }
+    out
+}
+
+/// Decodes the ABI's address form; `None` for family 0.
+pub fn parse_sockaddr(s: &rdma_cm_rs_sockaddr) -> Option<SocketAddr> {
+    let b = &s.bytes;
+    let port = u16::from_be_bytes([b[2], b[3]]);
+    match i32::from(u16::from_ne_bytes([b[0], b[1]])) {
+        libc::AF_INET => Some(SocketAddr::from(([b[4], b[5], b[6], b[7]], port))),
+        libc::AF_INET6 => {
+            let mut ip = [0u8; 16];
+            ip.copy_from_slice(&b[8..24]);
+            Some(SocketAddr::from((ip, port)))
+        }
+        _ => None,
+    }
+}
+
+/// Connection parameters for CONNECT/ACCEPT.
+#[derive(Clone, Debug, Default)]
+pub struct Param {
+    pub private_data: Vec<u8>,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+}
+
+impl Param {
+    pub fn with_data(data: &[u8]) -> Self {
+        Self {
+            private_data: data.to_vec(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        }
+    }
+
+    fn to_abi(&self) -> rdma_cm_rs_conn_param {
+        let mut p = rdma_cm_rs_conn_param {
+            private_data_len: self.private_data.len() as u16,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            ..Default::default()
+        };
+        let n = self.private_data.len().min(p.private_data.len());
+        p.private_data[..n].copy_from_slice(&self.private_data[..n]);
+        p
+    }
+}
+
+/// A decoded event.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub id: u32,
+    pub event: u32,
+    pub status: i32,
+    pub new_id: u32,
+    pub context: u64,
+    pub private_data: Vec<u8>,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub qp_num: u32,
+}
+
+impl Event {
+    fn from_abi(e: &rdma_cm_rs_event) -> Self {
+        let n = usize::from(e.param.private_data_len).min(e.param.private_data.len());
+        Self {
+            id: e.id,
+            event: e.event,
+            status: e.status,
+            new_id: e.new_id,
+            context: e.context,
+            private_data: e.param.private_data[..n].to_vec(),
+            responder_resources: e.param.responder_resources,
+            initiator_depth: e.param.initiator_depth,
+            retry_count: e.param.retry_count,
+            rnr_retry_count: e.param.rnr_retry_count,
+            qp_num: e.param.qp_num,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        event_name(self.event)
+    }
+}
+
+/// An open `/dev/rdma_cm_rs`.
+pub struct Device {
+    file: File,
+}
+
+pub type Result<T> = std::result::Result<T, io::Error>;
+
+impl Device {
+    pub fn open() -> Result<Self> {
+        Self::open_flags(0)
+    }
+
+    pub fn open_nonblocking() -> Result<Self> {
+        Self::open_flags(libc::O_NONBLOCK)
+    }
+
+    fn open_flags(flags: i32) -> Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(flags)
+            .open(DEVICE)?;
+        Ok(Self { file })
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.file.as_raw_fd()
+    }
+
+    /// Any ioctl with any argument: for the malformed-argument tests.
+    pub fn raw_ioctl(&self, cmd: u32, arg: usize) -> Result<i32> {
+        // SAFETY: The kernel validates `arg`; a bad pointer yields EFAULT.
+        let r = unsafe { libc::ioctl(self.fd(), cmd as _, arg) };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    }
+
+    fn call<T>(&self, cmd: u32, arg: &mut T) -> Result<()> {
+        self.raw_ioctl(cmd, arg as *mut T as usize).map(|_| ())
+    }
+
+    pub fn info(&self) -> Result<rdma_cm_rs_info> {
+        let mut i = rdma_cm_rs_info::default();
+        self.call(IOC_INFO, &mut i)?;
+        Ok(i)
+    }
+
+    pub fn create_id(&self, context: u64) -> Result<u32> {
+        self.create_id_ps(context, RDMA_CM_RS_PS_TCP, RDMA_CM_RS_QPT_RC)
+    }
+
+    pub fn create_id_ps(&self, context: u64, ps: u32, qpt: u32) -> Result<u32> {
+        let mut c = rdma_cm_rs_create_id {
+            context,
+            port_space: ps,
+            qp_type: qpt,
+            ..Default::default()
+        };
+        self.call(IOC_CREATE_ID, &mut c)?;
+        Ok(c.id)
+    }
+
+    pub fn destroy(&self, id: u32) -> Result<()> {
+        self.call(IOC_DESTROY_ID, &mut rdma_cm_rs_id_cmd { id, reserved: 0 })
+    }
+
+    pub fn bind(&self, id: u32, addr: &SocketAddr) -> Result<()> {
+        let mut b = rdma_cm_rs_bind {
+            id,
+            reserved: 0,
+            addr: sockaddr(addr),
+        };
+        self.call(IOC_BIND, &mut b)
+    }
+
+    pub fn resolve_addr(&self, id: u32, dst: &SocketAddr, timeout_ms: u32) -> Result<()> {
+        let mut r = rdma_cm_rs_resolve_addr {
+            id,
+            timeout_ms,
+            src: rdma_cm_rs_sockaddr { bytes: [0; 128] },
+            dst: sockaddr(dst),
+        };
+        self.call(IOC_RESOLVE_ADDR, &mut r)
+    }
+
+    pub fn resolve_route(&self, id: u32, timeout_ms: u32) -> Result<()> {
+        self.call(
+            IOC_RESOLVE_ROUTE,
+            &mut rdma_cm_rs_resolve_route { id, timeout_ms },
+        )
+    }
+
+    pub fn listen(&self, id: u32, backlog: u32) -> Result<()> {
+        self.call(IOC_LISTEN, &mut rdma_cm_rs_listen { id, backlog })
+    }
+
+    pub fn connect(&self, id: u32, p: &Param) -> Result<()> {
+        let mut c = rdma_cm_rs_connect {
+            id,
+            reserved: 0,
+            param: p.to_abi(),
+        };
+        self.call(IOC_CONNECT, &mut c)
+    }
+
+    /// `None` accepts with the request's values (ACCEPT_REQUEST_PARAM).
+    pub fn accept(&self, id: u32, p: Option<&Param>) -> Result<()> {
+        let mut a = rdma_cm_rs_accept {
+            id,
+            flags: if p.is_none() {
+                RDMA_CM_RS_ACCEPT_REQUEST_PARAM
+            } else {
+                0
+            },
+            param: p.map(Param::to_abi).unwrap_or_default(),
+        };
+        self.call(IOC_ACCEPT, &mut a)
+    }
+
+    pub fn reject(&self, id: u32, reason: u8, data: &[u8]) -> Result<()> {
+        let mut r = rdma_cm_rs_reject {
+            id,
+            reason,
+            private_data_len: data.len() as u16,
+            ..Default::default()
+        };
+        let n = data.len().min(r.private_data.len());
+        r.private_data[..n].copy_from_slice(&data[..n]);
+        self.call(IOC_REJECT, &mut r)
+    }
+
+    pub fn disconnect(&self, id: u32) -> Result<()> {
+        self.call(IOC_DISCONNECT, &mut rdma_cm_rs_id_cmd { id, reserved: 0 })
+    }
+
+    pub fn set_option(&self, id: u32, option: u32, value: u64) -> Result<()> {
+        self.call(
+            IOC_SET_OPTION,
+            &mut rdma_cm_rs_set_option { id, option, value },
+        )
+    }
+
+    pub fn query(&self, id: u32) -> Result<rdma_cm_rs_query> {
+        let mut q = rdma_cm_rs_query {
+            id,
+            ..Default::default()
+        };
+        self.call(IOC_QUERY, &mut q)?;
+        Ok(q)
+    }
+
+    pub fn get_event(&self, timeout_ms: u32) -> Result<Event> {
+        let mut g = rdma_cm_rs_get_event {
+            timeout_ms,
+            ..Default::default()
+        };
+        self.call(IOC_GET_EVENT, &mut g)?;
+        Ok(Event::from_abi(&g.event))
+    }
+
+    pub fn send(&self, id: u32, data: &[u8]) -> Result<()> {
+        let mut s = rdma_cm_rs_send {
+            id,
+            len: data.len() as u32,
+            buf: data.as_ptr() as u64,
+            timeout_ms: 5000,
+            reserved: 0,
+        };
+        self.call(IOC_SEND, &mut s)
+    }
+
+    pub fn recv(&self, id: u32, capacity: usize, timeout_ms: u32) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; capacity];
+        let mut r = rdma_cm_rs_recv {
+            id,
+            len: capacity as u32,
+            buf: buf.as_mut_ptr() as u64,
+            timeout_ms,
+            reserved: 0,
+        };
+        self.call(IOC_RECV, &mut r)?;
+        buf.truncate(r.len as usize);
+        Ok(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_match_the_header_rules() {
+        // Sizes the module asserts too (rust/abi.rs): no implicit padding.
+        assert_eq!(size_of::<rdma_cm_rs_conn_param>(), 272);
+        assert_eq!(size_of::<rdma_cm_rs_event>(), 320);
+        assert_eq!(size_of::<rdma_cm_rs_get_event>(), 328);
+        assert_eq!(size_of::<rdma_cm_rs_query>(), 384);
+        assert_eq!(size_of::<rdma_cm_rs_reject>(), 264);
+        assert_eq!(size_of::<rdma_cm_rs_create_id>(), 24);
+        assert_eq!(size_of::<rdma_cm_rs_info>(), 64);
+    }
+
+    #[test]
+    fn ioctl_numbers_match_the_c_macros() {
+        // _IOWR(0xD7, 0x0d, struct rdma_cm_rs_get_event): 328 = 0x148.
+        assert_eq!(IOC_GET_EVENT, 0xc148_d70d);
+        assert_eq!(IOC_INFO, 0x8040_d700);
+        assert_eq!(IOC_DESTROY_ID, 0x4008_d702);
+    }
+
+    #[test]
+    fn sockaddr_round_trips() {
+        for text in ["192.0.2.1:7471", "[2001:db8::1]:1", "0.0.0.0:0"] {
+            let a: SocketAddr = text.parse().unwrap();
+            assert_eq!(parse_sockaddr(&sockaddr(&a)), Some(a));
+        }
+        let b = sockaddr(&"192.0.2.1:7471".parse().unwrap());
+        assert_eq!(&b.bytes[..8], &[2, 0, 0x1d, 0x2f, 192, 0, 2, 1]);
+        assert!(b.bytes[8..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn param_encodes_private_data() {
+        let p = Param::with_data(b"abc").to_abi();
+        assert_eq!(p.private_data_len, 3);
+        assert_eq!(&p.private_data[..3], b"abc");
+        assert_eq!(p.rnr_retry_count, 7);
+    }
+}
