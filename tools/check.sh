@@ -118,12 +118,14 @@ unsafe_outside() {
 step "no unsafe outside rust/rdma" "$logs/unsafe.log" unsafe_outside
 
 # --- host ------------------------------------------------------------------
+# Cargo reads tools/userspace-test/.cargo/config.toml (the libclang that
+# rdma-sys's bindgen needs) only when run from that directory.
 tool_dir=tools/userspace-test
-step "userspace-test: cargo fmt --check" "$logs/cargo-fmt.log" \
-	cargo fmt --manifest-path $tool_dir/Cargo.toml -- --check
+tcargo() { (cd "$tool_dir" && cargo "$@"); }
+step "userspace-test: cargo fmt --check" "$logs/cargo-fmt.log" tcargo fmt -- --check
 step "userspace-test: cargo clippy -D warnings" "$logs/cargo-clippy.log" \
-	cargo clippy --manifest-path $tool_dir/Cargo.toml --locked --all-targets -- -D warnings
-if cargo test --manifest-path $tool_dir/Cargo.toml --locked >"$logs/cargo-test.log" 2>&1; then
+	tcargo clippy --locked --all-targets -- -D warnings
+if tcargo test --locked >"$logs/cargo-test.log" 2>&1; then
 	pass "userspace-test: cargo test"
 else
 	fail "userspace-test: cargo test" "$logs/cargo-test.log"
@@ -133,8 +135,7 @@ f=$(sed -nE 's/^test result: .*\. ([0-9]+) passed; ([0-9]+) failed.*/\2/p' "$log
 passed=$((passed + ${p:-0}))
 failed=$((failed + ${f:-0}))
 note "cargo test: ${p:-0} passed, ${f:-0} failed"
-step "userspace-test: release build" "$logs/cargo-build.log" \
-	cargo build --manifest-path $tool_dir/Cargo.toml --locked --release || finish
+step "userspace-test: release build" "$logs/cargo-build.log" tcargo build --locked --release || finish
 tool=$tool_dir/target/release/userspace-test
 
 # --- one VM ----------------------------------------------------------------

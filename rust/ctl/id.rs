@@ -180,7 +180,8 @@ impl Handler for IdEvents {
                     // The active side learns the peer's answer here, already
                     // from its own side (the IB CM swaps the REP's fields).
                     if p.responder_resources() != 0 || p.initiator_depth() != 0 {
-                        st.responder_resources = st.responder_resources.min(p.responder_resources());
+                        st.responder_resources =
+                            st.responder_resources.min(p.responder_resources());
                         st.initiator_depth = st.initiator_depth.min(p.initiator_depth());
                     }
                 }
