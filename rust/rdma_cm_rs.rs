@@ -13,6 +13,13 @@ mod ctl;
 pub mod misc_poll;
 pub mod rdma;
 
+// The abstraction layer's KUnit suites, run at insmod.  Declared here, not in
+// rust/rdma/, so that modules compiling the layer in (the samples) do not run
+// them again.
+#[cfg(CONFIG_KUNIT)]
+#[path = "rdma/tests.rs"]
+mod rdma_tests;
+
 use kernel::prelude::*;
 
 module! {

@@ -55,17 +55,22 @@ finish() {
 	exit $?
 }
 
-# KTAP counting: every "ok N"/"not ok N" line at any indentation except
-# suite-level lines that only summarise subtests (KUnit prints both).
-# Args: file, label.  Prints the failing case names.
+# KUnit counting: the cases of our suites (rdma_cm_rs_*) in the guest's
+# dmesg, timestamps stripped; the kernel's own boot-time suites and the
+# suite-level summary lines do not count.  No case at all is a failure.
 count_ktap() {
 	local file=$1 label=$2 p f
-	p=$(grep -cE '^\s+ok [0-9]+ ' "$file" || true)
-	f=$(grep -cE '^\s+not ok [0-9]+ ' "$file" || true)
+	sed -E 's/^\[[^]]*\] ?//' "$file" | awk '
+		/^ *# Subtest: / { ours = ($3 ~ /^rdma_cm_rs_/) ; next }
+		ours && /^ +ok [0-9]+ /     { print "pass " $0 }
+		ours && /^ +not ok [0-9]+ / { print "fail " $0 }' >"$logs/kunit-cases.txt"
+	p=$(grep -c '^pass' "$logs/kunit-cases.txt" || true)
+	f=$(grep -c '^fail' "$logs/kunit-cases.txt" || true)
 	passed=$((passed + p))
 	failed=$((failed + f))
 	note "$label: $p passed, $f failed"
-	grep -E '^\s+not ok [0-9]+ ' "$file" | sed "s/^\s*/not ok - $label: /" || true
+	sed -n 's/^fail *not ok [0-9]* /not ok - '"$label"': /p' "$logs/kunit-cases.txt"
+	[ "$((p + f))" -gt 0 ] || fail "$label: no KUnit case found in $file"
 }
 # The userspace suite prints flat KTAP (no indentation).
 count_flat_ktap() {

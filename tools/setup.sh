@@ -98,6 +98,8 @@ fetch_kernel_source() {
 		-o Dir::Cache::Archives="$apt_root/archives"
 		-o Dir::Cache::pkgcache="" -o Dir::Cache::srcpkgcache=""
 		-o APT::Get::List-Cleanup=0
+		# The cache is root's: download as root rather than as _apt.
+		-o APT::Sandbox::User=root
 	)
 	log "fetching linux-source-$kernel_series (private apt configuration)"
 	apt-get "${opts[@]}" update -qq

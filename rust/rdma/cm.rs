@@ -653,6 +653,14 @@ impl LockedId<'_> {
         })
     }
 
+    /// The CM's text for a reject reason on this id's transport
+    /// (`rdma_reject_msg`), e.g. for the status of a REJECTED event.
+    pub fn reject_msg(&self, reason: i32) -> &'static CStr {
+        // SAFETY: The id is live; `rdma_reject_msg` returns a static string
+        // for any reason.
+        unsafe { CStr::from_char_ptr(bindings::rdma_reject_msg(self.as_ptr(), reason)) }
+    }
+
     /// Disconnects (`rdma_disconnect`).
     pub fn disconnect(&self) -> Result {
         // SAFETY: The id is live.
