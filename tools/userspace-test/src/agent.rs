@@ -11,7 +11,8 @@
 //!   multi addr=A count=N      (then the suite sends "close")
 
 use crate::cm::{self, Channel, Conn, Param};
-use crate::uapi::{EV_CONNECT_REQUEST, EV_DISCONNECTED, EV_ESTABLISHED};
+use crate::payload::{hex, unhex};
+use crate::report::{EV_CONNECT_REQUEST, EV_DISCONNECTED, EV_ESTABLISHED};
 use anyhow::{anyhow, bail, Context, Result};
 use std::{
     collections::BTreeMap,
@@ -22,30 +23,6 @@ use std::{
 };
 
 const T: Duration = Duration::from_secs(20);
-
-pub fn hex(data: &[u8]) -> String {
-    let mut s = String::with_capacity(data.len() * 2);
-    for b in data {
-        let _ = write!(s, "{b:02x}");
-    }
-    if s.is_empty() {
-        s.push('-');
-    }
-    s
-}
-
-pub fn unhex(s: &str) -> Result<Vec<u8>> {
-    if s == "-" {
-        return Ok(Vec::new());
-    }
-    if !s.len().is_multiple_of(2) {
-        bail!("odd hex length");
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| anyhow!("bad hex: {e}")))
-        .collect()
-}
 
 /// Parses `word key=value ...`.
 pub fn parse(line: &str) -> (String, BTreeMap<String, String>) {
@@ -309,15 +286,6 @@ impl Call {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hex_round_trips() {
-        for data in [&b""[..], b"a", b"\x00\xff\x10"] {
-            assert_eq!(unhex(&hex(data)).unwrap(), data);
-        }
-        assert!(unhex("abc").is_err());
-        assert!(unhex("zz").is_err());
-    }
 
     #[test]
     fn parses_requests() {

@@ -7,7 +7,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use rdma_sys::*;
 use std::{
     net::SocketAddr,
-    os::raw::c_void,
     ptr,
     time::{Duration, Instant},
 };
@@ -74,6 +73,9 @@ pub struct CmEvent {
     pub initiator_depth: u8,
     pub retry_count: u8,
     pub rnr_retry_count: u8,
+    pub flow_control: u8,
+    pub srq: u8,
+    pub qp_num: u32,
 }
 
 // SAFETY: The ids are only used by the thread that owns the channel.
@@ -81,7 +83,22 @@ unsafe impl Send for CmEvent {}
 
 impl CmEvent {
     pub fn name(&self) -> &'static str {
-        crate::uapi::event_name(self.event)
+        crate::report::event_name(self.event)
+    }
+
+    /// The event as one line for people (`ids` names the id on this side).
+    pub fn line(&self, who: &str, ids: &str) -> String {
+        let c = crate::report::ConnFields {
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: self.flow_control,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: self.srq,
+            qp_num: self.qp_num,
+            private_data: self.private_data.clone(),
+        };
+        crate::report::event_line(who, self.event, ids, self.status, &c)
     }
 }
 
@@ -152,6 +169,9 @@ impl Channel {
                         initiator_depth: conn.initiator_depth,
                         retry_count: conn.retry_count,
                         rnr_retry_count: conn.rnr_retry_count,
+                        flow_control: conn.flow_control,
+                        srq: conn.srq,
+                        qp_num: conn.qp_num,
                     }
                 };
                 // SAFETY: Acknowledge once, after copying.
@@ -180,7 +200,7 @@ impl Channel {
         if ev.event != want {
             bail!(
                 "expected {} but got {} (status {})",
-                crate::uapi::event_name(want),
+                crate::report::event_name(want),
                 ev.name(),
                 ev.status
             );
@@ -263,9 +283,15 @@ impl Param {
     }
 }
 
-/// A connection: id, QP, registered buffers, receives posted.
+/// A connection: the id, its own protection domain, completion queues
+/// (one for sends, one for receives), an RC QP, registered buffers, and
+/// [`DEPTH`] receives of [`MSG`] bytes posted.
 pub struct Conn {
     id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    has_qp: bool,
     recv_buf: Box<[u8]>,
     send_buf: Box<[u8]>,
     recv_mr: *mut ibv_mr,
@@ -276,34 +302,71 @@ pub struct Conn {
 unsafe impl Send for Conn {}
 
 impl Conn {
-    /// Takes ownership of `id`, creates its QP and posts the receives.
+    /// Takes ownership of `id` (bound to a device: a resolved route or a
+    /// connection request), creates its QP and posts the receives.
     pub fn new(id: *mut rdma_cm_id) -> Result<Self> {
         let mut conn = Self {
             id,
+            pd: ptr::null_mut(),
+            send_cq: ptr::null_mut(),
+            recv_cq: ptr::null_mut(),
+            has_qp: false,
             recv_buf: vec![0u8; MSG * DEPTH].into_boxed_slice(),
             send_buf: vec![0u8; MSG].into_boxed_slice(),
             recv_mr: ptr::null_mut(),
             send_mr: ptr::null_mut(),
         };
+        // On error `conn` is dropped, which frees what was made.
+        // SAFETY: `id` is live and bound to a device, so `verbs` is set.
+        let verbs = unsafe { (*id).verbs };
+        if verbs.is_null() {
+            bail!("the id is not bound to an RDMA device");
+        }
+        // SAFETY: `verbs` is the id's open device context.
+        conn.pd = unsafe { ibv_alloc_pd(verbs) };
+        if conn.pd.is_null() {
+            return Err(errno("ibv_alloc_pd"));
+        }
+        // SAFETY: As above; no completion channel (polled).
+        conn.send_cq = unsafe { ibv_create_cq(verbs, 8, ptr::null_mut(), ptr::null_mut(), 0) };
+        // SAFETY: As above.
+        conn.recv_cq =
+            unsafe { ibv_create_cq(verbs, DEPTH as i32, ptr::null_mut(), ptr::null_mut(), 0) };
+        if conn.send_cq.is_null() || conn.recv_cq.is_null() {
+            return Err(errno("ibv_create_cq"));
+        }
         // SAFETY: Zeroed attributes are valid; the fields set are the ones used.
         let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.send_cq = conn.send_cq;
+        attr.recv_cq = conn.recv_cq;
         attr.cap.max_send_wr = 4;
         attr.cap.max_recv_wr = DEPTH as u32;
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
         attr.qp_type = ibv_qp_type::IBV_QPT_RC;
         attr.sq_sig_all = 1;
-        // SAFETY: Live id; librdmacm allocates the PD and CQs.
+        // SAFETY: Live id, our PD and CQs.
         check(
-            unsafe { rdma_create_qp(id, ptr::null_mut(), &mut attr) },
+            unsafe { rdma_create_qp(id, conn.pd, &mut attr) },
             "rdma_create_qp",
         )?;
-        // SAFETY: The buffers live as long as `conn`, which deregisters them.
+        conn.has_qp = true;
+        let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
+        // SAFETY: The buffers live as long as `conn`, which deregisters them
+        // before they are freed.
         unsafe {
-            conn.recv_mr =
-                rdma_reg_msgs(id, conn.recv_buf.as_mut_ptr().cast(), conn.recv_buf.len());
-            conn.send_mr =
-                rdma_reg_msgs(id, conn.send_buf.as_mut_ptr().cast(), conn.send_buf.len());
+            conn.recv_mr = ibv_reg_mr(
+                conn.pd,
+                conn.recv_buf.as_mut_ptr().cast(),
+                conn.recv_buf.len(),
+                access,
+            );
+            conn.send_mr = ibv_reg_mr(
+                conn.pd,
+                conn.send_buf.as_mut_ptr().cast(),
+                conn.send_buf.len(),
+                access,
+            );
         }
         if conn.recv_mr.is_null() || conn.send_mr.is_null() {
             return Err(errno("ibv_reg_mr (is `ulimit -l` unlimited?)"));
@@ -314,18 +377,33 @@ impl Conn {
         Ok(conn)
     }
 
+    /// The QP number librdmacm gave the connection.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: Live id with a QP.
+        unsafe { (*(*self.id).qp).qp_num }
+    }
+
     fn post_recv(&mut self, slot: usize) -> Result<()> {
-        // SAFETY: The slot lies inside the registered receive region.
-        let r = unsafe {
-            rdma_post_recv(
-                self.id,
-                slot as *mut c_void,
-                self.recv_buf.as_mut_ptr().add(slot * MSG).cast(),
-                MSG,
-                self.recv_mr,
-            )
+        let mut sge = ibv_sge {
+            // The slot lies inside the registered receive region.
+            addr: self.recv_buf[slot * MSG..].as_ptr() as u64,
+            length: MSG as u32,
+            // SAFETY: Live MR.
+            lkey: unsafe { (*self.recv_mr).lkey },
         };
-        check(r, "rdma_post_recv")
+        let mut wr = ibv_recv_wr {
+            wr_id: slot as u64,
+            next: ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: Live QP; `wr` and `sge` are read during the call only.
+        let r = unsafe { ibv_post_recv((*self.id).qp, &mut wr, &mut bad) };
+        if r != 0 {
+            bail!("ibv_post_recv: {}", std::io::Error::from_raw_os_error(r));
+        }
+        Ok(())
     }
 
     /// `rdma_connect`, then the answer (ESTABLISHED, REJECTED, ...).
@@ -370,33 +448,39 @@ impl Conn {
         }
     }
 
+    /// One `IBV_WR_SEND`, waited for.
     pub fn send(&mut self, data: &[u8]) -> Result<()> {
         if data.len() > MSG {
             bail!("message of {} bytes is over {MSG}", data.len());
         }
         self.send_buf[..data.len()].copy_from_slice(data);
-        // SAFETY: The data lies inside the registered send region.
-        let r = unsafe {
-            rdma_post_send(
-                self.id,
-                ptr::null_mut(),
-                self.send_buf.as_mut_ptr().cast(),
-                data.len(),
-                self.send_mr,
-                ibv_send_flags::IBV_SEND_SIGNALED.0 as i32,
-            )
+        let mut sge = ibv_sge {
+            addr: self.send_buf.as_ptr() as u64,
+            length: data.len() as u32,
+            // SAFETY: Live MR.
+            lkey: unsafe { (*self.send_mr).lkey },
         };
-        check(r, "rdma_post_send")?;
-        // SAFETY: Live id with a QP: its send CQ exists.
-        Self::poll(unsafe { (*self.id).send_cq }, Duration::from_secs(5))
-            .context("send completion")?;
+        // SAFETY: All-zero is a valid work request; the fields used are set.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = 1;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut bad = ptr::null_mut();
+        // SAFETY: Live QP; the data lies inside the registered send region,
+        // which is not touched until the completion below.
+        let r = unsafe { ibv_post_send((*self.id).qp, &mut wr, &mut bad) };
+        if r != 0 {
+            bail!("ibv_post_send: {}", std::io::Error::from_raw_os_error(r));
+        }
+        Self::poll(self.send_cq, Duration::from_secs(5)).context("send completion")?;
         Ok(())
     }
 
+    /// The next received message (its receive is posted again).
     pub fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>> {
-        // SAFETY: Live id with a QP: its receive CQ exists.
-        let wc =
-            Self::poll(unsafe { (*self.id).recv_cq }, timeout).context("receive completion")?;
+        let wc = Self::poll(self.recv_cq, timeout).context("receive completion")?;
         let slot = wc.wr_id as usize;
         let data = self.recv_buf[slot * MSG..slot * MSG + wc.byte_len as usize].to_vec();
         self.post_recv(slot)?;
@@ -406,14 +490,24 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        // SAFETY: Destroyed once, QP before MRs before the id.
+        // SAFETY: Each object is destroyed once, users before what they use:
+        // QP, then MRs, CQs and PD, then the id.
         unsafe {
-            rdma_destroy_qp(self.id);
-            if !self.recv_mr.is_null() {
-                rdma_dereg_mr(self.recv_mr);
+            if self.has_qp {
+                rdma_destroy_qp(self.id);
             }
-            if !self.send_mr.is_null() {
-                rdma_dereg_mr(self.send_mr);
+            for mr in [self.recv_mr, self.send_mr] {
+                if !mr.is_null() {
+                    ibv_dereg_mr(mr);
+                }
+            }
+            for cq in [self.send_cq, self.recv_cq] {
+                if !cq.is_null() {
+                    ibv_destroy_cq(cq);
+                }
+            }
+            if !self.pd.is_null() {
+                ibv_dealloc_pd(self.pd);
             }
             rdma_destroy_id(self.id);
         }
@@ -422,22 +516,39 @@ impl Drop for Conn {
 
 /// Client side up to a resolved route: returns the id (no QP yet).
 pub fn resolve(ch: &Channel, dst: &SocketAddr, timeout: Duration) -> Result<*mut rdma_cm_id> {
+    resolve_logged(ch, dst, timeout, &mut |_| {})
+}
+
+/// [`resolve`], handing each event to `log` as it comes.
+pub fn resolve_logged(
+    ch: &Channel,
+    dst: &SocketAddr,
+    timeout: Duration,
+    log: &mut dyn FnMut(&CmEvent),
+) -> Result<*mut rdma_cm_id> {
     let id = ch.create_id()?;
     let mut ss = sockaddr(dst);
     let ms = timeout.as_millis() as i32;
+    let mut expect = |want| -> Result<()> {
+        let ev = ch.next(timeout)?;
+        log(&ev);
+        if ev.event != want {
+            bail!(
+                "expected {} but got {} (status {})",
+                crate::report::event_name(want),
+                ev.name(),
+                ev.status
+            );
+        }
+        Ok(())
+    };
     // SAFETY: Live id, valid address.
     let r = unsafe { rdma_resolve_addr(id, ptr::null_mut(), ptr::addr_of_mut!(ss).cast(), ms) };
     let result = check(r, "rdma_resolve_addr")
-        .and_then(|()| {
-            ch.expect(crate::uapi::EV_ADDR_RESOLVED, timeout)
-                .map(|_| ())
-        })
+        .and_then(|()| expect(crate::report::EV_ADDR_RESOLVED))
         // SAFETY: Live id.
         .and_then(|()| check(unsafe { rdma_resolve_route(id, ms) }, "rdma_resolve_route"))
-        .and_then(|()| {
-            ch.expect(crate::uapi::EV_ROUTE_RESOLVED, timeout)
-                .map(|_| ())
-        });
+        .and_then(|()| expect(crate::report::EV_ROUTE_RESOLVED));
     if let Err(e) = result {
         // SAFETY: Live id without a QP.
         unsafe { rdma_destroy_id(id) };

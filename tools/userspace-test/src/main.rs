@@ -9,20 +9,30 @@
 
 mod agent;
 mod cm;
+mod payload;
+mod report;
+mod shell;
 mod suite;
 mod uapi;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use payload::{parse_bytes, show, Bytes};
+use report::*;
 use std::{
-    io::BufRead,
+    collections::HashMap,
+    io::{BufRead, Write},
     net::{IpAddr, SocketAddr, TcpListener},
     time::Duration,
 };
-use uapi::{Device, Event, Param};
+use uapi::{Device, Param};
 
 #[derive(Parser)]
-#[command(version, about = "Drives /dev/rdma_cm_rs against real librdmacm peers")]
+#[command(
+    version,
+    about = "Drives /dev/rdma_cm_rs against real librdmacm peers",
+    after_help = "ADDR is IPV4:PORT or [IPV6]:PORT.  DATA and STR take text, hex:HEX or len:N."
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -36,16 +46,20 @@ enum Cmd {
     /// A plain librdmacm endpoint.
     #[command(subcommand)]
     Peer(Peer),
-    /// Run the KTAP suite.
+    /// Run the KTAP suite (module through ioctls, librdmacm through an agent).
     Suite {
         /// Only scenarios whose name contains this.
         #[arg(long)]
         filter: Option<String>,
-        /// The agent serving the librdmacm side (default: one in this process).
+        /// The agent serving the librdmacm side, HOST:PORT (default: one in
+        /// this process, on 127.0.0.1).
         #[arg(long)]
         peer: Option<String>,
+        /// List the scenarios and exit.
+        #[arg(long)]
+        list: bool,
     },
-    /// Serve the librdmacm side of the suite.
+    /// Serve the librdmacm side of the suite (in the peer VM).
     Agent {
         #[arg(long, default_value = "0.0.0.0:7999")]
         listen: String,
@@ -56,30 +70,34 @@ enum Cmd {
 enum Ctl {
     /// ABI version and limits.
     Info,
-    /// The module listens, accepts, answers one message a connection.
+    /// The module listens, accepts, answers one message a connection, and
+    /// exits once every connection has disconnected.
     Listen {
+        #[arg(value_parser = shell::parse_addr)]
         addr: SocketAddr,
         #[arg(long, default_value_t = 8)]
         backlog: u32,
         /// Private data of the module's accept.
-        #[arg(long, default_value = "")]
-        accept_data: String,
+        #[arg(long, default_value = "", value_parser = parse_bytes)]
+        accept_data: Bytes,
         /// Sent back for each message received.
-        #[arg(long, default_value = "")]
-        reply: String,
+        #[arg(long, default_value = "", value_parser = parse_bytes)]
+        reply: Bytes,
         /// Connections to serve before exiting.
         #[arg(long, default_value_t = 1)]
         connections: u32,
     },
     /// The module connects, sends a message, prints the reply, disconnects.
     Connect {
+        #[arg(value_parser = shell::parse_addr)]
         addr: SocketAddr,
-        #[arg(long, default_value = "")]
-        data: String,
-        #[arg(long, default_value = "")]
-        message: String,
+        /// Private data of the connect.
+        #[arg(long, default_value = "", value_parser = parse_bytes)]
+        data: Bytes,
+        #[arg(long, default_value = "", value_parser = parse_bytes)]
+        message: Bytes,
     },
-    /// Raw commands from standard input, one a line (see `help`).
+    /// Raw commands from standard input, one a line (`help` lists them).
     Shell,
 }
 
@@ -87,64 +105,51 @@ enum Ctl {
 enum Peer {
     /// Connect, send a message, print the reply, disconnect.
     Client {
+        #[arg(value_parser = shell::parse_addr)]
         addr: SocketAddr,
-        #[arg(long, default_value = "")]
-        data: String,
-        #[arg(long, default_value = "")]
-        message: String,
+        /// Private data of the connect.
+        #[arg(long, default_value = "", value_parser = parse_bytes)]
+        data: Bytes,
+        #[arg(long, default_value = "", value_parser = parse_bytes)]
+        message: Bytes,
     },
-    /// Accept connections and echo their messages.
+    /// Accept connections, answer one message each (echo, or --reply), and
+    /// exit once every connection has disconnected.
     Server {
+        #[arg(value_parser = shell::parse_addr)]
         addr: SocketAddr,
-        #[arg(long, default_value = "")]
-        accept_data: String,
+        #[arg(long, default_value_t = 8)]
+        backlog: i32,
+        /// Private data of the accept.
+        #[arg(long, default_value = "", value_parser = parse_bytes)]
+        accept_data: Bytes,
+        /// Sent back for each message (default: the message itself).
+        #[arg(long, value_parser = parse_bytes)]
+        reply: Option<Bytes>,
         #[arg(long, default_value_t = 1)]
         connections: u32,
     },
 }
 
-const WAIT: u32 = 15_000;
+/// Bounded waits of the by-hand modes, for everything after the first
+/// request (people take their time to start the other side).
+const WAIT_MS: u32 = 15_000;
+const WAIT: Duration = Duration::from_millis(WAIT_MS as u64);
 
-fn show(data: &[u8]) -> String {
-    let end = data.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
-    let text: String = data[..end]
-        .iter()
-        .map(|&b| {
-            if b.is_ascii_graphic() || b == b' ' {
-                b as char
-            } else {
-                '.'
-            }
-        })
-        .collect();
-    format!("({})\"{}\"", data.len(), text)
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
 }
 
-fn print_event(who: &str, e: &Event) {
-    let mut line = format!("{who}: event {} id={} status={}", e.name(), e.id, e.status);
-    if e.new_id != 0 {
-        line += &format!(" new_id={}", e.new_id);
-    }
-    if !e.private_data.is_empty() {
-        line += &format!(
-            " private_data{} rr={} id={} retry={} rnr={}",
-            show(&e.private_data),
-            e.responder_resources,
-            e.initiator_depth,
-            e.retry_count,
-            e.rnr_retry_count
-        );
-    }
-    println!("{line}");
-}
-
-fn next(dev: &Device, want: u32) -> Result<Event> {
+/// The module's next event (printed), which must be `want`.
+fn module_expect(dev: &Device, want: u32) -> Result<uapi::Event> {
     let e = dev
-        .get_event(WAIT)
-        .with_context(|| format!("waiting for {}", uapi::event_name(want)))?;
-    print_event("module", &e);
+        .get_event(WAIT_MS)
+        .with_context(|| format!("module: waiting for {}", event_name(want)))?;
+    say(&e.line("module"));
     if e.event != want {
-        bail!("expected {}", uapi::event_name(want));
+        bail!("module: expected {}", event_name(want));
     }
     Ok(e)
 }
@@ -152,242 +157,341 @@ fn next(dev: &Device, want: u32) -> Result<Event> {
 fn ctl_listen(
     addr: SocketAddr,
     backlog: u32,
-    accept_data: &str,
-    reply: &str,
+    accept_data: &[u8],
+    reply: &[u8],
     connections: u32,
 ) -> Result<()> {
     let dev = Device::open()?;
     let l = dev.create_id(1)?;
-    dev.bind(l, &addr)?;
-    dev.listen(l, backlog)?;
-    println!("module: listening on {addr} (id {l}, backlog {backlog})");
+    dev.bind(l, &addr).context("bind")?;
+    dev.listen(l, backlog).context("listen")?;
+    say(&format!(
+        "module: listening on {addr} id={l} backlog={backlog}, for {connections} connection(s)"
+    ));
     let mut done = 0;
     while done < connections {
         let e = dev.get_event(uapi::RDMA_CM_RS_TIMEOUT_INFINITE)?;
-        print_event("module", &e);
+        say(&e.line("module"));
         match e.event {
-            uapi::EV_CONNECT_REQUEST => {
-                let mut p = Param::with_data(accept_data.as_bytes());
-                p.responder_resources = e.initiator_depth;
-                p.initiator_depth = e.responder_resources;
-                dev.accept(e.new_id, Some(&p))?;
-                println!(
-                    "module: accepted id {} with private_data{}",
-                    e.new_id,
-                    show(accept_data.as_bytes())
-                );
-            }
-            uapi::EV_ESTABLISHED => {
-                let msg = dev.recv(e.id, cm::MSG, WAIT)?;
-                println!("module: message{}", show(&msg));
-                if !reply.is_empty() {
-                    dev.send(e.id, reply.as_bytes())?;
-                    println!("module: replied{}", show(reply.as_bytes()));
+            EV_CONNECT_REQUEST => {
+                // The request's values are the receiver's side already.
+                let mut p = Param::with_data(accept_data);
+                p.responder_resources = e.responder_resources;
+                p.initiator_depth = e.initiator_depth;
+                match dev.accept(e.new_id, Some(&p)) {
+                    Ok(()) => say(&format!(
+                        "module: accept id={} {}",
+                        e.new_id,
+                        show("private_data", accept_data)
+                    )),
+                    Err(err) => {
+                        say(&format!("module: accept id={}: {err}", e.new_id));
+                        let _ = dev.destroy(e.new_id);
+                        done += 1;
+                    }
                 }
             }
-            uapi::EV_DISCONNECTED => {
+            EV_ESTABLISHED => match dev.recv(e.id, cm::MSG, WAIT_MS) {
+                Ok(msg) => {
+                    say(&format!(
+                        "module: recv id={} {}",
+                        e.id,
+                        show("message", &msg)
+                    ));
+                    if !reply.is_empty() {
+                        dev.send(e.id, reply).context("send")?;
+                        say(&format!(
+                            "module: send id={} {}",
+                            e.id,
+                            show("message", reply)
+                        ));
+                    }
+                }
+                Err(err) => say(&format!("module: recv id={}: {err}", e.id)),
+            },
+            EV_DISCONNECTED => {
+                // Completes the peer's disconnect (the DREP), then frees the id.
+                let _ = dev.disconnect(e.id);
+                dev.destroy(e.id)?;
+                done += 1;
+            }
+            EV_REJECTED | EV_UNREACHABLE | EV_CONNECT_ERROR if e.id != l => {
                 dev.destroy(e.id)?;
                 done += 1;
             }
             _ => {}
         }
     }
+    dev.destroy(l)?;
+    say(&format!(
+        "module: {done} connection(s) served, listener destroyed"
+    ));
     Ok(())
 }
 
-fn ctl_connect(addr: SocketAddr, data: &str, message: &str) -> Result<()> {
+fn ctl_connect(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
     let dev = Device::open()?;
     let id = dev.create_id(1)?;
-    dev.resolve_addr(id, &addr, 2000)?;
-    next(&dev, uapi::EV_ADDR_RESOLVED)?;
-    dev.resolve_route(id, 2000)?;
-    next(&dev, uapi::EV_ROUTE_RESOLVED)?;
-    dev.connect(id, &Param::with_data(data.as_bytes()))?;
-    next(&dev, uapi::EV_ESTABLISHED)?;
+    say(&format!("module: id={id} resolving {addr}"));
+    dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
+    module_expect(&dev, EV_ADDR_RESOLVED)?;
+    dev.resolve_route(id, 2000).context("resolve_route")?;
+    module_expect(&dev, EV_ROUTE_RESOLVED)?;
+    dev.connect(id, &Param::with_data(data))
+        .context("connect")?;
+    say(&format!(
+        "module: connect id={id} {}",
+        show("private_data", data)
+    ));
+    module_expect(&dev, EV_ESTABLISHED)?;
     if !message.is_empty() {
-        dev.send(id, message.as_bytes())?;
-        let reply = dev.recv(id, cm::MSG, WAIT)?;
-        println!("module: reply({})={}", reply.len(), show(&reply));
-        if reply != message.as_bytes() {
-            bail!("the reply differs from the message");
-        }
+        dev.send(id, message).context("send")?;
+        say(&format!(
+            "module: send id={id} {}",
+            show("message", message)
+        ));
+        let reply = dev.recv(id, cm::MSG, WAIT_MS).context("recv")?;
+        say(&format!("module: {}", show("reply", &reply)));
     }
-    dev.disconnect(id)?;
-    next(&dev, uapi::EV_DISCONNECTED)?;
+    dev.disconnect(id).context("disconnect")?;
+    say(&format!("module: disconnect id={id}"));
+    module_expect(&dev, EV_DISCONNECTED)?;
+    dev.destroy(id)?;
     Ok(())
+}
+
+fn ok_or_errno(r: uapi::Result<()>) -> String {
+    match r {
+        Ok(()) => "ok".into(),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+fn run_shell_command(dev: &Device, c: shell::Command) -> Result<String> {
+    use shell::Command as C;
+    Ok(match c {
+        C::Help => shell::HELP.into(),
+        C::Quit => String::new(),
+        C::Info => {
+            let i = dev.info()?;
+            format!(
+                "abi_version={} max_private_data={} max_message={} max_ids={} recv_depth={}",
+                i.abi_version, i.max_private_data, i.max_message, i.max_ids, i.recv_depth
+            )
+        }
+        C::Create {
+            port_space,
+            qp_type,
+            context,
+        } => format!("id={}", dev.create_id_ps(context, port_space, qp_type)?),
+        C::Bind { id, addr } => ok_or_errno(dev.bind(id, &addr)),
+        C::Listen { id, backlog } => ok_or_errno(dev.listen(id, backlog)),
+        C::ResolveAddr {
+            id,
+            addr,
+            timeout_ms,
+        } => ok_or_errno(dev.resolve_addr(id, &addr, timeout_ms)),
+        C::ResolveRoute { id, timeout_ms } => ok_or_errno(dev.resolve_route(id, timeout_ms)),
+        C::Connect { id, data } => ok_or_errno(dev.connect(id, &Param::with_data(&data))),
+        C::Accept { id, data } => {
+            ok_or_errno(dev.accept(id, data.map(|d| Param::with_data(&d)).as_ref()))
+        }
+        C::Reject { id, reason, data } => ok_or_errno(dev.reject(id, reason, &data)),
+        C::Disconnect { id } => ok_or_errno(dev.disconnect(id)),
+        C::Destroy { id } => ok_or_errno(dev.destroy(id)),
+        C::Set { id, option, value } => ok_or_errno(dev.set_option(id, option, value)),
+        C::Query { id } => {
+            let q = dev.query(id)?;
+            let device: String = q
+                .device
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8 as char)
+                .collect();
+            let addr = |a| uapi::parse_sockaddr(a).map_or("-".into(), |a| a.to_string());
+            format!(
+                "id={id} state={} port_space={:#x} qp_type={} qp_num={:#x} port_num={} \
+                 src={} dst={} device={device:?} responder_resources={} initiator_depth={} \
+                 tos={}{} backlog={}",
+                uapi::state_name(q.state),
+                q.port_space,
+                q.qp_type,
+                q.qp_num,
+                q.port_num,
+                addr(&q.src),
+                addr(&q.dst),
+                q.responder_resources,
+                q.initiator_depth,
+                q.tos,
+                if q.tos_set != 0 { " (set)" } else { "" },
+                q.backlog
+            )
+        }
+        C::Event { timeout_ms } => match dev.get_event(timeout_ms) {
+            Ok(e) => e.line("module"),
+            Err(e) => format!("error: {e}"),
+        },
+        C::Send { id, text } => ok_or_errno(dev.send(id, &text)),
+        C::Recv { id, timeout_ms } => match dev.recv(id, cm::MSG, timeout_ms) {
+            Ok(m) => format!("module: recv id={id} {}", show("message", &m)),
+            Err(e) => format!("error: {e}"),
+        },
+    })
 }
 
 fn ctl_shell() -> Result<()> {
     let dev = Device::open()?;
-    let num = |w: Option<&str>| -> Result<u32> { Ok(w.context("missing number")?.parse()?) };
+    let interactive = stdin_is_terminal();
+    if interactive {
+        say("ctl shell: one command a line; `help` lists them");
+    }
     for line in std::io::stdin().lock().lines() {
         let line = line?;
-        let mut w = line.split_whitespace();
-        let Some(cmd) = w.next() else { continue };
-        let r: Result<String> = (|| {
-            match cmd {
-            "help" => Ok("create | bind ID ADDR | listen ID N | resolve-addr ID ADDR | resolve-route ID | \
-                 connect ID [DATA] | accept ID [DATA|-] | reject ID REASON [DATA] | disconnect ID | \
-                 destroy ID | set ID tos|reuseaddr|afonly|ack-timeout|min-rnr-timer V | query ID | \
-                 event [MS] | send ID TEXT | recv ID [MS]"
-                .into()),
-            "create" => Ok(format!("id {}", dev.create_id(0)?)),
-            "bind" => dev.bind(num(w.next())?, &w.next().context("address")?.parse()?).map(|()| "ok".into()).map_err(Into::into),
-            "listen" => Ok(dev.listen(num(w.next())?, num(w.next())?).map(|()| "ok".to_string())?),
-            "resolve-addr" => Ok(dev.resolve_addr(num(w.next())?, &w.next().context("address")?.parse()?, 2000).map(|()| "ok".to_string())?),
-            "resolve-route" => Ok(dev.resolve_route(num(w.next())?, 2000).map(|()| "ok".to_string())?),
-            "connect" => {
-                let id = num(w.next())?;
-                Ok(dev.connect(id, &Param::with_data(w.next().unwrap_or("").as_bytes())).map(|()| "ok".to_string())?)
-            }
-            "accept" => {
-                let id = num(w.next())?;
-                let p = match w.next() {
-                    None | Some("-") => None,
-                    Some(d) => Some(Param::with_data(d.as_bytes())),
-                };
-                Ok(dev.accept(id, p.as_ref()).map(|()| "ok".to_string())?)
-            }
-            "reject" => {
-                let (id, reason) = (num(w.next())?, num(w.next())? as u8);
-                Ok(dev.reject(id, reason, w.next().unwrap_or("").as_bytes()).map(|()| "ok".to_string())?)
-            }
-            "disconnect" => Ok(dev.disconnect(num(w.next())?).map(|()| "ok".to_string())?),
-            "destroy" => Ok(dev.destroy(num(w.next())?).map(|()| "ok".to_string())?),
-            "set" => {
-                let id = num(w.next())?;
-                let opt = match w.next().unwrap_or("") {
-                    "tos" => uapi::rdma_cm_rs_option_RDMA_CM_RS_OPT_TOS,
-                    "reuseaddr" => uapi::rdma_cm_rs_option_RDMA_CM_RS_OPT_REUSEADDR,
-                    "afonly" => uapi::rdma_cm_rs_option_RDMA_CM_RS_OPT_AFONLY,
-                    "ack-timeout" => uapi::rdma_cm_rs_option_RDMA_CM_RS_OPT_ACK_TIMEOUT,
-                    "min-rnr-timer" => uapi::rdma_cm_rs_option_RDMA_CM_RS_OPT_MIN_RNR_TIMER,
-                    o => bail!("unknown option {o}"),
-                };
-                Ok(dev.set_option(id, opt, u64::from(num(w.next())?)).map(|()| "ok".to_string())?)
-            }
-            "query" => {
-                let q = dev.query(num(w.next())?)?;
-                let dev_name: String = q.device.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect();
-                Ok(format!(
-                    "state {} qp_num {} port {} src {:?} dst {:?} device {dev_name:?} rr {} id {} tos {}",
-                    q.state,
-                    q.qp_num,
-                    q.port_num,
-                    uapi::parse_sockaddr(&q.src),
-                    uapi::parse_sockaddr(&q.dst),
-                    q.responder_resources,
-                    q.initiator_depth,
-                    q.tos
-                ))
-            }
-            "event" => {
-                let e = dev.get_event(w.next().map_or(Ok(WAIT), |v| v.parse())?)?;
-                print_event("module", &e);
-                Ok(String::new())
-            }
-            "send" => {
-                let id = num(w.next())?;
-                let text: Vec<&str> = w.collect();
-                Ok(dev.send(id, text.join(" ").as_bytes()).map(|()| "ok".to_string())?)
-            }
-            "recv" => {
-                let id = num(w.next())?;
-                let ms = w.next().map_or(Ok(WAIT), |v| v.parse())?;
-                Ok(format!("message{}", show(&dev.recv(id, cm::MSG, ms)?)))
-            }
-            _ => bail!("unknown command (try help)"),
-        }
-        })();
-        match r {
-            Ok(s) if s.is_empty() => {}
-            Ok(s) => println!("{s}"),
-            Err(e) => println!("error: {e:#}"),
+        match shell::parse(&line) {
+            Ok(None) => {}
+            Ok(Some(shell::Command::Quit)) => break,
+            Ok(Some(c)) => match run_shell_command(&dev, c) {
+                Ok(s) => say(&s),
+                Err(e) => say(&format!("error: {e:#}")),
+            },
+            Err(e) => say(&format!("error: {e:#}")),
         }
     }
     Ok(())
 }
 
-fn peer_client(addr: SocketAddr, data: &str, message: &str) -> Result<()> {
+fn stdin_is_terminal() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdin().is_terminal()
+}
+
+fn peer_client(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
     let ch = cm::Channel::new()?;
-    let id = cm::resolve(&ch, &addr, Duration::from_secs(5))?;
+    say(&format!("librdmacm: resolving {addr}"));
+    let id = cm::resolve_logged(&ch, &addr, Duration::from_secs(5), &mut |e| {
+        say(&e.line("librdmacm", ""))
+    })?;
     let mut conn = cm::Conn::new(id)?;
-    println!(
-        "librdmacm: connecting to {addr} with private_data{}",
-        show(data.as_bytes())
-    );
-    let ev = conn.connect(
-        &cm::Param::with_data(data.as_bytes()),
-        &ch,
-        Duration::from_secs(15),
-    )?;
-    println!(
-        "librdmacm: event {} status={} private_data{} rr={} id={}",
-        ev.name(),
-        ev.status,
-        show(&ev.private_data),
-        ev.responder_resources,
-        ev.initiator_depth
-    );
-    if ev.event != uapi::EV_ESTABLISHED {
-        bail!("not established");
+    say(&format!(
+        "librdmacm: connect qp_num={:#x} {}",
+        conn.qp_num(),
+        show("private_data", data)
+    ));
+    let ev = conn.connect(&cm::Param::with_data(data), &ch, WAIT)?;
+    say(&ev.line("librdmacm", ""));
+    if ev.event != EV_ESTABLISHED {
+        bail!("librdmacm: not established: {}", ev.name());
     }
     if !message.is_empty() {
-        conn.send(message.as_bytes())?;
-        println!("librdmacm: sent{}", show(message.as_bytes()));
-        let reply = conn.recv(Duration::from_secs(15))?;
-        println!("librdmacm: received{}", show(&reply));
+        conn.send(message)?;
+        say(&format!("librdmacm: send {}", show("message", message)));
+        let reply = conn.recv(WAIT)?;
+        say(&format!("librdmacm: recv {}", show("message", &reply)));
     }
     conn.disconnect()?;
-    let ev = ch.expect(uapi::EV_DISCONNECTED, Duration::from_secs(15))?;
-    println!("librdmacm: event {}", ev.name());
+    say("librdmacm: disconnect");
+    let ev = ch.expect(EV_DISCONNECTED, WAIT)?;
+    say(&ev.line("librdmacm", ""));
     Ok(())
 }
 
-fn peer_server(addr: SocketAddr, accept_data: &str, connections: u32) -> Result<()> {
+fn peer_server(
+    addr: SocketAddr,
+    backlog: i32,
+    accept_data: &[u8],
+    reply: Option<&[u8]>,
+    connections: u32,
+) -> Result<()> {
     let ch = cm::Channel::new()?;
-    let _l = cm::listen(&ch, &addr, 8)?;
-    println!("librdmacm: listening on {addr}");
-    for _ in 0..connections {
-        let ev = ch.expect(uapi::EV_CONNECT_REQUEST, Duration::from_secs(3600))?;
-        println!(
-            "librdmacm: event {} private_data{}",
-            ev.name(),
-            show(&ev.private_data)
-        );
-        let mut conn = cm::Conn::new(ev.id)?;
-        conn.accept(&cm::Param::with_data(accept_data.as_bytes()))?;
-        println!(
-            "librdmacm: event {}",
-            ch.expect(uapi::EV_ESTABLISHED, Duration::from_secs(15))?
-                .name()
-        );
-        if let Ok(msg) = conn.recv(Duration::from_secs(15)) {
-            println!("librdmacm: received{}, echoing", show(&msg));
-            conn.send(&msg)?;
+    let _listener = cm::listen(&ch, &addr, backlog)?;
+    say(&format!(
+        "librdmacm: listening on {addr} backlog={backlog}, for {connections} connection(s)"
+    ));
+    // Connections by their id, with a number for people.
+    let mut conns: HashMap<usize, (u32, cm::Conn)> = HashMap::new();
+    let mut numbered = 0;
+    let mut done = 0;
+    while done < connections {
+        // The first request may take as long as people need; then bounded.
+        let ev = loop {
+            match ch.next(Duration::from_secs(60)) {
+                Ok(ev) => break ev,
+                Err(_) if conns.is_empty() => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        let key = ev.id as usize;
+        let label = conns
+            .get(&key)
+            .map_or(String::new(), |(n, _)| format!("conn={n}"));
+        match ev.event {
+            EV_CONNECT_REQUEST => {
+                numbered += 1;
+                say(&ev.line("librdmacm", &format!("conn={numbered}")));
+                let conn = cm::Conn::new(ev.id)?;
+                let mut p = cm::Param::with_data(accept_data);
+                p.responder_resources = ev.responder_resources;
+                p.initiator_depth = ev.initiator_depth;
+                conn.accept(&p)?;
+                say(&format!(
+                    "librdmacm: accept conn={numbered} qp_num={:#x} {}",
+                    conn.qp_num(),
+                    show("private_data", accept_data)
+                ));
+                conns.insert(key, (numbered, conn));
+            }
+            EV_ESTABLISHED => {
+                say(&ev.line("librdmacm", &label));
+                if let Some((n, conn)) = conns.get_mut(&key) {
+                    match conn.recv(WAIT) {
+                        Ok(msg) => {
+                            say(&format!(
+                                "librdmacm: recv conn={n} {}",
+                                show("message", &msg)
+                            ));
+                            let answer = reply.unwrap_or(&msg);
+                            conn.send(answer)?;
+                            say(&format!(
+                                "librdmacm: send conn={n} {}",
+                                show("message", answer)
+                            ));
+                        }
+                        Err(e) => say(&format!("librdmacm: recv conn={n}: {e:#}")),
+                    }
+                }
+            }
+            EV_DISCONNECTED | EV_REJECTED | EV_UNREACHABLE | EV_CONNECT_ERROR => {
+                say(&ev.line("librdmacm", &label));
+                if let Some((_, conn)) = conns.remove(&key) {
+                    let _ = conn.disconnect();
+                    drop(conn);
+                    done += 1;
+                }
+            }
+            _ => say(&ev.line("librdmacm", &label)),
         }
-        println!(
-            "librdmacm: event {}",
-            ch.next(Duration::from_secs(60))?.name()
-        );
     }
+    say(&format!("librdmacm: {done} connection(s) served"));
     Ok(())
 }
 
-fn env_ip(name: &str, default: &str) -> Result<IpAddr> {
-    Ok(std::env::var(name)
-        .unwrap_or_else(|_| default.into())
-        .parse()?)
+fn env_ip(name: &str, default: IpAddr) -> Result<IpAddr> {
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => v.parse().with_context(|| format!("{name}={v:?}")),
+        _ => Ok(default),
+    }
 }
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Ctl(Ctl::Info) => {
-            let i = Device::open()?.info()?;
-            println!(
-                "abi {} max_private_data {} max_message {} max_ids {} recv_depth {}",
+            let i = Device::open()
+                .with_context(|| format!("open {}", uapi::DEVICE))?
+                .info()?;
+            say(&format!(
+                "module: abi_version={} max_private_data={} max_message={} max_ids={} recv_depth={}",
                 i.abi_version, i.max_private_data, i.max_message, i.max_ids, i.recv_depth
-            );
+            ));
         }
         Cmd::Ctl(Ctl::Listen {
             addr,
@@ -409,27 +513,116 @@ fn main() -> Result<()> {
         }) => peer_client(addr, &data, &message)?,
         Cmd::Peer(Peer::Server {
             addr,
+            backlog,
             accept_data,
+            reply,
             connections,
-        }) => peer_server(addr, &accept_data, connections)?,
+        }) => peer_server(addr, backlog, &accept_data, reply.as_deref(), connections)?,
         Cmd::Agent { listen } => {
-            let l = TcpListener::bind(&listen)?;
+            let l = TcpListener::bind(&listen).with_context(|| format!("bind {listen}"))?;
             eprintln!("agent: serving on {}", l.local_addr()?);
             agent::serve_forever(l);
         }
-        Cmd::Suite { filter, peer } => {
-            let local4 = env_ip("RDMA_CM_RS_LOCAL_IP", "192.0.2.1")?;
-            let local6 = env_ip("RDMA_CM_RS_LOCAL_IP6", "2001:db8::1")?;
-            let peer4 = env_ip("RDMA_CM_RS_PEER_IP", &local4.to_string())?;
+        Cmd::Suite { filter, peer, list } => {
+            if list {
+                for name in suite::names() {
+                    say(name);
+                }
+                return Ok(());
+            }
+            let local4 = env_ip("RDMA_CM_RS_LOCAL_IP", [192, 0, 2, 1].into())?;
+            let local6 = env_ip(
+                "RDMA_CM_RS_LOCAL_IP6",
+                "2001:db8::1".parse().expect("literal"),
+            )?;
+            let peer4 = env_ip("RDMA_CM_RS_PEER_IP", local4)?;
+            let peer6 = env_ip("RDMA_CM_RS_PEER_IP6", local6)?;
             let agent = match peer {
-                Some(p) => p.parse().context("--peer")?,
+                Some(p) => shell::resolve_host(&p).context("--peer")?,
                 None => agent::spawn_local()?,
             };
-            let mut ctx = suite::Ctx::new(local4, peer4, local6, agent);
-            if !suite::run(&mut ctx, filter.as_deref()) {
+            let mut ctx = suite::Ctx::new(local4, peer4, local6, peer6, agent);
+            if !suite::run(&mut ctx, filter.as_deref())? {
                 std::process::exit(1);
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &str) -> Cmd {
+        Cli::try_parse_from(std::iter::once("userspace-test").chain(args.split(' ')))
+            .unwrap_or_else(|e| panic!("{args}: {e}"))
+            .cmd
+    }
+
+    #[test]
+    fn the_cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn command_lines() {
+        match parse("ctl listen 192.0.2.1:7471 --backlog 4 --accept-data hi --reply hex:0001 --connections 3") {
+            Cmd::Ctl(Ctl::Listen {
+                addr,
+                backlog,
+                accept_data,
+                reply,
+                connections,
+            }) => {
+                assert_eq!(addr, "192.0.2.1:7471".parse().unwrap());
+                assert_eq!((backlog, connections), (4, 3));
+                assert_eq!(&*accept_data, b"hi");
+                assert_eq!(&*reply, [0, 1]);
+            }
+            _ => panic!("ctl listen"),
+        }
+        match parse("ctl connect [2001:db8::1]:7471 --data len:56 --message ping") {
+            Cmd::Ctl(Ctl::Connect {
+                addr,
+                data,
+                message,
+            }) => {
+                assert!(addr.is_ipv6());
+                assert_eq!(data.len(), 56);
+                assert_eq!(&*message, b"ping");
+            }
+            _ => panic!("ctl connect"),
+        }
+        match parse("peer server 0.0.0.0:7471 --accept-data welcome") {
+            Cmd::Peer(Peer::Server {
+                accept_data,
+                reply,
+                connections,
+                ..
+            }) => {
+                assert_eq!(&*accept_data, b"welcome");
+                assert_eq!((reply, connections), (None, 1));
+            }
+            _ => panic!("peer server"),
+        }
+        match parse("peer client 192.0.2.1:7471") {
+            Cmd::Peer(Peer::Client { data, message, .. }) => {
+                assert!(data.is_empty() && message.is_empty());
+            }
+            _ => panic!("peer client"),
+        }
+        match parse("suite --filter ipv6 --peer 192.0.2.2:7999") {
+            Cmd::Suite { filter, peer, list } => {
+                assert_eq!(filter.as_deref(), Some("ipv6"));
+                assert_eq!(peer.as_deref(), Some("192.0.2.2:7999"));
+                assert!(!list);
+            }
+            _ => panic!("suite"),
+        }
+        assert!(matches!(parse("agent"), Cmd::Agent { .. }));
+        assert!(Cli::try_parse_from(["u", "ctl", "connect", "192.0.2.1"]).is_err());
+        assert!(Cli::try_parse_from(["u", "peer", "client", "x:1"]).is_err());
+    }
 }

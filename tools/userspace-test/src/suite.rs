@@ -2,7 +2,9 @@
 //! The KTAP suite: each scenario drives the module through ioctls and a real
 //! librdmacm peer through the agent, and asserts what both sides saw.
 
-use crate::agent::{hex, unhex, Call};
+use crate::agent::Call;
+use crate::payload::{hex, pattern, unhex, verify, verify_padded};
+use crate::report::Ktap;
 use crate::uapi::*;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use std::{
@@ -17,17 +19,25 @@ pub struct Ctx {
     pub local4: IpAddr,
     pub peer4: IpAddr,
     pub local6: IpAddr,
+    pub peer6: IpAddr,
     /// The agent serving the librdmacm side.
     pub agent: SocketAddr,
     next_port: u16,
 }
 
 impl Ctx {
-    pub fn new(local4: IpAddr, peer4: IpAddr, local6: IpAddr, agent: SocketAddr) -> Self {
+    pub fn new(
+        local4: IpAddr,
+        peer4: IpAddr,
+        local6: IpAddr,
+        peer6: IpAddr,
+        agent: SocketAddr,
+    ) -> Self {
         Self {
             local4,
             peer4,
             local6,
+            peer6,
             agent,
             next_port: 18000,
         }
@@ -60,47 +70,59 @@ const TESTS: &[(&str, Test)] = &[
     ("listen_on_busy_port", listen_busy_port),
     ("malformed_ioctls", malformed_ioctls),
     ("nonblocking_timeouts_and_poll", nonblocking_and_poll),
+    (
+        "disconnect_initiated_by_either_side",
+        disconnect_either_side,
+    ),
+    ("afonly_ipv6_listener_refuses_ipv4", afonly_refuses_ipv4),
     ("close_destroys_everything", close_destroys_everything),
 ];
 
-/// Runs the scenarios whose name contains `filter`; prints KTAP.
-pub fn run(ctx: &mut Ctx, filter: Option<&str>) -> bool {
+pub fn names() -> impl Iterator<Item = &'static str> {
+    TESTS.iter().map(|(n, _)| *n)
+}
+
+/// Runs the scenarios whose name contains `filter`; prints KTAP.  `Ok(false)`
+/// when one failed.
+pub fn run(ctx: &mut Ctx, filter: Option<&str>) -> Result<bool> {
     let tests: Vec<_> = TESTS
         .iter()
         .filter(|(name, _)| filter.is_none_or(|f| name.contains(f)))
         .collect();
-    println!("TAP version 13");
-    println!("1..{}", tests.len());
-    let mut ok = true;
-    for (i, (name, test)) in tests.iter().enumerate() {
-        let start = Instant::now();
-        match test(ctx) {
-            Ok(()) => println!("ok {} - {name} # {} ms", i + 1, start.elapsed().as_millis()),
-            Err(e) => {
-                for line in format!("{e:#}").lines() {
-                    println!("# {line}");
-                }
-                println!("not ok {} - {name}", i + 1);
-                ok = false;
-            }
-        }
+    let mut ktap = Ktap::new(io::stdout(), tests.len())?;
+    if tests.is_empty() {
+        ktap.diag(&format!("no scenario matches {filter:?}"))?;
+        return Ok(false);
     }
-    ok
+    ktap.diag(&format!(
+        "module side {} / {}, librdmacm agent {} (peer {} / {})",
+        ctx.local4, ctx.local6, ctx.agent, ctx.peer4, ctx.peer6
+    ))?;
+    for (name, test) in tests {
+        let start = Instant::now();
+        let outcome = test(ctx).map_err(|e| format!("{e:#}"));
+        ktap.result(name, outcome, start.elapsed())?;
+    }
+    Ok(ktap.failed == 0)
 }
 
 const T: u32 = 10_000;
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-/// The next module event, which must be `want`.
+/// The next module event, which must be `want` (TIMEWAIT_EXIT of earlier
+/// connections, which may come or not, is passed over).
 fn wait(dev: &Device, want: u32) -> Result<Event> {
-    let ev = dev
-        .get_event(T)
-        .with_context(|| format!("waiting for {}", event_name(want)))?;
+    let deadline = Instant::now() + Duration::from_millis(T.into());
+    let ev = loop {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u32;
+        let ev = dev
+            .get_event(left.max(1))
+            .with_context(|| format!("module: waiting for {}", event_name(want)))?;
+        if ev.event != EV_TIMEWAIT_EXIT || want == EV_TIMEWAIT_EXIT {
+            break ev;
+        }
+    };
     ensure!(
         ev.event == want,
         "module: expected {} but got {} on id {} (status {})",
@@ -184,16 +206,17 @@ fn module_listens(ctx: &mut Ctx, local: IpAddr) -> Result<()> {
         req.id == l && req.context == 7 && req.new_id != 0,
         "request: {req:?}"
     );
-    ensure!(
-        req.private_data == req_data,
-        "module got private data {}",
-        hex(&req.private_data)
-    );
+    // Exactly the 56 bytes sent, reported as 56.
+    verify(
+        "module: CONNECT_REQUEST private data",
+        &req_data,
+        &req.private_data,
+    )?;
     dev.accept(req.new_id, Some(&Param::with_data(&acc_data)))?;
     let est = wait(&dev, EV_ESTABLISHED)?;
     ensure!(est.id == req.new_id, "ESTABLISHED on id {}", est.id);
     let got = dev.recv(req.new_id, 4096, T).context("module recv")?;
-    ensure!(got == msg, "module received {}", hex(&got));
+    verify("module: received message", &msg, &got)?;
     dev.send(req.new_id, &reply).context("module send")?;
     let disc = wait(&dev, EV_DISCONNECTED)?;
     ensure!(disc.id == req.new_id);
@@ -207,17 +230,18 @@ fn module_listens(ctx: &mut Ctx, local: IpAddr) -> Result<()> {
     );
     let r = call.result()?;
     ensure!(field(&r, "event")? == "ESTABLISHED", "peer: {r:?}");
-    ensure!(
-        unhex(field(&r, "pdata")?)? == acc_data,
-        "peer got accept data {}",
-        field(&r, "pdata")?
-    );
-    ensure!(
-        unhex(field(&r, "reply")?)? == reply,
-        "peer got reply {}",
-        field(&r, "reply")?
-    );
-    ensure!(field(&r, "disc")? == "DISCONNECTED");
+    // Exactly the 196 bytes accepted (the REP's whole private data).
+    verify(
+        "librdmacm: ESTABLISHED private data",
+        &acc_data,
+        &unhex(field(&r, "pdata")?)?,
+    )?;
+    verify(
+        "librdmacm: received reply",
+        &reply,
+        &unhex(field(&r, "reply")?)?,
+    )?;
+    ensure!(field(&r, "disc")? == "DISCONNECTED", "peer: {r:?}");
     Ok(())
 }
 
@@ -243,11 +267,11 @@ fn module_connects(ctx: &mut Ctx) -> Result<()> {
     let id = resolve(&dev, addr)?;
     dev.connect(id, &Param::with_data(&req_data))?;
     let est = wait(&dev, EV_ESTABLISHED)?;
-    ensure!(
-        est.private_data == acc_data,
-        "module got accept data {}",
-        hex(&est.private_data)
-    );
+    verify(
+        "module: ESTABLISHED private data",
+        &acc_data,
+        &est.private_data,
+    )?;
     let q = dev.query(id)?;
     ensure!(
         q.qp_num != 0 && q.state == rdma_cm_rs_state_RDMA_CM_RS_CONNECT,
@@ -260,17 +284,25 @@ fn module_connects(ctx: &mut Ctx) -> Result<()> {
     );
     let msg = b"hello from the kernel".to_vec();
     dev.send(id, &msg)?;
-    ensure!(dev.recv(id, 4096, T)? == msg, "echo differs");
+    verify(
+        "module: received echo",
+        &msg,
+        &dev.recv(id, 4096, T).context("module recv")?,
+    )?;
     dev.disconnect(id)?;
     wait(&dev, EV_DISCONNECTED)?;
     let r = call.result()?;
-    ensure!(
-        unhex(field(&r, "req0")?)? == req_data,
-        "peer got request data {}",
-        field(&r, "req0")?
-    );
-    ensure!(unhex(field(&r, "msg0")?)? == msg);
-    ensure!(field(&r, "disc0")? == "DISCONNECTED");
+    verify(
+        "librdmacm: CONNECT_REQUEST private data",
+        &req_data,
+        &unhex(field(&r, "req0")?)?,
+    )?;
+    verify(
+        "librdmacm: received message",
+        &msg,
+        &unhex(field(&r, "msg0")?)?,
+    )?;
+    ensure!(field(&r, "disc0")? == "DISCONNECTED", "peer: {r:?}");
     Ok(())
 }
 
@@ -359,12 +391,12 @@ fn reject_both_ways(ctx: &mut Ctx) -> Result<()> {
     );
     let r = call.result()?;
     // The CM pads REQ private data to 56 bytes.
-    let req = unhex(field(&r, "req0")?)?;
-    ensure!(
-        req.len() == 56 && req.starts_with(b"please"),
-        "peer got {}",
-        hex(&req)
-    );
+    verify_padded(
+        "librdmacm: CONNECT_REQUEST private data",
+        b"please",
+        &unhex(field(&r, "req0")?)?,
+        56,
+    )?;
     Ok(())
 }
 
@@ -410,36 +442,56 @@ fn conn_param_negotiation(ctx: &mut Ctx) -> Result<()> {
     let dev = Device::open()?;
     let addr = SocketAddr::new(ctx.local4, ctx.port());
     listen(&dev, addr, 4, 0)?;
-    let call = Call::start(
-        &ctx.agent,
-        &format!("connect addr={addr} data=00 rr=2 id=3 retry=5 rnr=6 disc=self"),
-    )?;
-    let req = wait(&dev, EV_CONNECT_REQUEST)?;
-    ensure!(
-        (
+    // (client rr, id, retry, rnr; module accept rr, id).  Events report the
+    // receiver's side: the client's initiator depth is the module's
+    // responder resources and the other way round.
+    for (rr, id, retry, rnr, arr, aid) in [
+        (2u8, 3u8, 5u8, 6u8, 1u8, 2u8),
+        (1, 1, 7, 7, 1, 1),
+        (4, 2, 0, 0, 2, 4),
+    ] {
+        let call = Call::start(
+            &ctx.agent,
+            &format!(
+                "connect addr={addr} data=00 rr={rr} id={id} retry={retry} rnr={rnr} disc=self"
+            ),
+        )?;
+        let req = wait(&dev, EV_CONNECT_REQUEST)?;
+        let seen = (
             req.responder_resources,
             req.initiator_depth,
             req.retry_count,
-            req.rnr_retry_count
-        ) == (3, 2, 5, 6),
-        "module saw rr {} id {} retry {} rnr {}",
-        req.responder_resources,
-        req.initiator_depth,
-        req.retry_count,
-        req.rnr_retry_count
-    );
-    let mut p = Param::with_data(b"ok");
-    p.responder_resources = 1;
-    p.initiator_depth = 2;
-    dev.accept(req.new_id, Some(&p))?;
-    wait(&dev, EV_ESTABLISHED)?;
-    wait(&dev, EV_DISCONNECTED)?;
-    dev.disconnect(req.new_id)?;
-    let r = call.result()?;
-    ensure!(
-        field(&r, "rr")? == "2" && field(&r, "id")? == "1",
-        "peer saw {r:?}"
-    );
+            req.rnr_retry_count,
+        );
+        ensure!(
+            seen == (id, rr, retry, rnr),
+            "client rr {rr} id {id} retry {retry} rnr {rnr}: module saw rr {} id {} retry {} rnr {}",
+            seen.0,
+            seen.1,
+            seen.2,
+            seen.3
+        );
+        let mut p = Param::with_data(b"ok");
+        p.responder_resources = arr;
+        p.initiator_depth = aid;
+        dev.accept(req.new_id, Some(&p))?;
+        wait(&dev, EV_ESTABLISHED)?;
+        let q = dev.query(req.new_id)?;
+        ensure!(
+            (q.responder_resources, q.initiator_depth) == (arr, aid),
+            "module accepted rr {arr} id {aid}, QUERY says rr {} id {}",
+            q.responder_resources,
+            q.initiator_depth
+        );
+        wait(&dev, EV_DISCONNECTED)?;
+        dev.disconnect(req.new_id)?;
+        dev.destroy(req.new_id)?;
+        let r = call.result()?;
+        ensure!(
+            field(&r, "rr")? == aid.to_string() && field(&r, "id")? == arr.to_string(),
+            "module accepted rr {arr} id {aid}, peer saw {r:?}"
+        );
+    }
     // 3-bit retry counts: 8 is refused by the module before the CM.
     let id = resolve(&dev, SocketAddr::new(ctx.peer4, ctx.port()))?;
     let mut bad = Param::with_data(b"x");
@@ -470,11 +522,7 @@ fn messages_all_sizes(ctx: &mut Ctx) -> Result<()> {
         let msg = pattern(n, i as u8);
         dev.send(id, &msg).with_context(|| format!("send {n}"))?;
         let back = dev.recv(id, 4096, T).with_context(|| format!("recv {n}"))?;
-        ensure!(
-            back == msg,
-            "{n}-byte message came back as {} bytes, different",
-            back.len()
-        );
+        verify(&format!("{n}-byte message, echoed"), &msg, &back)?;
     }
     expect_errno("send 4097 bytes", dev.send(id, &[0; 4097]), libc::EINVAL)?;
     expect_errno("send 0 bytes", dev.send(id, &[]), libc::EINVAL)?;
@@ -558,7 +606,10 @@ fn backlog_enforced(ctx: &mut Ctx) -> Result<()> {
     );
     // The third request is over the backlog: the module refuses it.
     let r = connect("03")?.result()?;
-    ensure!(field(&r, "event")? == "REJECTED", "third connect: {r:?}");
+    ensure!(
+        ["REJECTED", "UNREACHABLE"].contains(&field(&r, "event")?),
+        "third connect: {r:?}"
+    );
     expect_errno("no third request", dev.get_event(0), libc::EAGAIN)?;
     // Accepting one frees a slot.
     dev.accept(r1.new_id, None)?;
@@ -625,6 +676,23 @@ fn options(ctx: &mut Ctx) -> Result<()> {
         "bind without REUSEADDR",
         dev.bind(c, &addr),
         libc::EADDRINUSE,
+    )?;
+    // Once both are destroyed the port is free for an id without it.
+    dev.destroy(a)?;
+    expect_errno(
+        "bind without REUSEADDR beside one REUSEADDR id",
+        dev.bind(c, &addr),
+        libc::EADDRINUSE,
+    )?;
+    dev.destroy(b)?;
+    dev.bind(c, &addr)
+        .context("bind after the REUSEADDR ids were destroyed")?;
+    // A listener takes no REUSEADDR (before bind only).
+    dev.listen(c, 1)?;
+    expect_errno(
+        "REUSEADDR on a listener",
+        dev.set_option(c, rdma_cm_rs_option_RDMA_CM_RS_OPT_REUSEADDR, 1),
+        libc::EINVAL,
     )?;
     // AFONLY: an IPv6-only wildcard listener leaves the IPv4 port free.
     let port = ctx.port();
@@ -883,6 +951,85 @@ fn nonblocking_and_poll(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// The two disconnects the first scenarios do not make: the module ends a
+/// connection it accepted, and librdmacm ends one the module made.
+fn disconnect_either_side(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    // The module accepted; the module disconnects.
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    listen(&dev, addr, 4, 0)?;
+    let call = Call::start(
+        &ctx.agent,
+        &format!("connect addr={addr} data=00 disc=peer"),
+    )?;
+    let req = wait(&dev, EV_CONNECT_REQUEST)?;
+    dev.accept(req.new_id, None)?;
+    wait(&dev, EV_ESTABLISHED)?;
+    dev.disconnect(req.new_id)?;
+    let d = wait(&dev, EV_DISCONNECTED)?;
+    ensure!(d.id == req.new_id, "DISCONNECTED on id {}", d.id);
+    let r = call.result()?;
+    ensure!(field(&r, "disc")? == "DISCONNECTED", "peer: {r:?}");
+    dev.destroy(req.new_id)?;
+    // The module connected; librdmacm disconnects.
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let mut call = Call::start(
+        &ctx.agent,
+        &format!("serve addr={addr} count=1 accept=- echo=1 disc=self"),
+    )?;
+    call.ready()?;
+    let id = resolve(&dev, addr)?;
+    dev.connect(id, &Param::with_data(b"x"))?;
+    wait(&dev, EV_ESTABLISHED)?;
+    // One message first, so that the peer disconnects only now.
+    dev.send(id, b"bye")?;
+    verify("module: echo", b"bye", &dev.recv(id, 4096, T)?)?;
+    let d = wait(&dev, EV_DISCONNECTED)?;
+    ensure!(d.id == id, "DISCONNECTED on id {}", d.id);
+    // Completes the handshake (the DREP).
+    dev.disconnect(id)?;
+    let r = call.result()?;
+    ensure!(field(&r, "disc0")? == "DISCONNECTED", "peer: {r:?}");
+    Ok(())
+}
+
+/// AFONLY on an IPv6 wildcard listener: an IPv4 connection finds no
+/// listener; without it, the same listener takes IPv4 connections.
+fn afonly_refuses_ipv4(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    for afonly in [1u64, 0] {
+        let port = ctx.port();
+        let l = dev.create_id(0)?;
+        dev.set_option(l, rdma_cm_rs_option_RDMA_CM_RS_OPT_AFONLY, afonly)?;
+        dev.bind(l, &SocketAddr::new("::".parse()?, port))?;
+        dev.listen(l, 4)?;
+        let v4 = SocketAddr::new(ctx.local4, port);
+        let call = Call::start(&ctx.agent, &format!("connect addr={v4} data=0a"))?;
+        if afonly == 1 {
+            let r = call.result()?;
+            ensure!(
+                ["REJECTED", "UNREACHABLE"].contains(&field(&r, "event")?),
+                "AFONLY=1: IPv4 connect: {r:?}"
+            );
+            expect_errno("AFONLY=1: no request", dev.get_event(0), libc::EAGAIN)?;
+        } else {
+            let req = wait(&dev, EV_CONNECT_REQUEST).context("AFONLY=0: IPv4 connect")?;
+            ensure!(req.id == l, "request on id {}", req.id);
+            dev.reject(req.new_id, 0, b"dual")?;
+            let r = call.result()?;
+            ensure!(field(&r, "event")? == "REJECTED", "AFONLY=0: peer: {r:?}");
+            verify_padded(
+                "AFONLY=0: reject data",
+                b"dual",
+                &unhex(field(&r, "pdata")?)?,
+                148,
+            )?;
+        }
+        dev.destroy(l)?;
+    }
+    Ok(())
+}
+
 fn close_destroys_everything(ctx: &mut Ctx) -> Result<()> {
     let addr = SocketAddr::new(ctx.local4, ctx.port());
     {
@@ -895,10 +1042,28 @@ fn close_destroys_everything(ctx: &mut Ctx) -> Result<()> {
         let req = wait(&dev, EV_CONNECT_REQUEST)?;
         dev.accept(req.new_id, None)?;
         wait(&dev, EV_ESTABLISHED)?;
+        // And a connection of its own to a librdmacm listener.
+        let peer_addr = SocketAddr::new(ctx.peer4, ctx.port());
+        let mut server = Call::start(
+            &ctx.agent,
+            &format!("serve addr={peer_addr} count=1 accept=-"),
+        )?;
+        server.ready()?;
+        let id = resolve(&dev, peer_addr)?;
+        dev.connect(id, &Param::with_data(b"x"))?;
+        wait(&dev, EV_ESTABLISHED)?;
         drop(dev);
-        // Closing the file disconnected the peer.
+        // Closing the file disconnected both peers.
         let r = call.result()?;
-        ensure!(field(&r, "disc")? == "DISCONNECTED", "peer: {r:?}");
+        ensure!(
+            field(&r, "disc")? == "DISCONNECTED",
+            "passive side's peer: {r:?}"
+        );
+        let r = server.result()?;
+        ensure!(
+            field(&r, "disc0")? == "DISCONNECTED",
+            "active side's peer: {r:?}"
+        );
     }
     // The port is free again.
     let dev = Device::open()?;
@@ -919,8 +1084,10 @@ mod tests {
     }
 
     #[test]
-    fn patterns_differ_by_seed() {
-        assert_eq!(pattern(56, 1).len(), 56);
-        assert_ne!(pattern(8, 1), pattern(8, 2));
+    fn ports_are_fresh() {
+        let ip = IpAddr::from([192, 0, 2, 1]);
+        let mut ctx = Ctx::new(ip, ip, ip, ip, "127.0.0.1:1".parse().unwrap());
+        let a = ctx.port();
+        assert_ne!(a, ctx.port());
     }
 }

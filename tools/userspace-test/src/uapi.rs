@@ -50,38 +50,27 @@ pub const IOC_GET_EVENT: u32 = iowr::<rdma_cm_rs_get_event>(0x0d);
 pub const IOC_SEND: u32 = iow::<rdma_cm_rs_send>(0x0e);
 pub const IOC_RECV: u32 = iowr::<rdma_cm_rs_recv>(0x0f);
 
-/// The kernel's `enum rdma_cm_event_type` names, by value.
-pub const EVENT_NAMES: [&str; 16] = [
-    "ADDR_RESOLVED",
-    "ADDR_ERROR",
-    "ROUTE_RESOLVED",
-    "ROUTE_ERROR",
-    "CONNECT_REQUEST",
-    "CONNECT_RESPONSE",
-    "CONNECT_ERROR",
-    "UNREACHABLE",
-    "REJECTED",
-    "ESTABLISHED",
-    "DISCONNECTED",
-    "DEVICE_REMOVAL",
-    "MULTICAST_JOIN",
-    "MULTICAST_ERROR",
-    "ADDR_CHANGE",
-    "TIMEWAIT_EXIT",
-];
-pub const EV_ADDR_RESOLVED: u32 = 0;
-pub const EV_ADDR_ERROR: u32 = 1;
-pub const EV_ROUTE_RESOLVED: u32 = 2;
-pub const EV_CONNECT_REQUEST: u32 = 4;
-pub const EV_CONNECT_ERROR: u32 = 6;
-pub const EV_UNREACHABLE: u32 = 7;
-pub const EV_REJECTED: u32 = 8;
-pub const EV_ESTABLISHED: u32 = 9;
-pub const EV_DISCONNECTED: u32 = 10;
-pub const EV_TIMEWAIT_EXIT: u32 = 15;
+pub use crate::report::{
+    event_name, EV_ADDR_ERROR, EV_ADDR_RESOLVED, EV_CONNECT_REQUEST, EV_DISCONNECTED,
+    EV_ESTABLISHED, EV_REJECTED, EV_ROUTE_RESOLVED, EV_TIMEWAIT_EXIT, EV_UNREACHABLE,
+};
 
-pub fn event_name(e: u32) -> &'static str {
-    EVENT_NAMES.get(e as usize).copied().unwrap_or("UNKNOWN")
+/// Names of `enum rdma_cm_rs_state` (QUERY).
+pub fn state_name(s: u32) -> &'static str {
+    const NAMES: [&str; 11] = [
+        "IDLE",
+        "ADDR_QUERY",
+        "ADDR_RESOLVED",
+        "ROUTE_QUERY",
+        "ROUTE_RESOLVED",
+        "CONNECT",
+        "DISCONNECT",
+        "ADDR_BOUND",
+        "LISTEN",
+        "DEVICE_REMOVAL",
+        "DESTROYING",
+    ];
+    NAMES.get(s as usize).copied().unwrap_or("UNKNOWN")
 }
 
 /// Encodes a socket address in the ABI's form: `sockaddr_in`/`sockaddr_in6`
@@ -170,6 +159,8 @@ pub struct Event {
     pub initiator_depth: u8,
     pub retry_count: u8,
     pub rnr_retry_count: u8,
+    pub flow_control: u8,
+    pub srq: u8,
     pub qp_num: u32,
 }
 
@@ -187,8 +178,30 @@ impl Event {
             initiator_depth: e.param.initiator_depth,
             retry_count: e.param.retry_count,
             rnr_retry_count: e.param.rnr_retry_count,
+            flow_control: e.param.flow_control,
+            srq: e.param.srq,
             qp_num: e.param.qp_num,
         }
+    }
+
+    /// The event as one line for people.
+    pub fn line(&self, who: &str) -> String {
+        let ids = if self.new_id != 0 {
+            format!("id={} new_id={}", self.id, self.new_id)
+        } else {
+            format!("id={}", self.id)
+        };
+        let c = crate::report::ConnFields {
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: self.flow_control,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: self.srq,
+            qp_num: self.qp_num,
+            private_data: self.private_data.clone(),
+        };
+        crate::report::event_line(who, self.event, &ids, self.status, &c)
     }
 
     pub fn name(&self) -> &'static str {
@@ -389,24 +402,177 @@ impl Device {
 mod tests {
     use super::*;
 
+    use std::mem::{align_of, offset_of};
+
+    /// Sizes and offsets as the header's rules give them (naturally aligned,
+    /// explicit padding, identical for 32- and 64-bit user space), computed
+    /// by hand from the C declarations.
     #[test]
-    fn layouts_match_the_header_rules() {
-        // Sizes the module asserts too (rust/abi.rs): no implicit padding.
+    fn layouts_match_the_header() {
+        assert_eq!(size_of::<rdma_cm_rs_sockaddr>(), 128);
+
         assert_eq!(size_of::<rdma_cm_rs_conn_param>(), 272);
-        assert_eq!(size_of::<rdma_cm_rs_event>(), 320);
-        assert_eq!(size_of::<rdma_cm_rs_get_event>(), 328);
-        assert_eq!(size_of::<rdma_cm_rs_query>(), 384);
-        assert_eq!(size_of::<rdma_cm_rs_reject>(), 264);
-        assert_eq!(size_of::<rdma_cm_rs_create_id>(), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_conn_param, qp_num), 0);
+        assert_eq!(offset_of!(rdma_cm_rs_conn_param, private_data_len), 4);
+        assert_eq!(offset_of!(rdma_cm_rs_conn_param, responder_resources), 6);
+        assert_eq!(offset_of!(rdma_cm_rs_conn_param, initiator_depth), 7);
+        assert_eq!(offset_of!(rdma_cm_rs_conn_param, flow_control), 8);
+        assert_eq!(offset_of!(rdma_cm_rs_conn_param, retry_count), 9);
+        assert_eq!(offset_of!(rdma_cm_rs_conn_param, rnr_retry_count), 10);
+        assert_eq!(offset_of!(rdma_cm_rs_conn_param, srq), 11);
+        assert_eq!(offset_of!(rdma_cm_rs_conn_param, reserved), 12);
+        assert_eq!(offset_of!(rdma_cm_rs_conn_param, private_data), 16);
+
         assert_eq!(size_of::<rdma_cm_rs_info>(), 64);
+        assert_eq!(offset_of!(rdma_cm_rs_info, recv_depth), 16);
+
+        assert_eq!(size_of::<rdma_cm_rs_create_id>(), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_create_id, port_space), 8);
+        assert_eq!(offset_of!(rdma_cm_rs_create_id, id), 16);
+
+        assert_eq!(size_of::<rdma_cm_rs_id_cmd>(), 8);
+        assert_eq!(size_of::<rdma_cm_rs_bind>(), 136);
+        assert_eq!(offset_of!(rdma_cm_rs_bind, addr), 8);
+        assert_eq!(size_of::<rdma_cm_rs_resolve_addr>(), 264);
+        assert_eq!(offset_of!(rdma_cm_rs_resolve_addr, src), 8);
+        assert_eq!(offset_of!(rdma_cm_rs_resolve_addr, dst), 136);
+        assert_eq!(size_of::<rdma_cm_rs_resolve_route>(), 8);
+        assert_eq!(size_of::<rdma_cm_rs_listen>(), 8);
+        assert_eq!(size_of::<rdma_cm_rs_connect>(), 280);
+        assert_eq!(offset_of!(rdma_cm_rs_connect, param), 8);
+        assert_eq!(size_of::<rdma_cm_rs_accept>(), 280);
+        assert_eq!(offset_of!(rdma_cm_rs_accept, flags), 4);
+        assert_eq!(offset_of!(rdma_cm_rs_accept, param), 8);
+
+        assert_eq!(size_of::<rdma_cm_rs_reject>(), 264);
+        assert_eq!(offset_of!(rdma_cm_rs_reject, reason), 4);
+        assert_eq!(offset_of!(rdma_cm_rs_reject, reserved), 5);
+        assert_eq!(offset_of!(rdma_cm_rs_reject, private_data_len), 6);
+        assert_eq!(offset_of!(rdma_cm_rs_reject, private_data), 8);
+
+        assert_eq!(size_of::<rdma_cm_rs_set_option>(), 16);
+        assert_eq!(offset_of!(rdma_cm_rs_set_option, value), 8);
+
+        assert_eq!(size_of::<rdma_cm_rs_query>(), 384);
+        assert_eq!(offset_of!(rdma_cm_rs_query, qp_num), 16);
+        assert_eq!(offset_of!(rdma_cm_rs_query, responder_resources), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_query, tos), 26);
+        assert_eq!(offset_of!(rdma_cm_rs_query, tos_set), 27);
+        assert_eq!(offset_of!(rdma_cm_rs_query, backlog), 28);
+        assert_eq!(offset_of!(rdma_cm_rs_query, src), 32);
+        assert_eq!(offset_of!(rdma_cm_rs_query, dst), 160);
+        assert_eq!(offset_of!(rdma_cm_rs_query, device), 288);
+        assert_eq!(offset_of!(rdma_cm_rs_query, reserved), 352);
+
+        assert_eq!(size_of::<rdma_cm_rs_event>(), 320);
+        assert_eq!(offset_of!(rdma_cm_rs_event, id), 8);
+        assert_eq!(offset_of!(rdma_cm_rs_event, event), 12);
+        assert_eq!(offset_of!(rdma_cm_rs_event, status), 16);
+        assert_eq!(offset_of!(rdma_cm_rs_event, new_id), 20);
+        assert_eq!(offset_of!(rdma_cm_rs_event, ud_qkey), 28);
+        assert_eq!(offset_of!(rdma_cm_rs_event, param), 32);
+        assert_eq!(offset_of!(rdma_cm_rs_event, reserved), 304);
+        assert_eq!(size_of::<rdma_cm_rs_get_event>(), 328);
+        assert_eq!(offset_of!(rdma_cm_rs_get_event, event), 8);
+
+        assert_eq!(size_of::<rdma_cm_rs_send>(), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_send, buf), 8);
+        assert_eq!(offset_of!(rdma_cm_rs_send, timeout_ms), 16);
+        assert_eq!(size_of::<rdma_cm_rs_recv>(), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_recv, len), 4);
+        assert_eq!(offset_of!(rdma_cm_rs_recv, timeout_ms), 16);
+
+        // Every structure's size is a multiple of 8, so arrays and 32-bit
+        // user space see the same layout.
+        for (size, align) in [
+            (
+                size_of::<rdma_cm_rs_event>(),
+                align_of::<rdma_cm_rs_event>(),
+            ),
+            (
+                size_of::<rdma_cm_rs_query>(),
+                align_of::<rdma_cm_rs_query>(),
+            ),
+            (size_of::<rdma_cm_rs_send>(), align_of::<rdma_cm_rs_send>()),
+        ] {
+            assert_eq!(size % 8, 0);
+            assert_eq!(align, 8);
+        }
+    }
+
+    #[test]
+    fn constants_match_the_header() {
+        assert_eq!(RDMA_CM_RS_ABI_VERSION, 1);
+        assert_eq!(RDMA_CM_RS_MAX_PRIVATE_DATA, 256);
+        assert_eq!(RDMA_CM_RS_MAX_MESSAGE, 4096);
+        assert_eq!(RDMA_CM_RS_RECV_DEPTH, 16);
+        assert_eq!(RDMA_CM_RS_TIMEOUT_INFINITE, u32::MAX);
+        assert_eq!(RDMA_CM_RS_PS_TCP, 0x0106);
+        assert_eq!(RDMA_CM_RS_QPT_RC, 2);
+        assert_eq!(RDMA_CM_RS_ACCEPT_REQUEST_PARAM, 1);
+        assert_eq!(rdma_cm_rs_option_RDMA_CM_RS_OPT_MIN_RNR_TIMER, 5);
+        assert_eq!(rdma_cm_rs_state_RDMA_CM_RS_DESTROYING, 10);
+        for (name, value) in crate::shell::OPTIONS {
+            assert!((1..=5).contains(&value), "{name}");
+        }
     }
 
     #[test]
     fn ioctl_numbers_match_the_c_macros() {
-        // _IOWR(0xD7, 0x0d, struct rdma_cm_rs_get_event): 328 = 0x148.
-        assert_eq!(IOC_GET_EVENT, 0xc148_d70d);
+        // _IOC(dir, 0xD7, nr, sizeof): dir 1 = _IOW, 2 = _IOR, 3 = _IOWR.
         assert_eq!(IOC_INFO, 0x8040_d700);
+        assert_eq!(IOC_CREATE_ID, 0xc018_d701);
         assert_eq!(IOC_DESTROY_ID, 0x4008_d702);
+        assert_eq!(IOC_BIND, 0x4088_d703);
+        assert_eq!(IOC_RESOLVE_ADDR, 0x4108_d704);
+        assert_eq!(IOC_RESOLVE_ROUTE, 0x4008_d705);
+        assert_eq!(IOC_LISTEN, 0x4008_d706);
+        assert_eq!(IOC_CONNECT, 0x4118_d707);
+        assert_eq!(IOC_ACCEPT, 0x4118_d708);
+        assert_eq!(IOC_REJECT, 0x4108_d709);
+        assert_eq!(IOC_DISCONNECT, 0x4008_d70a);
+        assert_eq!(IOC_SET_OPTION, 0x4010_d70b);
+        assert_eq!(IOC_QUERY, 0xc180_d70c);
+        assert_eq!(IOC_GET_EVENT, 0xc148_d70d);
+        assert_eq!(IOC_SEND, 0x4018_d70e);
+        assert_eq!(IOC_RECV, 0xc018_d70f);
+    }
+
+    #[test]
+    fn state_names_follow_the_enum() {
+        assert_eq!(state_name(rdma_cm_rs_state_RDMA_CM_RS_IDLE), "IDLE");
+        assert_eq!(state_name(rdma_cm_rs_state_RDMA_CM_RS_CONNECT), "CONNECT");
+        assert_eq!(state_name(rdma_cm_rs_state_RDMA_CM_RS_LISTEN), "LISTEN");
+        assert_eq!(
+            state_name(rdma_cm_rs_state_RDMA_CM_RS_DESTROYING),
+            "DESTROYING"
+        );
+        assert_eq!(state_name(11), "UNKNOWN");
+    }
+
+    #[test]
+    fn event_lines_name_the_ids() {
+        let e = Event {
+            id: 1,
+            event: EV_CONNECT_REQUEST,
+            status: 0,
+            new_id: 2,
+            context: 0,
+            private_data: b"hello".to_vec(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            flow_control: 1,
+            srq: 0,
+            qp_num: 0x11,
+        };
+        let l = e.line("module");
+        assert!(
+            l.starts_with("module: event CONNECT_REQUEST id=1 new_id=2 status=0 "),
+            "{l}"
+        );
+        assert!(l.ends_with("qp_num=0x11 private_data(5)=\"hello\""), "{l}");
     }
 
     #[test]
