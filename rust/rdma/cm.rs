@@ -501,8 +501,11 @@ impl LockedId<'_> {
     }
 
     /// The destination address (`rdma_get_peer_addr`), if set.
+    ///
+    /// Binding fills the destination's family with a wildcard address and
+    /// port 0; that is reported as no destination.
     pub fn dst_addr(&self) -> Option<SocketAddr> {
-        sockaddr_of(&self.id().route.addr.dst_addr)
+        sockaddr_of(&self.id().route.addr.dst_addr).filter(|a| !(a.is_any() && a.port() == 0))
     }
 
     /// Binds to a local address (`rdma_bind_addr`); port 0 picks one.

@@ -54,8 +54,9 @@ struct rdma_cm_rs_sockaddr {
 
 /*
  * Connection parameters (struct rdma_conn_param).  On CONNECT and ACCEPT the
- * module owns the QP, so qp_num and srq are reported, never taken; on events
- * they are what the peer sent.  private_data_len is what the CM reported:
+ * module owns the QP, so qp_num and srq are ignored (QUERY reports the QP
+ * number); in events they are what the peer sent.  private_data_len is what
+ * the CM reported:
  * the CM pads received private data (REQ to 56 bytes, REP to 196, REJ to 148
  * over IB/RoCE), so applications encode their own length in the payload.
  */
@@ -154,8 +155,8 @@ struct rdma_cm_rs_reject {
 /* RDMA_CM_RS_IOC_SET_OPTION */
 enum rdma_cm_rs_option {
 	RDMA_CM_RS_OPT_TOS = 1,		/* 0..255, any state before connect/listen */
-	RDMA_CM_RS_OPT_REUSEADDR = 2,	/* 0/1, before bind */
-	RDMA_CM_RS_OPT_AFONLY = 3,	/* 0/1, before bind */
+	RDMA_CM_RS_OPT_REUSEADDR = 2,	/* 0/1; 1 refused on a listener, 0 once bound */
+	RDMA_CM_RS_OPT_AFONLY = 3,	/* 0/1, while idle or bound */
 	RDMA_CM_RS_OPT_ACK_TIMEOUT = 4,	/* 0..31: 4.096 us * 2^t, RC only */
 	RDMA_CM_RS_OPT_MIN_RNR_TIMER = 5, /* 0..31 (IB encoding) */
 };
