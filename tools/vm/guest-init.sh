@@ -1,0 +1,276 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# The test sequence inside a VM started by tools/vm/run.  The initramfs'
+# /init (tools/vm/init) runs this with the host's bash, chrooted into the
+# host root: that root is read-only (9p), /tmp, /run and /dev/shm are tmpfs,
+# and $R below is the writable results share, a temporary directory of the
+# host's.
+#
+# Protocol with the host (files in $R; the host polls them):
+#   job.env    written by the host: what to run, addresses, modules
+#   guest.log  this script's progress messages (also on the console)
+#   ready      setup done; in the two-VM case we then wait for the host's
+#              `go` (or `abort`), so both VMs start their commands together
+#   started    the command started (guest uptime)
+#   cmd-done   the command ended; holds its exit status
+#   stop       written by the host to the peer VM once VM A's command ended:
+#              a peer command still running is a service and is stopped
+#   timeout    written by the host when --timeout passed on its clock: the
+#              command is stopped and the run fails
+#   errors     one line per failure of the harness (setup, insmod, rmmod,
+#              timeout); any line fails the run
+#   output     the command's stdout and stderr, interleaved as written
+#   kmemleak   the kmemleak report after the command and the rmmods
+#   dmesg      the whole kernel log, no timestamps (KTAP parses from it)
+#   dmesg.time the same with timestamps
+#   timing     guest uptimes at each phase
+#   done       everything above is written
+#
+# Every wait below is bounded and says what it waited for when it gives up.
+set -u
+R=/run/rdma-cm-rs-vm
+# shellcheck source=/dev/null
+. "$R/job.env"
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export HOME=/tmp TMPDIR=/tmp
+busybox=/run/vm-busybox/busybox
+
+log() { echo "vm[$VM_NAME] $(uptime_s)s: $*" | tee -a "$R/guest.log"; }
+error() {
+	log "ERROR: $*"
+	echo "$*" >>"$R/errors"
+}
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+mark() { echo "$1=$(uptime_s)" >>"$R/timing"; }
+kmsg() { echo "rdma-cm-rs-vm: $*" >/dev/kmsg; }
+
+# Everything that must be collected whatever happened before, then `done`.
+collect() {
+	dmesg -t >"$R/dmesg" 2>&1
+	dmesg >"$R/dmesg.time" 2>&1
+	# log_buf_len is large; if the log still wrapped, say so: the KTAP
+	# output or a report may be gone.
+	if ! head -n 1 "$R/dmesg" | grep -q '^Linux version'; then
+		error "the kernel log wrapped (raise log_buf_len in tools/vm/run)"
+	fi
+	mark end
+	sync
+	touch "$R/done"
+	sync
+}
+setup_failed() {
+	error "setup: $*"
+	collect
+	exit 0
+}
+
+mark boot
+log "user space reached after $(uptime_s) s"
+hostname "rdma-cm-rs-$VM_NAME"
+# Verbs users pin memory (ucmatose, rping with large buffers).
+ulimit -l unlimited
+
+# --- kmemleak, part 1 ------------------------------------------------------
+# Only leaks of objects allocated from here on may count.  No periodic scans
+# (they would cost CPU in the middle of a test, and report at random
+# times).  An object is reported once two scans found it unreferenced and
+# unchanged: scan twice, then `clear` forgets everything reported so far
+# (boot noise); objects allocated later are not affected by the clear.  A
+# scan takes seconds under TCG: this runs while we set up rxe, and the
+# modules are inserted only after it finished.
+kml=/sys/kernel/debug/kmemleak
+{ echo scan=off >$kml && echo scan >$kml && echo scan >$kml && echo clear >$kml; } 2>/dev/null &
+kml_pid=$!
+
+# --- network and rxe -------------------------------------------------------
+ip link set lo up
+# IPv6 duplicate address detection would hold the addresses "tentative" (no
+# GID, no bind) for a second or more: there is nobody to collide with.
+for c in all default; do
+	sysctl -qw "net.ipv6.conf.$c.accept_dad=0" || setup_failed "sysctl accept_dad"
+done
+
+# rdma_rxe and the modules it needs (the host resolved them), from the
+# kernel build directory.
+for m in "${RXE_MODULES[@]}"; do
+	insmod "$m" || setup_failed "insmod $m"
+done
+
+if [ -z "$NIC_MAC" ]; then
+	# One VM: no NIC at all (-nic none); rxe loops to its own address on
+	# a dummy netdev, as it refuses lo.
+	netdev=rxenet0
+	ip link add "$netdev" type dummy || setup_failed "ip link add $netdev type dummy"
+else
+	# Two VMs: the one virtio NIC, found by the MAC the host gave it.
+	netdev=
+	for d in /sys/class/net/*; do
+		if [ "$(cat "$d/address")" = "$NIC_MAC" ]; then
+			netdev=${d##*/}
+		fi
+	done
+	[ -n "$netdev" ] || setup_failed "no netdev with MAC $NIC_MAC"
+fi
+sysctl -qw "net.ipv6.conf.$netdev.accept_dad=0" || setup_failed "sysctl accept_dad on $netdev"
+ip addr add "$LOCAL_IP/24" dev "$netdev" || setup_failed "ip addr add $LOCAL_IP/24"
+ip -6 addr add "$LOCAL_IP6/64" dev "$netdev" nodad || setup_failed "ip addr add $LOCAL_IP6/64"
+ip link set "$netdev" up || setup_failed "ip link set $netdev up"
+rdma link add rxe0 type rxe netdev "$netdev" || setup_failed "rdma link add rxe0 on $netdev"
+
+# The GID table fills asynchronously (netdev events, a workqueue): wait for
+# the IPv4-mapped and the IPv6 GID of our addresses.  Only the first 16 of
+# rxe's 1024 entries: entries are taken lowest first (the link-local GID and
+# each address, once per RoCE version), and reading all 1024 takes some 15 s
+# under TCG.
+gids_ready() {
+	local n gid v4="" v6=""
+	for ((n = 0; n < 16; n++)); do
+		read -r gid </sys/class/infiniband/rxe0/ports/1/gids/$n 2>/dev/null || continue
+		[ "$gid" != "$GID4" ] || v4=1
+		[ "$gid" != "$GID6" ] || v6=1
+	done
+	[ -n "$v4" ] && [ -n "$v6" ]
+}
+for ((i = 0; i < 100; i++)); do
+	gids_ready && break
+	sleep 0.1
+done
+gids_ready || setup_failed "rxe0 has no GIDs $GID4 and $GID6 after 10 s"
+log "rxe0 is up on $netdev"
+export RDMA_CM_RS_IN_VM=1 RDMA_CM_RS_NETDEV=$netdev RDMA_CM_RS_RDMA_DEV=rxe0
+export RDMA_CM_RS_LOCAL_IP=$LOCAL_IP RDMA_CM_RS_PEER_IP=$PEER_IP
+export RDMA_CM_RS_LOCAL_IP6=$LOCAL_IP6 RDMA_CM_RS_PEER_IP6=$PEER_IP6
+
+if [ "$TWO_VMS" = 1 ]; then
+	# Start together: the host answers `go` once both VMs are ready.
+	touch "$R/ready"
+	for ((i = 0; i < BARRIER_WAIT * 10; i++)); do
+		[ -e "$R/go" ] || [ -e "$R/abort" ] && break
+		sleep 0.1
+	done
+	[ -e "$R/abort" ] && setup_failed "the other VM failed to set up"
+	[ -e "$R/go" ] || setup_failed "no go from the host after $BARRIER_WAIT s"
+	# The wire: both addresses must answer (this also fills the
+	# neighbour caches).
+	for ip in "$PEER_IP" "$PEER_IP6"; do
+		ok=
+		for ((i = 0; i < 10; i++)); do
+			if "$busybox" ping -c 1 -W 1 "$ip" >/dev/null 2>&1; then
+				ok=1
+				break
+			fi
+		done
+		[ -n "$ok" ] || setup_failed "the peer $ip does not answer ping (10 s)"
+	done
+fi
+
+
+# --- kmemleak, part 2 ------------------------------------------------------
+for ((i = 0; i < 1200; i++)); do
+	kill -0 $kml_pid 2>/dev/null || break
+	sleep 0.1
+done
+if kill -0 $kml_pid 2>/dev/null; then
+	error "kmemleak's first scans took more than 120 s"
+	kml=
+elif ! wait $kml_pid; then
+	error "kmemleak is not available or was disabled (see dmesg)"
+	kml=
+else
+	log "kmemleak cleared"
+fi
+
+# --- modules and the command -----------------------------------------------
+loaded=()
+for m in "${MODULES[@]}"; do
+	if ! insmod "$m"; then
+		error "insmod $m failed"
+		break
+	fi
+	loaded=("$(modinfo -F name "$m" 2>/dev/null || basename "$m" .ko)" "${loaded[@]}")
+done
+
+if [ ! -s "$R/errors" ]; then
+	cd "$REPO" || setup_failed "cd $REPO"
+	kmsg "running the command"
+	log "setup done after $(uptime_s) s; running the command"
+	mark started
+	uptime_s >"$R/started"
+	# timeout(1) puts the command in a process group of its own (pgid =
+	# its pid): at the end we can find and kill what it left behind.
+	timeout -v -k 10 "$CMD_TIMEOUT" bash -c "$CMD" >"$R/output" 2>&1 </dev/null &
+	pid=$!
+	# The guest's clock is jiffies (no TSC calibration, HPET or ACPI PM
+	# timer under TCG) and falls behind when the host is busy: the host
+	# says when --timeout has passed on its clock (`timeout`), and
+	# timeout(1) is only the backstop.  The loop's bound is a backstop
+	# too: both should fire first.
+	stopped="" timed_out=""
+	for ((i = 0; i < (CMD_TIMEOUT + 20) * 10; i++)); do
+		kill -0 "$pid" 2>/dev/null || break
+		if [ "$PEER" = 1 ] && [ -e "$R/stop" ]; then
+			# VM A is done: a peer still running was a service.
+			log "VM A's command ended: stopping ours"
+			stopped=1
+			kill -TERM "$pid" 2>/dev/null
+			break
+		fi
+		if [ -e "$R/timeout" ]; then
+			timed_out=1
+			kill -TERM "$pid" 2>/dev/null
+			break
+		fi
+		sleep 0.1
+	done
+	for ((i = 0; i < 150; i++)); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$pid" 2>/dev/null; then
+		error "the command did not end (timeout $CMD_TIMEOUT s, then 15 s more)"
+		kill -KILL -- "-$pid" 2>/dev/null
+	fi
+	wait "$pid"
+	status=$?
+	mark ended
+	kmsg "the command exited with status $status"
+	log "the command exited with status $status"
+	if [ -n "$stopped" ]; then
+		status=0
+	elif [ -n "$timed_out" ] || [ "$status" = 124 ]; then
+		error "the command timed out (--timeout $CMD_TIMEOUT)"
+		status=124
+	fi
+	echo "$status" >"$R/status"
+	echo "$status" >"$R/cmd-done"
+	# Whatever the command left running (rping -s &) goes now, or it
+	# would hold the modules.
+	if kill -0 -- "-$pid" 2>/dev/null; then
+		log "killing processes the command left behind"
+		kill -TERM -- "-$pid" 2>/dev/null
+		for ((i = 0; i < 50; i++)); do
+			kill -0 -- "-$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL -- "-$pid" 2>/dev/null
+		sleep 0.5
+	fi
+	cd /
+fi
+
+# --- unload and leaks --------------------------------------------------------
+# A module that does not unload holds a reference it should not.
+for name in "${loaded[@]}"; do
+	if ! rmmod "$name"; then
+		error "rmmod $name failed (a leaked reference?)"
+		lsmod >>"$R/guest.log" 2>&1
+	fi
+done
+if [ -n "$kml" ]; then
+	echo scan >$kml
+	sleep 5
+	echo scan >$kml
+	cat $kml >"$R/kmemleak"
+fi
+collect
