@@ -134,6 +134,20 @@ fn wait(dev: &Device, want: u32) -> Result<Event> {
     Ok(ev)
 }
 
+/// The module disconnects and waits for its DISCONNECTED.
+///
+/// Scenarios without a message exchange let the module disconnect: a peer
+/// that disconnected right after its own ESTABLISHED could have its DREQ
+/// overtake the RTU on a real wire, and the passive side would then see
+/// DISCONNECTED without ESTABLISHED (a valid CM sequence, not what these
+/// scenarios test).
+fn disconnect_and_wait(dev: &Device, id: u32) -> Result<()> {
+    dev.disconnect(id)?;
+    let d = wait(dev, EV_DISCONNECTED)?;
+    ensure!(d.id == id, "DISCONNECTED on id {}", d.id);
+    Ok(())
+}
+
 fn errno_of<T>(r: io::Result<T>) -> Option<i32> {
     r.err().and_then(|e| e.raw_os_error())
 }
@@ -329,7 +343,7 @@ fn private_data_limits(ctx: &mut Ctx) -> Result<()> {
     listen(&dev, addr, 4, 0)?;
     let call = Call::start(
         &ctx.agent,
-        &format!("connect addr={addr} data=00 disc=self"),
+        &format!("connect addr={addr} data=00 disc=peer"),
     )?;
     let req = wait(&dev, EV_CONNECT_REQUEST)?;
     expect_errno(
@@ -344,8 +358,7 @@ fn private_data_limits(ctx: &mut Ctx) -> Result<()> {
     )?;
     dev.accept(req.new_id, Some(&Param::with_data(&[2; 196])))?;
     wait(&dev, EV_ESTABLISHED)?;
-    wait(&dev, EV_DISCONNECTED)?;
-    dev.disconnect(req.new_id)?;
+    disconnect_and_wait(&dev, req.new_id)?;
     let r = call.result()?;
     ensure!(unhex(field(&r, "pdata")?)? == [2; 196]);
     Ok(())
@@ -406,7 +419,7 @@ fn accept_with_request_param(ctx: &mut Ctx) -> Result<()> {
     listen(&dev, addr, 4, 0)?;
     let call = Call::start(
         &ctx.agent,
-        &format!("connect addr={addr} data=00 rr=3 id=2 disc=self"),
+        &format!("connect addr={addr} data=00 rr=3 id=2 disc=peer"),
     )?;
     let req = wait(&dev, EV_CONNECT_REQUEST)?;
     // Events give the receiver's side: the peer's initiator depth is our
@@ -427,8 +440,7 @@ fn accept_with_request_param(ctx: &mut Ctx) -> Result<()> {
         q.responder_resources,
         q.initiator_depth
     );
-    wait(&dev, EV_DISCONNECTED)?;
-    dev.disconnect(req.new_id)?;
+    disconnect_and_wait(&dev, req.new_id)?;
     let r = call.result()?;
     ensure!(field(&r, "event")? == "ESTABLISHED");
     ensure!(
@@ -453,7 +465,7 @@ fn conn_param_negotiation(ctx: &mut Ctx) -> Result<()> {
         let call = Call::start(
             &ctx.agent,
             &format!(
-                "connect addr={addr} data=00 rr={rr} id={id} retry={retry} rnr={rnr} disc=self"
+                "connect addr={addr} data=00 rr={rr} id={id} retry={retry} rnr={rnr} disc=peer"
             ),
         )?;
         let req = wait(&dev, EV_CONNECT_REQUEST)?;
@@ -483,8 +495,7 @@ fn conn_param_negotiation(ctx: &mut Ctx) -> Result<()> {
             q.responder_resources,
             q.initiator_depth
         );
-        wait(&dev, EV_DISCONNECTED)?;
-        dev.disconnect(req.new_id)?;
+        disconnect_and_wait(&dev, req.new_id)?;
         dev.destroy(req.new_id)?;
         let r = call.result()?;
         ensure!(
