@@ -13,7 +13,7 @@ kdir=${KDIR:-$(cat .kdir)}
 
 cat <<'TXT'
 rdma-cm-rs demo: the kernel module listens, a librdmacm client connects.
-Booting the test VM (debug kernel under TCG: about half a minute)...
+Booting the test VM (debug kernel under TCG: about 30 s)...
 
 TXT
 tools/vm/run --kernel "$kdir" --timeout 120 --module "$PWD/rdma_cm_rs.ko" -- "

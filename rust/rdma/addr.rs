@@ -296,7 +296,7 @@ pub fn parse_ipv4(text: &[u8]) -> Result<[u8; 4]> {
 }
 
 /// Parses an IPv6 address with an optional numeric `%scope`.
-fn parse_ipv6_scoped(text: &[u8]) -> Result<([u8; 16], u32)> {
+pub fn parse_ipv6_scoped(text: &[u8]) -> Result<([u8; 16], u32)> {
     match text.iter().position(|&c| c == b'%') {
         Some(p) => Ok((
             parse_ipv6(&text[..p])?,

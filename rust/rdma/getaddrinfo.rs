@@ -10,7 +10,7 @@
 //! so [`RAI_NOROUTE`] is accepted and has nothing to turn off.
 
 use super::{
-    addr::{parse_ipv4, parse_ipv6, parse_port, SocketAddr, AF_IB, AF_INET, AF_INET6},
+    addr::{parse_ipv4, parse_ipv6_scoped, parse_port, SocketAddr, AF_IB, AF_INET, AF_INET6},
     cm::{PortSpace, QpType},
 };
 use kernel::prelude::*;
@@ -65,28 +65,9 @@ fn looks_numeric(node: &[u8]) -> bool {
 
 fn parse_node(node: &[u8], port: u16) -> Result<SocketAddr> {
     if node.contains(&b':') {
-        let (text, scope_id) = match node.iter().position(|&c| c == b'%') {
-            Some(p) => {
-                let scope = &node[p + 1..];
-                let mut v: u32 = 0;
-                if scope.is_empty() {
-                    return Err(EINVAL);
-                }
-                for &c in scope {
-                    if !c.is_ascii_digit() {
-                        return Err(EINVAL);
-                    }
-                    v = v
-                        .checked_mul(10)
-                        .and_then(|v| v.checked_add(u32::from(c - b'0')))
-                        .ok_or(EINVAL)?;
-                }
-                (&node[..p], v)
-            }
-            None => (node, 0),
-        };
+        let (ip, scope_id) = parse_ipv6_scoped(node)?;
         Ok(SocketAddr::V6 {
-            ip: parse_ipv6(text)?,
+            ip,
             port,
             flowinfo: 0,
             scope_id,

@@ -279,6 +279,15 @@ mod getaddrinfo_tests {
             getaddrinfo(None, Some(b"1"), &Hints::default()),
             Err(EINVAL)
         );
+        let scoped = getaddrinfo(Some(b"fe80::1%2"), None, &Hints::default()).unwrap();
+        assert!(matches!(
+            scoped.dst,
+            Some(SocketAddr::V6 { scope_id: 2, .. })
+        ));
+        assert_eq!(
+            getaddrinfo(Some(b"fe80::1%"), None, &Hints::default()),
+            Err(EINVAL)
+        );
         let noroute = Hints {
             flags: RAI_NOROUTE,
             ..Hints::default()
