@@ -9,9 +9,9 @@
 //! back.  Connections end when the peer disconnects; unloading the module
 //! destroys whatever is left.
 //!
-//! The sample owns no `unsafe` code: `unsafe_code` is denied for the whole
-//! crate except the abstraction layer it compiles in (`rust/rdma/`, where
-//! all of the project's `unsafe` lives), which it uses through safe calls.
+//! The sample is safe Rust only: the `unsafe_code` lint is denied for the
+//! whole crate except the abstraction layer it compiles in (`rust/rdma/`,
+//! which holds all of the project's raw bindings), used through safe calls.
 
 #![deny(unsafe_code)]
 
