@@ -18,8 +18,9 @@ pub use b::{
     rdma_cm_rs_accept as Accept, rdma_cm_rs_bind as Bind, rdma_cm_rs_conn_param as ConnParam,
     rdma_cm_rs_connect as Connect, rdma_cm_rs_create_id as CreateId, rdma_cm_rs_event as Event,
     rdma_cm_rs_get_event as GetEvent, rdma_cm_rs_id_cmd as IdCmd, rdma_cm_rs_info as Info,
-    rdma_cm_rs_listen as Listen, rdma_cm_rs_query as Query, rdma_cm_rs_recv as Recv,
-    rdma_cm_rs_reject as Reject, rdma_cm_rs_resolve_addr as ResolveAddr,
+    rdma_cm_rs_listen as Listen, rdma_cm_rs_mr_cmd as MrCmd, rdma_cm_rs_mr_copy as MrCopy,
+    rdma_cm_rs_mr_reg as MrReg, rdma_cm_rs_query as Query, rdma_cm_rs_rdma as Rdma,
+    rdma_cm_rs_recv as Recv, rdma_cm_rs_reject as Reject, rdma_cm_rs_resolve_addr as ResolveAddr,
     rdma_cm_rs_resolve_route as ResolveRoute, rdma_cm_rs_send as Send,
     rdma_cm_rs_set_option as SetOption,
 };
@@ -36,6 +37,19 @@ pub const MAX_PRIVATE_DATA: usize = b::RDMA_CM_RS_MAX_PRIVATE_DATA as usize;
 pub const TIMEOUT_INFINITE: u32 = b::RDMA_CM_RS_TIMEOUT_INFINITE;
 /// `RDMA_CM_RS_ACCEPT_REQUEST_PARAM`.
 pub const ACCEPT_REQUEST_PARAM: u32 = b::RDMA_CM_RS_ACCEPT_REQUEST_PARAM;
+
+/// Largest registered region.
+pub const MAX_MR_LEN: usize = b::RDMA_CM_RS_MAX_MR_LEN as usize;
+/// Regions per connection.
+pub const MAX_MRS: usize = b::RDMA_CM_RS_MAX_MRS as usize;
+/// `RDMA_CM_RS_ACCESS_REMOTE_READ`.
+pub const ACCESS_REMOTE_READ: u32 = b::RDMA_CM_RS_ACCESS_REMOTE_READ;
+/// `RDMA_CM_RS_ACCESS_REMOTE_WRITE`.
+pub const ACCESS_REMOTE_WRITE: u32 = b::RDMA_CM_RS_ACCESS_REMOTE_WRITE;
+/// `RDMA_CM_RS_RDMA_READ`.
+pub const RDMA_READ: u32 = b::RDMA_CM_RS_RDMA_READ;
+/// `RDMA_CM_RS_RDMA_WRITE`.
+pub const RDMA_WRITE: u32 = b::RDMA_CM_RS_RDMA_WRITE;
 
 /// `enum rdma_cm_rs_option`.
 pub mod option {
@@ -115,6 +129,16 @@ pub mod cmd {
     pub const SEND: u32 = _IOW::<Send>(MAGIC, 0x0e);
     /// `RDMA_CM_RS_IOC_RECV`.
     pub const RECV: u32 = _IOWR::<Recv>(MAGIC, 0x0f);
+    /// `RDMA_CM_RS_IOC_MR_REG`.
+    pub const MR_REG: u32 = _IOWR::<MrReg>(MAGIC, 0x10);
+    /// `RDMA_CM_RS_IOC_MR_DEREG`.
+    pub const MR_DEREG: u32 = _IOW::<MrCmd>(MAGIC, 0x11);
+    /// `RDMA_CM_RS_IOC_MR_WRITE`.
+    pub const MR_WRITE: u32 = _IOW::<MrCopy>(MAGIC, 0x12);
+    /// `RDMA_CM_RS_IOC_MR_READ`.
+    pub const MR_READ: u32 = _IOW::<MrCopy>(MAGIC, 0x13);
+    /// `RDMA_CM_RS_IOC_RDMA`.
+    pub const RDMA: u32 = _IOW::<Rdma>(MAGIC, 0x14);
 }
 
 /// Marks ABI structures as plain old data.
@@ -148,4 +172,8 @@ abi_pod!(
     GetEvent = 328,
     Send = 24,
     Recv = 24,
+    MrReg = 48,
+    MrCmd = 16,
+    MrCopy = 24,
+    Rdma = 40,
 );

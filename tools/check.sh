@@ -71,6 +71,11 @@ count_ktap() {
 	note "$label: $p passed, $f failed"
 	sed -n 's/^fail *not ok [0-9]* /not ok - '"$label"': /p' "$logs/kunit-cases.txt"
 	[ "$((p + f))" -gt 0 ] || fail "$label: no KUnit case found in $file"
+	# A case that needs the rxe device says so when it finds none: in the
+	# test VMs that is a failure, not a pass.
+	if grep -q 'rdma_cm_rs: kunit: skipped' "$file"; then
+		fail "$label: a device case was skipped" "$file"
+	fi
 }
 # The userspace suite prints flat KTAP (no indentation).
 count_flat_ktap() {

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The message path of one connection: the module's QP, receives kept
-//! posted, one send at a time.
+//! The data path of one connection: the module's QP, receives kept posted,
+//! one send at a time, and registered regions for RDMA READ/WRITE with one
+//! memory work request at a time.
 
 use super::wait::{wait_for, Wait};
 use crate::{
     abi,
     rdma::{
         cm::LockedId,
+        mr::{Mr, MrAccess, RemoteRegion, WorkDone, WorkOp},
         verbs::{CompletionHandler, Cq, Pd, Qp, QpCaps, RecvBuffer, SendBuffer},
     },
 };
@@ -30,6 +32,19 @@ pub(crate) struct ConnShared {
     tx: Mutex<TxState>,
     #[pin]
     tx_done: CondVar,
+    #[pin]
+    work: Mutex<WorkState>,
+    #[pin]
+    work_done: CondVar,
+}
+
+/// Memory work requests, tagged 1, 2, ... in posting order; the send queue
+/// completes them in that order.
+struct WorkState {
+    posted: u64,
+    completed: u64,
+    /// The result of the request tagged `completed`.
+    result: Result,
 }
 
 struct TxState {
@@ -62,16 +77,46 @@ impl CompletionHandler for ConnCompletions {
         tx.result = Some(result);
         self.shared.tx_done.notify_all();
     }
+
+    fn work_done(&self, done: WorkDone, result: Result) {
+        {
+            let mut work = self.shared.work.lock();
+            work.completed = done.tag;
+            work.result = result;
+            self.shared.work_done.notify_all();
+        }
+        // The region's reference goes here, outside the lock: the last one
+        // deregisters it, which may sleep.
+        drop(done);
+    }
 }
+
+/// The regions of a connection, by handle - 1.
+type MrTable = [Option<Arc<Mr>>; abi::MAX_MRS];
 
 /// One connection's data path.
+#[pin_data]
 pub(crate) struct Conn {
     qp: Arc<Qp<ConnCompletions>>,
+    pd: Arc<Pd>,
     shared: Arc<ConnShared>,
+    #[pin]
+    mrs: Mutex<MrTable>,
+    /// Serialises memory work requests: one in flight at a time.
+    #[pin]
+    work_ops: Mutex<()>,
 }
 
-/// Send timeout when the caller gives none.
+/// Send and memory work timeout when the caller gives none.
 const DEFAULT_SEND_TIMEOUT_MS: u32 = 5000;
+
+fn timeout_or_default(timeout_ms: u32) -> u32 {
+    if timeout_ms == 0 {
+        DEFAULT_SEND_TIMEOUT_MS
+    } else {
+        timeout_ms
+    }
+}
 
 impl Conn {
     /// Creates PD, CQ and QP on a locked id and posts the receives.
@@ -85,6 +130,12 @@ impl Conn {
                 rx_ready <- new_condvar!(),
                 tx <- new_mutex!(TxState { buf: None, result: None }),
                 tx_done <- new_condvar!(),
+                work <- new_mutex!(WorkState {
+                    posted: 0,
+                    completed: 0,
+                    result: Ok(()),
+                }),
+                work_done <- new_condvar!(),
             }),
             GFP_KERNEL,
         )?;
@@ -99,7 +150,9 @@ impl Conn {
             &pd,
             &cq,
             QpCaps {
-                max_send_wr: 4,
+                // One send and one memory work request in flight, with room
+                // for the drain request at teardown.
+                max_send_wr: 8,
                 max_recv_wr: abi::RECV_DEPTH as u32,
             },
         )?;
@@ -108,7 +161,16 @@ impl Conn {
             qp.post_recv(buf).map_err(|(e, _)| e)?;
         }
         shared.tx.lock().buf = Some(SendBuffer::new(&pd, abi::MAX_MESSAGE)?);
-        Ok(Arc::new(Self { qp, shared }, GFP_KERNEL)?)
+        Arc::pin_init(
+            pin_init!(Self {
+                qp,
+                pd,
+                shared,
+                mrs <- new_mutex!([const { None }; abi::MAX_MRS]),
+                work_ops <- new_mutex!(()),
+            }),
+            GFP_KERNEL,
+        )
     }
 
     /// Sends one message and waits for its completion.
@@ -170,5 +232,107 @@ impl Conn {
         // After a disconnect the QP flushes this at once, freeing the buffer.
         let _ = self.qp.post_recv(buf);
         Ok(len)
+    }
+
+    /// Runs one memory work request: waits for any earlier one (which may
+    /// have timed out), posts through `post` with the next tag and waits for
+    /// its completion.
+    fn run_work<T>(&self, timeout_ms: u32, post: impl FnOnce(u64) -> Result<T>) -> Result<T> {
+        let wait = Wait::new(timeout_or_default(timeout_ms), false);
+        let _serial = self.work_ops.lock();
+        let mut work = self.shared.work.lock();
+        wait_for(&self.shared.work_done, &mut work, wait, |w| {
+            w.completed == w.posted
+        })?;
+        let tag = work.posted + 1;
+        // The completion may run at once on another CPU; it waits for this
+        // lock, so `posted` is updated before it is compared.
+        let value = post(tag)?;
+        work.posted = tag;
+        wait_for(&self.shared.work_done, &mut work, wait, |w| {
+            w.completed >= tag
+        })?;
+        core::mem::replace(&mut work.result, Ok(()))?;
+        Ok(value)
+    }
+
+    fn mr(&self, handle: u32) -> Result<Arc<Mr>> {
+        let index = usize::try_from(handle).map_err(|_| EINVAL)?.wrapping_sub(1);
+        let mrs = self.mrs.lock();
+        mrs.get(index).and_then(Clone::clone).ok_or(EINVAL)
+    }
+
+    /// Allocates and registers a region of `len` bytes; returns its handle
+    /// and what the peer needs to reach it.
+    pub(crate) fn register(
+        &self,
+        len: usize,
+        access: MrAccess,
+        timeout_ms: u32,
+    ) -> Result<(u32, RemoteRegion)> {
+        if len == 0 || len > abi::MAX_MR_LEN {
+            return Err(EINVAL);
+        }
+        let index = {
+            let mrs = self.mrs.lock();
+            mrs.iter().position(Option::is_none).ok_or(ENOSPC)?
+        };
+        let mr = Mr::new(&self.pd, len)?;
+        let remote = self.run_work(timeout_ms, |tag| self.qp.register(&mr, access, tag))?;
+        let mut mrs = self.mrs.lock();
+        // Another registration may have taken the slot meanwhile.
+        let index = if mrs[index].is_none() {
+            index
+        } else {
+            mrs.iter().position(Option::is_none).ok_or(ENOSPC)?
+        };
+        mrs[index] = Some(mr);
+        Ok((index as u32 + 1, remote))
+    }
+
+    /// Invalidates, deregisters and frees a region.  The region leaves the
+    /// table first; an invalidation that cannot run (QP in error) is no
+    /// failure, since deregistration revokes the key as well.
+    pub(crate) fn deregister(&self, handle: u32, timeout_ms: u32) -> Result {
+        let mr = {
+            let index = usize::try_from(handle).map_err(|_| EINVAL)?.wrapping_sub(1);
+            let mut mrs = self.mrs.lock();
+            mrs.get_mut(index).and_then(Option::take).ok_or(EINVAL)?
+        };
+        let invalidated = self.run_work(timeout_ms, |tag| self.qp.invalidate(&mr, tag));
+        // Dropping the last reference deregisters (`ib_dereg_mr`).
+        drop(mr);
+        match invalidated {
+            Err(e) if e == ETIMEDOUT || e == ERESTARTSYS => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Copies `data` into a region.
+    pub(crate) fn mr_write(&self, handle: u32, offset: usize, data: &[u8]) -> Result {
+        self.mr(handle)?.write(offset, data)
+    }
+
+    /// Copies `out.len()` bytes out of a region.
+    pub(crate) fn mr_read(&self, handle: u32, offset: usize, out: &mut [u8]) -> Result {
+        self.mr(handle)?.read(offset, out)
+    }
+
+    /// Checks a copy's range against a region before any user memory moves.
+    pub(crate) fn mr_check(&self, handle: u32, offset: usize, len: usize) -> Result {
+        crate::rdma::mr::check_range(offset, len, self.mr(handle)?.len())
+    }
+
+    /// One RDMA READ or WRITE, waited for.
+    pub(crate) fn rdma(
+        &self,
+        op: WorkOp,
+        handle: u32,
+        offset: usize,
+        remote: RemoteRegion,
+        timeout_ms: u32,
+    ) -> Result {
+        let mr = self.mr(handle)?;
+        self.run_work(timeout_ms, |tag| self.qp.rdma(op, &mr, offset, remote, tag))
     }
 }

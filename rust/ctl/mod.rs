@@ -28,6 +28,7 @@ use crate::{
         addr::SocketAddr,
         cm::{CmId, Namespace, PortSpace, QpType},
         conn_param::{ConnParam, PrivateDataUse},
+        mr::{MrAccess, RemoteRegion, WorkOp},
     },
 };
 use core::mem::size_of;
@@ -306,6 +307,11 @@ impl CtlFile {
             () if same(GET_EVENT) => this.get_event(arg, size, nonblock),
             () if same(SEND) => this.send(arg, size),
             () if same(RECV) => this.recv(arg, size, nonblock),
+            () if same(MR_REG) => this.mr_reg(arg, size),
+            () if same(MR_DEREG) => this.mr_dereg(arg, size),
+            () if same(MR_WRITE) => this.mr_copy(arg, size, CopyDirection::ToRegion),
+            () if same(MR_READ) => this.mr_copy(arg, size, CopyDirection::FromRegion),
+            () if same(RDMA) => this.rdma(arg, size),
             () => Err(ENOTTY),
         }
     }
@@ -603,4 +609,86 @@ impl CtlFile {
         c.len = conn.recv(&mut writer, capacity, Wait::new(c.timeout_ms, nonblock))? as u32;
         write_arg(arg, &c)
     }
+
+    fn mr_reg(&self, arg: usize, size: usize) -> Result {
+        let mut c: abi::MrReg = read_arg(arg, size)?;
+        let known = abi::ACCESS_REMOTE_READ | abi::ACCESS_REMOTE_WRITE;
+        // addr, rkey and mr are outputs: their input values are ignored.
+        if c.access & !known != 0 {
+            return Err(EINVAL);
+        }
+        require_zero(&[
+            c.reserved[0] as u32,
+            (c.reserved[0] >> 32) as u32,
+            c.reserved[1] as u32,
+            (c.reserved[1] >> 32) as u32,
+        ])?;
+        let access = MrAccess {
+            remote_read: c.access & abi::ACCESS_REMOTE_READ != 0,
+            remote_write: c.access & abi::ACCESS_REMOTE_WRITE != 0,
+        };
+        let conn = self.conn_of(c.id)?;
+        let (handle, remote) = conn.register(c.length as usize, access, c.timeout_ms)?;
+        c.mr = handle;
+        c.addr = remote.addr;
+        c.rkey = remote.rkey;
+        if let Err(e) = write_arg(arg, &c) {
+            // User space cannot learn the handle: do not leave the region.
+            let _ = conn.deregister(handle, 0);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn mr_dereg(&self, arg: usize, size: usize) -> Result {
+        let c: abi::MrCmd = read_arg(arg, size)?;
+        require_zero(&[c.reserved])?;
+        self.conn_of(c.id)?.deregister(c.mr, c.timeout_ms)
+    }
+
+    fn mr_copy(&self, arg: usize, size: usize, direction: CopyDirection) -> Result {
+        let c: abi::MrCopy = read_arg(arg, size)?;
+        let conn = self.conn_of(c.id)?;
+        let (offset, len) = (c.offset as usize, c.len as usize);
+        conn.mr_check(c.mr, offset, len)?;
+        let user = UserSlice::new(UserPtr::from_addr(c.buf as usize), len);
+        let mut bounce = KVec::new();
+        match direction {
+            CopyDirection::ToRegion => {
+                user.read_all(&mut bounce, GFP_KERNEL)?;
+                conn.mr_write(c.mr, offset, &bounce)
+            }
+            CopyDirection::FromRegion => {
+                bounce.resize(len, 0, GFP_KERNEL)?;
+                conn.mr_read(c.mr, offset, &mut bounce)?;
+                user.writer().write_slice(&bounce)
+            }
+        }
+    }
+
+    fn rdma(&self, arg: usize, size: usize) -> Result {
+        let c: abi::Rdma = read_arg(arg, size)?;
+        require_zero(&[c.reserved])?;
+        let op = match c.opcode {
+            abi::RDMA_READ => WorkOp::RdmaRead,
+            abi::RDMA_WRITE => WorkOp::RdmaWrite,
+            _ => return Err(EINVAL),
+        };
+        let remote = RemoteRegion {
+            addr: c.remote_addr,
+            rkey: c.rkey,
+            len: c.len,
+        };
+        if c.len == 0 {
+            return Err(EINVAL);
+        }
+        self.conn_of(c.id)?
+            .rdma(op, c.mr, c.offset as usize, remote, c.timeout_ms)
+    }
+}
+
+/// Which way `MR_WRITE`/`MR_READ` copy.
+enum CopyDirection {
+    ToRegion,
+    FromRegion,
 }

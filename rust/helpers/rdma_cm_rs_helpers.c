@@ -4,7 +4,9 @@
  * a plain call-through: the safety rules live on the Rust side.
  */
 #include <linux/nsproxy.h>
+#include <linux/scatterlist.h>
 #include <linux/sched.h>
+#include <linux/string.h>
 #include <net/net_namespace.h>
 #include "rdma_cm_rs_helpers.h"
 
@@ -93,4 +95,48 @@ void rdma_cm_rs_dma_sync_for_device(struct ib_device *dev, u64 addr,
 				    size_t size, enum dma_data_direction dir)
 {
 	ib_dma_sync_single_for_device(dev, addr, size, dir);
+}
+
+/* A fast-registration MR (FRWR) for up to max_num_sg pages. */
+struct ib_mr *rdma_cm_rs_alloc_mr(struct ib_pd *pd, u32 max_num_sg)
+{
+	return ib_alloc_mr(pd, IB_MR_TYPE_MEM_REG, max_num_sg);
+}
+
+int rdma_cm_rs_dereg_mr(struct ib_mr *mr)
+{
+	return ib_dereg_mr(mr);
+}
+
+/*
+ * Maps one DMA-contiguous region into the MR's page list (the first half of
+ * an FRWR registration; the IB_WR_REG_MR work request is the second).  The
+ * region must be mapped whole: a partial mapping is an error here.
+ */
+int rdma_cm_rs_map_mr(struct ib_mr *mr, u64 dma_addr, u32 len)
+{
+	struct scatterlist sg;
+	int mapped;
+
+	sg_init_table(&sg, 1);
+	sg_dma_address(&sg) = dma_addr;
+	sg_dma_len(&sg) = len;
+	mapped = ib_map_mr_sg(mr, &sg, 1, NULL, PAGE_SIZE);
+	if (mapped < 0)
+		return mapped;
+	return mapped == 1 ? 0 : -EINVAL;
+}
+
+void rdma_cm_rs_update_fast_reg_key(struct ib_mr *mr, u8 newkey)
+{
+	ib_update_fast_reg_key(mr, newkey);
+}
+
+/*
+ * Copies to or from memory a device may access concurrently (a registered
+ * MR): done in C so that no Rust reference ever covers such memory.
+ */
+void rdma_cm_rs_copy(void *dst, const void *src, size_t len)
+{
+	memcpy(dst, src, len);
 }

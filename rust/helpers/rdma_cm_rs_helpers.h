@@ -40,4 +40,10 @@ void rdma_cm_rs_dma_sync_for_cpu(struct ib_device *dev, u64 addr, size_t size,
 void rdma_cm_rs_dma_sync_for_device(struct ib_device *dev, u64 addr,
 				    size_t size, enum dma_data_direction dir);
 
+struct ib_mr *rdma_cm_rs_alloc_mr(struct ib_pd *pd, u32 max_num_sg);
+int rdma_cm_rs_dereg_mr(struct ib_mr *mr);
+int rdma_cm_rs_map_mr(struct ib_mr *mr, u64 dma_addr, u32 len);
+void rdma_cm_rs_update_fast_reg_key(struct ib_mr *mr, u8 newkey);
+void rdma_cm_rs_copy(void *dst, const void *src, size_t len);
+
 #endif /* RDMA_CM_RS_HELPERS_H */

@@ -308,10 +308,19 @@ impl<H: Handler> CmId<H> {
     }
 }
 
+/// The queue of deferred destructions: unbound and for long work, since
+/// `rdma_destroy_id` waits for the id's handlers and its device.  (7.3
+/// deprecates `system_wq`, the queue `workqueue::system()` returns.)
+fn destroy_queue() -> &'static workqueue::Queue {
+    // SAFETY: `system_dfl_long_wq` is a C global, set up before any module
+    // loads and never freed.
+    unsafe { workqueue::Queue::from_raw(bindings::system_dfl_long_wq) }
+}
+
 fn spawn_destroy<H: Handler>(inner: Arc<IdInner<H>>) -> Result {
     DEFERRED_DESTROYS.fetch_add(1, Ordering::AcqRel);
     let keep = inner.clone();
-    match workqueue::system().try_spawn(GFP_ATOMIC, move || {
+    match destroy_queue().try_spawn(GFP_ATOMIC, move || {
         destroy_now(&inner);
         drop(inner);
         DEFERRED_DESTROYS.fetch_sub(1, Ordering::AcqRel);

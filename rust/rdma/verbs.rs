@@ -15,7 +15,7 @@
 //!   its posts with `ENOTCONN`.
 //! * A QP keeps its PD and CQ alive; they are freed after it.
 
-use super::{bindings, cm::LockedId};
+use super::{bindings, cm::LockedId, mr::WorkDone};
 use core::{
     ptr::{self, NonNull},
     sync::atomic::{AtomicPtr, Ordering},
@@ -62,9 +62,13 @@ impl Pd {
         unsafe { (*self.raw.as_ptr()).local_dma_lkey }
     }
 
-    fn device(&self) -> *mut bindings::ib_device {
+    pub(crate) fn device(&self) -> *mut bindings::ib_device {
         // SAFETY: The PD is live (type invariants).
         unsafe { (*self.raw.as_ptr()).device }
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut bindings::ib_pd {
+        self.raw.as_ptr()
     }
 }
 
@@ -86,6 +90,34 @@ pub trait CompletionHandler: Send + Sync + 'static {
     fn recv_done(&self, buf: RecvBuffer, result: Result<usize>);
     /// A send completed.
     fn send_done(&self, buf: SendBuffer, result: Result);
+
+    /// A memory work request (registration, invalidation, RDMA READ or
+    /// WRITE, see [`super::mr`]) completed.  Errors: `EACCES` for a remote
+    /// access error (bad key, range or permission at the peer),
+    /// `EHOSTUNREACH` when the transport's retries ran out, `ECANCELED` when the QP was flushed,
+    /// `EIO` otherwise.  The default logs failures other than flushes.
+    fn work_done(&self, done: WorkDone, result: Result) {
+        if let Err(e) = result {
+            if e != ECANCELED {
+                pr_warn!(
+                    "rdma_cm_rs: {:?} (tag {}) failed: {:?}\n",
+                    done.op,
+                    done.tag,
+                    e
+                );
+            }
+        }
+    }
+}
+
+/// The handler of a CQ's completions.
+///
+/// # Safety
+///
+/// `cq` must be live, with a `Cq<C>` as its context, for `'a`.
+pub(crate) unsafe fn handler_of<'a, C: CompletionHandler>(cq: *mut bindings::ib_cq) -> &'a C {
+    // SAFETY: By the safety requirements.
+    unsafe { &(*(*cq).cq_context.cast::<Cq<C>>()).handler }
 }
 
 /// A completion queue (`ib_alloc_cq`, polled from a workqueue).
@@ -421,6 +453,25 @@ impl<C: CompletionHandler> Qp<C> {
         self.qp_num
     }
 
+    /// Posts one send-queue work request that `fill` completes from a
+    /// zeroed one (returning the request to post, which may embed it) while
+    /// the QP is locked.  The caller keeps whatever the request points to
+    /// alive until its completion.
+    pub(crate) fn post_send_raw(
+        &self,
+        fill: impl FnOnce(&mut bindings::ib_send_wr) -> *const bindings::ib_send_wr,
+    ) -> Result {
+        let guard = self.raw.lock();
+        let Some(raw) = *guard else {
+            return Err(ENOTCONN);
+        };
+        let mut wr: bindings::ib_send_wr = pin_init::zeroed();
+        let wr = fill(&mut wr);
+        // SAFETY: `raw` is live under the lock; `wr` and what it points to
+        // live across the call (the caller's contract).
+        kernel::error::to_result(unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr) })
+    }
+
     /// Posts a receive of the buffer's full capacity.  On failure the buffer
     /// comes back with the error.
     pub fn post_recv(&self, buf: RecvBuffer) -> core::result::Result<(), (Error, RecvBuffer)> {
@@ -491,10 +542,14 @@ impl<C: CompletionHandler> QpTeardown for Qp<C> {
     }
 }
 
-fn wc_result(wc: &bindings::ib_wc) -> Result {
+/// A work completion's status as a result.
+pub(crate) fn wc_result(wc: &bindings::ib_wc) -> Result {
     match wc.status {
         bindings::ib_wc_status_IB_WC_SUCCESS => Ok(()),
         bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR => Err(ECANCELED),
+        bindings::ib_wc_status_IB_WC_REM_ACCESS_ERR => Err(EACCES),
+        bindings::ib_wc_status_IB_WC_RETRY_EXC_ERR
+        | bindings::ib_wc_status_IB_WC_RNR_RETRY_EXC_ERR => Err(EHOSTUNREACH),
         _ => Err(EIO),
     }
 }
@@ -510,7 +565,7 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
     // SAFETY: By the safety requirements.
     let mut buf = unsafe { Buffer::from_wc(wc) };
     // SAFETY: The CQ is live during its callback; its context is the `Cq<C>`.
-    let handler = unsafe { &(*(*cq).cq_context.cast::<Cq<C>>()).handler };
+    let handler = unsafe { handler_of::<C>(cq) };
     // SAFETY: `wc` is valid during the callback.
     let wc = unsafe { &*wc };
     let result = wc_result(wc).map(|()| {
@@ -532,7 +587,7 @@ unsafe extern "C" fn send_done<C: CompletionHandler>(
     // SAFETY: By the safety requirements.
     let buf = unsafe { Buffer::from_wc(wc) };
     // SAFETY: As in `recv_done`.
-    let handler = unsafe { &(*(*cq).cq_context.cast::<Cq<C>>()).handler };
+    let handler = unsafe { handler_of::<C>(cq) };
     // SAFETY: `wc` is valid during the callback.
     let result = wc_result(unsafe { &*wc });
     handler.send_done(SendBuffer(buf), result);

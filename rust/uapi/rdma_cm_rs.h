@@ -237,6 +237,80 @@ struct rdma_cm_rs_recv {
 	__u32 reserved;
 };
 
+/*
+ * Registered memory and RDMA READ/WRITE, on a connection the module made
+ * (after CONNECT or ACCEPT).  A region is module memory registered with fast
+ * registration (FRWR) on the connection's QP; its handle is local to the id.
+ * The QP's RDMA READ depth comes from the connection parameters: a side that
+ * issues READs needs initiator_depth >= 1, a side that serves them
+ * responder_resources >= 1.
+ */
+#define RDMA_CM_RS_MAX_MR_LEN (1U << 20)	/* bytes in one region */
+#define RDMA_CM_RS_MAX_MRS 8			/* regions per connection */
+
+#define RDMA_CM_RS_ACCESS_REMOTE_READ (1U << 0)
+#define RDMA_CM_RS_ACCESS_REMOTE_WRITE (1U << 1)
+
+/*
+ * RDMA_CM_RS_IOC_MR_REG: allocates a zeroed region, registers it with the
+ * given remote access under a fresh key, and returns after the registration
+ * completed.  addr and rkey are what the peer puts in its work requests.
+ */
+struct rdma_cm_rs_mr_reg {
+	__u32 id;
+	__u32 access;			/* in: RDMA_CM_RS_ACCESS_* */
+	__u32 length;			/* in: 1..RDMA_CM_RS_MAX_MR_LEN */
+	__u32 timeout_ms;		/* in: 0 = 5000 */
+	__u64 addr;			/* out */
+	__u32 rkey;			/* out */
+	__u32 mr;			/* out: handle, never 0 */
+	__u64 reserved[2];
+};
+
+/*
+ * RDMA_CM_RS_IOC_MR_DEREG: invalidates the registration (LOCAL_INV), then
+ * deregisters and frees the region.  Once it returns the peer's key grants
+ * nothing: its accesses fail with a remote access error.
+ */
+struct rdma_cm_rs_mr_cmd {
+	__u32 id;
+	__u32 mr;
+	__u32 timeout_ms;		/* for the invalidation; 0 = 5000 */
+	__u32 reserved;
+};
+
+/* RDMA_CM_RS_IOC_MR_WRITE (user to region), RDMA_CM_RS_IOC_MR_READ (region to user). */
+struct rdma_cm_rs_mr_copy {
+	__u32 id;
+	__u32 mr;
+	__u32 offset;			/* offset + len <= the region's length */
+	__u32 len;			/* >= 1 */
+	__u64 buf;			/* user pointer */
+};
+
+/*
+ * RDMA_CM_RS_IOC_RDMA: one RDMA READ (peer memory into the region) or WRITE
+ * (the region into peer memory) of len bytes, returning after its
+ * completion.  A failed work request returns -EACCES for a remote access
+ * error (bad key, range or rights at the peer), -EHOSTUNREACH when the
+ * transport's retries ran out, -ECANCELED when the QP was already in error,
+ * -EIO otherwise; the QP is in error after any of them.  -ETIMEDOUT means
+ * no completion came within timeout_ms.
+ */
+#define RDMA_CM_RS_RDMA_READ 1
+#define RDMA_CM_RS_RDMA_WRITE 2
+struct rdma_cm_rs_rdma {
+	__u32 id;
+	__u32 opcode;			/* RDMA_CM_RS_RDMA_* */
+	__u32 mr;
+	__u32 offset;			/* in the region */
+	__u32 len;			/* >= 1, offset + len <= the region's length */
+	__u32 rkey;			/* the peer's remote key */
+	__u64 remote_addr;		/* the peer's address */
+	__u32 timeout_ms;		/* 0 = 5000 */
+	__u32 reserved;
+};
+
 #define RDMA_CM_RS_IOCTL_MAGIC 0xD7
 
 #define RDMA_CM_RS_IOC_INFO		_IOR(RDMA_CM_RS_IOCTL_MAGIC, 0x00, struct rdma_cm_rs_info)
@@ -255,5 +329,10 @@ struct rdma_cm_rs_recv {
 #define RDMA_CM_RS_IOC_GET_EVENT	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x0d, struct rdma_cm_rs_get_event)
 #define RDMA_CM_RS_IOC_SEND		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x0e, struct rdma_cm_rs_send)
 #define RDMA_CM_RS_IOC_RECV		_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x0f, struct rdma_cm_rs_recv)
+#define RDMA_CM_RS_IOC_MR_REG		_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x10, struct rdma_cm_rs_mr_reg)
+#define RDMA_CM_RS_IOC_MR_DEREG		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x11, struct rdma_cm_rs_mr_cmd)
+#define RDMA_CM_RS_IOC_MR_WRITE		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x12, struct rdma_cm_rs_mr_copy)
+#define RDMA_CM_RS_IOC_MR_READ		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x13, struct rdma_cm_rs_mr_copy)
+#define RDMA_CM_RS_IOC_RDMA		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x14, struct rdma_cm_rs_rdma)
 
 #endif /* _UAPI_RDMA_CM_RS_H */

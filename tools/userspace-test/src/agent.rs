@@ -7,11 +7,12 @@
 //!
 //! Requests:
 //!   serve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N] [disc=self]
+//!         [rdma=LEN [rdmamode=full|victim]]   (see `rdma_peer`)
 //!   connect addr=A data=HEX [rr= id= retry= rnr=] [msg=HEX] [disc=self|peer|none]
 //!   multi addr=A count=N      (then the suite sends "close")
 
-use crate::cm::{self, Channel, Conn, Param};
-use crate::payload::{hex, unhex};
+use crate::cm::{self, Channel, Conn, Param, RdmaOp};
+use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex};
 use crate::report::{EV_CONNECT_REQUEST, EV_DISCONNECTED, EV_ESTABLISHED};
 use anyhow::{anyhow, bail, Context, Result};
 use std::{
@@ -127,6 +128,10 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         conn.accept(&Param::with_data(&req.bytes("accept")?))?;
         let est = ch.expect(EV_ESTABLISHED, T)?;
         let _ = write!(report, "est{n}={} ", hex(&est.private_data));
+        if let Some(len) = req.get("rdma") {
+            let len = len.parse().context("rdma=")?;
+            rdma_peer(&mut conn, len, req.get("rdmamode"), &mut report)?;
+        }
         for i in 0..req.num("echo", 0)? {
             let msg = conn.recv(T)?;
             if i == 0 {
@@ -141,6 +146,49 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         let _ = write!(report, "disc{n}={} ", disc.name());
     }
     Ok(report.trim_end().to_string())
+}
+
+/// Seeds of the buffers of the RDMA exchange, shared with the suite.
+pub const SEED_PEER_REGION: u8 = 0x51;
+pub const SEED_PEER_WRITES: u8 = 0x52;
+
+/// The librdmacm side of the RDMA scenarios.  It registers a region of
+/// `len` bytes ([`SEED_PEER_REGION`] pattern, remote read and write) and
+/// SENDs its advertisement (rping's format).  `victim` stops there.  `full`
+/// then waits for the module's advertisement (sent once the module has read
+/// and written the peer's region), reports its own region (`region=`), RDMA
+/// READs the module's region (`read=`, `read_status=`), RDMA WRITEs the
+/// [`SEED_PEER_WRITES`] pattern into it (`write_status=`), SENDs `written`,
+/// waits for `dereg` and tries one more WRITE with the now stale key
+/// (`stale=`, the completion status).
+fn rdma_peer(conn: &mut Conn, len: usize, mode: Option<&str>, report: &mut String) -> Result<()> {
+    let region = conn.add_region(&pattern(len, SEED_PEER_REGION), true, true)?;
+    let (addr, rkey, rlen) = conn.region_key(region);
+    conn.send(&advert(addr, rkey, rlen))?;
+    if mode == Some("victim") {
+        return Ok(());
+    }
+    let (maddr, mkey, mlen) = parse_advert(&conn.recv(T)?)?;
+    let _ = write!(report, "region={:016x} ", fnv64(conn.region(region)));
+    let scratch = conn.add_region(&vec![0; mlen as usize], false, false)?;
+    let st = conn.rdma(RdmaOp::Read, scratch, 0, mlen, maddr, mkey)?;
+    let _ = write!(
+        report,
+        "read_status={st} read={:016x} ",
+        fnv64(conn.region(scratch))
+    );
+    conn.region_mut(scratch)
+        .copy_from_slice(&pattern(mlen as usize, SEED_PEER_WRITES));
+    let st = conn.rdma(RdmaOp::Write, scratch, 0, mlen, maddr, mkey)?;
+    let _ = write!(report, "write_status={st} ");
+    conn.send(b"written")?;
+    let m = conn.recv(T)?;
+    if m != b"dereg" {
+        bail!("expected \"dereg\", got {}", hex(&m));
+    }
+    let st = conn.rdma(RdmaOp::Write, scratch, 0, 16.min(mlen), maddr, mkey)?;
+    let _ = write!(report, "stale={st} ");
+    Ok(())
 }
 
 fn connect(req: &Req) -> Result<String> {

@@ -296,6 +296,15 @@ pub struct Conn {
     send_buf: Box<[u8]>,
     recv_mr: *mut ibv_mr,
     send_mr: *mut ibv_mr,
+    /// Regions for RDMA, with their MRs.
+    regions: Vec<(Box<[u8]>, *mut ibv_mr)>,
+}
+
+/// The RDMA operations [`Conn::rdma`] posts.
+#[derive(Clone, Copy, Debug)]
+pub enum RdmaOp {
+    Read,
+    Write,
 }
 
 // SAFETY: Used by one thread at a time.
@@ -315,6 +324,7 @@ impl Conn {
             send_buf: vec![0u8; MSG].into_boxed_slice(),
             recv_mr: ptr::null_mut(),
             send_mr: ptr::null_mut(),
+            regions: Vec::new(),
         };
         // On error `conn` is dropped, which frees what was made.
         // SAFETY: `id` is live and bound to a device, so `verbs` is set.
@@ -425,7 +435,107 @@ impl Conn {
         check(unsafe { rdma_disconnect(self.id) }, "rdma_disconnect")
     }
 
+    /// Registers a region holding `data` with local write access and the
+    /// remote access asked for; returns its index.
+    pub fn add_region(
+        &mut self,
+        data: &[u8],
+        remote_read: bool,
+        remote_write: bool,
+    ) -> Result<usize> {
+        let mut buf = data.to_vec().into_boxed_slice();
+        let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        if remote_read {
+            access |= ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        }
+        if remote_write {
+            access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        // SAFETY: The buffer moves into `regions` with the MR and is freed
+        // only after the MR is deregistered (drop).
+        let mr = unsafe { ibv_reg_mr(self.pd, buf.as_mut_ptr().cast(), buf.len(), access as i32) };
+        if mr.is_null() {
+            return Err(errno("ibv_reg_mr (is `ulimit -l` unlimited?)"));
+        }
+        self.regions.push((buf, mr));
+        Ok(self.regions.len() - 1)
+    }
+
+    /// What a peer needs to reach region `i`: (address, rkey, length).
+    pub fn region_key(&self, i: usize) -> (u64, u32, u32) {
+        let (buf, mr) = &self.regions[i];
+        // SAFETY: Live MR.
+        (
+            buf.as_ptr() as u64,
+            unsafe { (**mr).rkey },
+            buf.len() as u32,
+        )
+    }
+
+    /// Region `i`'s bytes (the peer may have written them).
+    pub fn region(&self, i: usize) -> &[u8] {
+        &self.regions[i].0
+    }
+
+    pub fn region_mut(&mut self, i: usize) -> &mut [u8] {
+        &mut self.regions[i].0
+    }
+
+    /// One RDMA READ (into) or WRITE (from) region `i` at `offset`, waited
+    /// for; returns the work completion status (0 = IBV_WC_SUCCESS).
+    pub fn rdma(
+        &mut self,
+        op: RdmaOp,
+        i: usize,
+        offset: usize,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<u32> {
+        let (buf, mr) = &self.regions[i];
+        if offset + len as usize > buf.len() {
+            bail!("{len} bytes at {offset} are outside region {i}");
+        }
+        let mut sge = ibv_sge {
+            addr: buf[offset..].as_ptr() as u64,
+            length: len,
+            // SAFETY: Live MR.
+            lkey: unsafe { (**mr).lkey },
+        };
+        // SAFETY: All-zero is a valid work request; the fields used are set.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = 2;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = match op {
+            RdmaOp::Read => ibv_wr_opcode::IBV_WR_RDMA_READ,
+            RdmaOp::Write => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        };
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.wr.rdma.remote_addr = remote_addr;
+        wr.wr.rdma.rkey = rkey;
+        let mut bad = ptr::null_mut();
+        // SAFETY: Live QP; the local range lies inside a registered region
+        // that is not touched until the completion below.
+        let r = unsafe { ibv_post_send((*self.id).qp, &mut wr, &mut bad) };
+        if r != 0 {
+            bail!("ibv_post_send: {}", std::io::Error::from_raw_os_error(r));
+        }
+        let wc =
+            Self::poll_any(self.send_cq, Duration::from_secs(10)).context("RDMA completion")?;
+        Ok(wc.status)
+    }
+
     fn poll(cq: *mut ibv_cq, timeout: Duration) -> Result<ibv_wc> {
+        let wc = Self::poll_any(cq, timeout)?;
+        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+            bail!("work completion status {}", wc.status);
+        }
+        Ok(wc)
+    }
+
+    /// The next completion, whatever its status.
+    fn poll_any(cq: *mut ibv_cq, timeout: Duration) -> Result<ibv_wc> {
         let deadline = Instant::now() + timeout;
         loop {
             // SAFETY: Zeroed wc is valid output space.
@@ -436,9 +546,6 @@ impl Conn {
                 bail!("ibv_poll_cq failed");
             }
             if n == 1 {
-                if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
-                    bail!("work completion status {}", wc.status);
-                }
                 return Ok(wc);
             }
             if Instant::now() >= deadline {
@@ -495,6 +602,9 @@ impl Drop for Conn {
         unsafe {
             if self.has_qp {
                 rdma_destroy_qp(self.id);
+            }
+            for (_, mr) in self.regions.drain(..) {
+                ibv_dereg_mr(mr);
             }
             for mr in [self.recv_mr, self.send_mr] {
                 if !mr.is_null() {

@@ -43,6 +43,34 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// rping's 16-byte buffer advertisement: big-endian address, rkey, length.
+pub fn advert(addr: u64, rkey: u32, len: u32) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a[..8].copy_from_slice(&addr.to_be_bytes());
+    a[8..12].copy_from_slice(&rkey.to_be_bytes());
+    a[12..].copy_from_slice(&len.to_be_bytes());
+    a
+}
+
+/// Parses [`advert`]'s format: (address, rkey, length).
+pub fn parse_advert(a: &[u8]) -> Result<(u64, u32, u32)> {
+    if a.len() != 16 {
+        bail!("an advertisement is 16 bytes, not {}", a.len());
+    }
+    Ok((
+        u64::from_be_bytes(a[..8].try_into()?),
+        u32::from_be_bytes(a[8..12].try_into()?),
+        u32::from_be_bytes(a[12..].try_into()?),
+    ))
+}
+
+/// FNV-1a, to report a large buffer's contents on one line.
+pub fn fnv64(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 /// `len` bytes of printable text (`0123456789abcdefghijklmnopqrstuvwxyz`
 /// over and over), for limits tried by hand.
 pub fn text_of_len(len: usize) -> Vec<u8> {

@@ -2,8 +2,8 @@
 //! The KTAP suite: each scenario drives the module through ioctls and a real
 //! librdmacm peer through the agent, and asserts what both sides saw.
 
-use crate::agent::Call;
-use crate::payload::{hex, pattern, unhex, verify, verify_padded};
+use crate::agent::{Call, SEED_PEER_REGION, SEED_PEER_WRITES};
+use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex, verify, verify_padded};
 use crate::report::Ktap;
 use crate::uapi::*;
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -62,6 +62,8 @@ const TESTS: &[(&str, Test)] = &[
     ("accept_with_request_param", accept_with_request_param),
     ("conn_param_negotiation", conn_param_negotiation),
     ("messages_1_to_4096_bytes_both_ways", messages_all_sizes),
+    ("rdma_read_write_both_ways", rdma_read_write),
+    ("rdma_bad_key_and_bad_requests", rdma_errors),
     ("hundred_connections", hundred_connections),
     ("backlog_enforced", backlog_enforced),
     ("options_and_their_effects", options),
@@ -553,6 +555,251 @@ fn messages_all_sizes(ctx: &mut Ctx) -> Result<()> {
     wait(&dev, EV_DISCONNECTED)?;
     let r = call.result()?;
     ensure!(field(&r, "disc0")? == "DISCONNECTED");
+    Ok(())
+}
+
+const SEED_MODULE_WRITES: u8 = 0x61;
+const SEED_MODULE_REGION: u8 = 0x62;
+const REMOTE_RW: u32 = RDMA_CM_RS_ACCESS_REMOTE_READ | RDMA_CM_RS_ACCESS_REMOTE_WRITE;
+/// IBV_WC_REM_ACCESS_ERR.
+const WC_REM_ACCESS_ERR: u32 = 10;
+
+/// RDMA READ and WRITE in both directions between a module region and a
+/// librdmacm region, across page boundaries (64 KiB + 3 bytes, offsets not
+/// aligned), and a peer's write with the key of a deregistered region.
+fn rdma_read_write(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let n = 65536 + 3;
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let mut call = Call::start(
+        &ctx.agent,
+        &format!("serve addr={addr} count=1 accept=- rdma={n} rdmamode=full disc=self"),
+    )?;
+    call.ready()?;
+    let id = resolve(&dev, addr)?;
+    // Both depths 1: the module reads, and serves the peer's read.
+    dev.connect(id, &Param::with_data(b"rdma"))?;
+    wait(&dev, EV_ESTABLISHED)?;
+    let (paddr, pkey, plen) = parse_advert(&dev.recv(id, 4096, T)?)?;
+    ensure!(plen as usize == n, "peer advertised {plen} bytes");
+    let (mr, maddr, mkey) = dev.mr_reg(id, n as u32, REMOTE_RW)?;
+    ensure!(mr != 0, "region handle 0");
+    verify(
+        "new region is zeroed",
+        &vec![0; n],
+        &dev.mr_read(id, mr, 0, n)?,
+    )?;
+    // The whole peer region, then a sub-range at odd offsets on both sides.
+    dev.rdma(id, RDMA_CM_RS_RDMA_READ, mr, 0, plen, paddr, pkey)
+        .context("RDMA READ of the peer's region")?;
+    let peer = pattern(n, SEED_PEER_REGION);
+    verify("RDMA READ", &peer, &dev.mr_read(id, mr, 0, n)?)?;
+    dev.mr_write(id, mr, 0, &vec![0; n])?;
+    dev.rdma(id, RDMA_CM_RS_RDMA_READ, mr, 100, 5000, paddr + 1000, pkey)?;
+    let got = dev.mr_read(id, mr, 0, 5200)?;
+    verify("RDMA READ at offsets", &peer[1000..6000], &got[100..5100])?;
+    verify("bytes around the READ untouched", &[0; 100], &got[..100])?;
+    verify("bytes after the READ untouched", &[0; 100], &got[5100..])?;
+    // Module WRITE into the peer's region.
+    let writes = pattern(n, SEED_MODULE_WRITES);
+    dev.mr_write(id, mr, 0, &writes)?;
+    dev.rdma(id, RDMA_CM_RS_RDMA_WRITE, mr, 0, plen, paddr, pkey)
+        .context("RDMA WRITE into the peer's region")?;
+    // Now the peer's turn on the module's region.
+    let region = pattern(n, SEED_MODULE_REGION);
+    dev.mr_write(id, mr, 0, &region)?;
+    dev.send(id, &advert(maddr, mkey, n as u32))?;
+    verify("peer: done", b"written", &dev.recv(id, 4096, T)?)?;
+    verify(
+        "peer's RDMA WRITE into the module's region",
+        &pattern(n, SEED_PEER_WRITES),
+        &dev.mr_read(id, mr, 0, n)?,
+    )?;
+    dev.mr_dereg(id, mr)?;
+    expect_errno(
+        "read a deregistered region",
+        dev.mr_read(id, mr, 0, 1),
+        libc::EINVAL,
+    )?;
+    expect_errno("deregister twice", dev.mr_dereg(id, mr), libc::EINVAL)?;
+    dev.send(id, b"dereg")?;
+    // The peer disconnects after its stale write.
+    let d = wait(&dev, EV_DISCONNECTED)?;
+    ensure!(d.id == id, "DISCONNECTED on id {}", d.id);
+    dev.disconnect(id)?;
+    let r = call.result()?;
+    let hash = |v: &[u8]| format!("{:016x}", fnv64(v));
+    ensure!(
+        field(&r, "region")? == hash(&writes),
+        "module's WRITE seen by the peer: {r:?}"
+    );
+    ensure!(field(&r, "read_status")? == "0", "peer's READ: {r:?}");
+    ensure!(
+        field(&r, "read")? == hash(&region),
+        "peer's READ of the module's region: {r:?}"
+    );
+    ensure!(field(&r, "write_status")? == "0", "peer's WRITE: {r:?}");
+    ensure!(
+        field(&r, "stale")? == WC_REM_ACCESS_ERR.to_string(),
+        "a WRITE with a deregistered region's key must fail with a remote access error: {r:?}"
+    );
+    Ok(())
+}
+
+/// What the module refuses before posting (EINVAL, ENOSPC, EFAULT,
+/// ENOTCONN), then a READ with a wrong key: EACCES from the peer, after
+/// which the QP is in error and flushes (ECANCELED).
+fn rdma_errors(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let unconnected = dev.create_id(0)?;
+    expect_errno(
+        "MR_REG without a connection",
+        dev.mr_reg(unconnected, 4096, 0),
+        libc::ENOTCONN,
+    )?;
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let mut call = Call::start(
+        &ctx.agent,
+        &format!("serve addr={addr} count=1 accept=- rdma=4096 rdmamode=victim"),
+    )?;
+    call.ready()?;
+    let id = resolve(&dev, addr)?;
+    dev.connect(id, &Param::with_data(b"rdma"))?;
+    wait(&dev, EV_ESTABLISHED)?;
+    let (paddr, pkey, plen) = parse_advert(&dev.recv(id, 4096, T)?)?;
+    let max = RDMA_CM_RS_MAX_MR_LEN;
+    expect_errno("MR_REG of 0 bytes", dev.mr_reg(id, 0, 0), libc::EINVAL)?;
+    expect_errno(
+        "MR_REG over the limit",
+        dev.mr_reg(id, max + 1, 0),
+        libc::EINVAL,
+    )?;
+    expect_errno(
+        "MR_REG unknown access bit",
+        dev.mr_reg(id, 4096, 4),
+        libc::EINVAL,
+    )?;
+    let mut regs = Vec::new();
+    for i in 0..RDMA_CM_RS_MAX_MRS {
+        let len = if i == 0 { max } else { 4096 };
+        regs.push(
+            dev.mr_reg(id, len, REMOTE_RW)
+                .with_context(|| format!("region {i}"))?,
+        );
+    }
+    expect_errno("one region too many", dev.mr_reg(id, 4096, 0), libc::ENOSPC)?;
+    let keys: std::collections::BTreeSet<_> = regs.iter().map(|r| r.2).collect();
+    ensure!(keys.len() == regs.len(), "remote keys repeat: {regs:?}");
+    for r in &regs[2..] {
+        dev.mr_dereg(id, r.0)?;
+    }
+    let (big, small) = (regs[0].0, regs[1].0);
+    // The largest region works end to end.
+    dev.mr_write(id, big, max - 4096, &pattern(4096, 7))?;
+    verify(
+        "last page of a 1 MiB region",
+        &pattern(4096, 7),
+        &dev.mr_read(id, big, max - 4096, 4096)?,
+    )?;
+    expect_errno(
+        "MR_READ past the end",
+        dev.mr_read(id, small, 4000, 97),
+        libc::EINVAL,
+    )?;
+    expect_errno(
+        "MR_READ of 0 bytes",
+        dev.mr_read(id, small, 0, 0),
+        libc::EINVAL,
+    )?;
+    expect_errno(
+        "MR_READ unknown region",
+        dev.mr_read(id, 99, 0, 1),
+        libc::EINVAL,
+    )?;
+    let mut bad = rdma_cm_rs_mr_copy {
+        id,
+        mr: small,
+        offset: 0,
+        len: 16,
+        buf: 8,
+    };
+    expect_errno(
+        "MR_WRITE from a bad pointer",
+        dev.raw_ioctl(IOC_MR_WRITE, &mut bad as *mut _ as usize),
+        libc::EFAULT,
+    )?;
+    expect_errno(
+        "MR_READ to a bad pointer",
+        dev.raw_ioctl(IOC_MR_READ, &mut bad as *mut _ as usize),
+        libc::EFAULT,
+    )?;
+    let rd = RDMA_CM_RS_RDMA_READ;
+    expect_errno(
+        "RDMA opcode 3",
+        dev.rdma(id, 3, small, 0, 16, paddr, pkey),
+        libc::EINVAL,
+    )?;
+    expect_errno(
+        "RDMA of 0 bytes",
+        dev.rdma(id, rd, small, 0, 0, paddr, pkey),
+        libc::EINVAL,
+    )?;
+    expect_errno(
+        "RDMA past the region",
+        dev.rdma(id, rd, small, 4090, 7, paddr, pkey),
+        libc::EINVAL,
+    )?;
+    expect_errno(
+        "RDMA unknown region",
+        dev.rdma(id, rd, 42, 0, 16, paddr, pkey),
+        libc::EINVAL,
+    )?;
+    expect_errno(
+        "RDMA remote address wraps",
+        dev.rdma(id, rd, small, 0, 16, u64::MAX - 8, pkey),
+        libc::EINVAL,
+    )?;
+    let mut reserved = rdma_cm_rs_rdma {
+        id,
+        opcode: rd,
+        mr: small,
+        len: 16,
+        rkey: pkey,
+        remote_addr: paddr,
+        reserved: 1,
+        ..Default::default()
+    };
+    expect_errno(
+        "RDMA reserved field",
+        dev.raw_ioctl(IOC_RDMA, &mut reserved as *mut _ as usize),
+        libc::EINVAL,
+    )?;
+    // A good READ first, so that a failure below is the key's.
+    dev.rdma(id, rd, small, 0, plen, paddr, pkey)?;
+    verify(
+        "READ",
+        &pattern(4096, SEED_PEER_REGION),
+        &dev.mr_read(id, small, 0, 4096)?,
+    )?;
+    expect_errno(
+        "READ with a wrong key",
+        dev.rdma(id, rd, small, 0, 16, paddr, pkey ^ 0x5a00),
+        libc::EACCES,
+    )?;
+    expect_errno(
+        "READ on a QP in error",
+        dev.rdma(id, rd, small, 0, 16, paddr, pkey),
+        libc::ECANCELED,
+    )?;
+    // Deregistration still works (the invalidation is flushed).
+    dev.mr_dereg(id, small)?;
+    dev.disconnect(id)?;
+    wait(&dev, EV_DISCONNECTED)?;
+    let r = call.result()?;
+    ensure!(field(&r, "disc0")? == "DISCONNECTED", "peer: {r:?}");
+    dev.destroy(unconnected)?;
+    // `big` goes with the file.
+    let _ = big;
     Ok(())
 }
 

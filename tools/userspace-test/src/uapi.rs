@@ -49,6 +49,11 @@ pub const IOC_QUERY: u32 = iowr::<rdma_cm_rs_query>(0x0c);
 pub const IOC_GET_EVENT: u32 = iowr::<rdma_cm_rs_get_event>(0x0d);
 pub const IOC_SEND: u32 = iow::<rdma_cm_rs_send>(0x0e);
 pub const IOC_RECV: u32 = iowr::<rdma_cm_rs_recv>(0x0f);
+pub const IOC_MR_REG: u32 = iowr::<rdma_cm_rs_mr_reg>(0x10);
+pub const IOC_MR_DEREG: u32 = iow::<rdma_cm_rs_mr_cmd>(0x11);
+pub const IOC_MR_WRITE: u32 = iow::<rdma_cm_rs_mr_copy>(0x12);
+pub const IOC_MR_READ: u32 = iow::<rdma_cm_rs_mr_copy>(0x13);
+pub const IOC_RDMA: u32 = iow::<rdma_cm_rs_rdma>(0x14);
 
 pub use crate::report::{
     event_name, EV_ADDR_ERROR, EV_ADDR_RESOLVED, EV_CONNECT_REQUEST, EV_DISCONNECTED,
@@ -383,6 +388,83 @@ impl Device {
         self.call(IOC_SEND, &mut s)
     }
 
+    /// MR_REG: a region of `length` bytes with `access`
+    /// (`RDMA_CM_RS_ACCESS_*`); returns (handle, addr, rkey).
+    pub fn mr_reg(&self, id: u32, length: u32, access: u32) -> Result<(u32, u64, u32)> {
+        let mut r = rdma_cm_rs_mr_reg {
+            id,
+            access,
+            length,
+            timeout_ms: 5000,
+            ..Default::default()
+        };
+        self.call(IOC_MR_REG, &mut r)?;
+        Ok((r.mr, r.addr, r.rkey))
+    }
+
+    pub fn mr_dereg(&self, id: u32, mr: u32) -> Result<()> {
+        let mut c = rdma_cm_rs_mr_cmd {
+            id,
+            mr,
+            timeout_ms: 5000,
+            reserved: 0,
+        };
+        self.call(IOC_MR_DEREG, &mut c)
+    }
+
+    /// MR_WRITE: `data` into the region at `offset`.
+    pub fn mr_write(&self, id: u32, mr: u32, offset: u32, data: &[u8]) -> Result<()> {
+        let mut c = rdma_cm_rs_mr_copy {
+            id,
+            mr,
+            offset,
+            len: data.len() as u32,
+            buf: data.as_ptr() as u64,
+        };
+        self.call(IOC_MR_WRITE, &mut c)
+    }
+
+    /// MR_READ: `len` bytes of the region at `offset`.
+    pub fn mr_read(&self, id: u32, mr: u32, offset: u32, len: usize) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        let mut c = rdma_cm_rs_mr_copy {
+            id,
+            mr,
+            offset,
+            len: len as u32,
+            buf: buf.as_mut_ptr() as u64,
+        };
+        self.call(IOC_MR_READ, &mut c)?;
+        Ok(buf)
+    }
+
+    /// RDMA: one READ or WRITE (`RDMA_CM_RS_RDMA_*`) of `len` bytes between
+    /// the region at `offset` and the peer's `remote_addr`/`rkey`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rdma(
+        &self,
+        id: u32,
+        opcode: u32,
+        mr: u32,
+        offset: u32,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<()> {
+        let mut c = rdma_cm_rs_rdma {
+            id,
+            opcode,
+            mr,
+            offset,
+            len,
+            rkey,
+            remote_addr,
+            timeout_ms: 5000,
+            reserved: 0,
+        };
+        self.call(IOC_RDMA, &mut c)
+    }
+
     pub fn recv(&self, id: u32, capacity: usize, timeout_ms: u32) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; capacity];
         let mut r = rdma_cm_rs_recv {
@@ -449,6 +531,17 @@ mod tests {
         assert_eq!(offset_of!(rdma_cm_rs_reject, reserved), 5);
         assert_eq!(offset_of!(rdma_cm_rs_reject, private_data_len), 6);
         assert_eq!(offset_of!(rdma_cm_rs_reject, private_data), 8);
+
+        assert_eq!(size_of::<rdma_cm_rs_mr_reg>(), 48);
+        assert_eq!(offset_of!(rdma_cm_rs_mr_reg, addr), 16);
+        assert_eq!(offset_of!(rdma_cm_rs_mr_reg, rkey), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_mr_reg, mr), 28);
+        assert_eq!(size_of::<rdma_cm_rs_mr_cmd>(), 16);
+        assert_eq!(size_of::<rdma_cm_rs_mr_copy>(), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_mr_copy, buf), 16);
+        assert_eq!(size_of::<rdma_cm_rs_rdma>(), 40);
+        assert_eq!(offset_of!(rdma_cm_rs_rdma, remote_addr), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_rdma, timeout_ms), 32);
 
         assert_eq!(size_of::<rdma_cm_rs_set_option>(), 16);
         assert_eq!(offset_of!(rdma_cm_rs_set_option, value), 8);
@@ -536,6 +629,11 @@ mod tests {
         assert_eq!(IOC_GET_EVENT, 0xc148_d70d);
         assert_eq!(IOC_SEND, 0x4018_d70e);
         assert_eq!(IOC_RECV, 0xc018_d70f);
+        assert_eq!(IOC_MR_REG, 0xc030_d710);
+        assert_eq!(IOC_MR_DEREG, 0x4010_d711);
+        assert_eq!(IOC_MR_WRITE, 0x4018_d712);
+        assert_eq!(IOC_MR_READ, 0x4018_d713);
+        assert_eq!(IOC_RDMA, 0x4028_d714);
     }
 
     #[test]
