@@ -26,7 +26,7 @@ use kernel::{
 };
 use rdma::{
     addr::{SocketAddr, AF_INET},
-    cm::{CmId, ConnectRequest, Handler, LockedId, Namespace, PortSpace, QpType},
+    cm::{CmId, ConnectRequest, Handler, LockedId, NetNs, PortSpace, QpType},
     event::{Event, EventType},
     verbs::{CompletionHandler, Cq, Pd, Qp, QpCaps, RecvBuffer, SendBuffer},
 };
@@ -240,7 +240,7 @@ impl kernel::Module for EchoModule {
         let port = module_parameters::port.value();
         let listener = CmId::new(
             Echo::new(service.clone()),
-            Namespace::Init,
+            &NetNs::init(),
             PortSpace::Tcp,
             QpType::Rc,
         )?;

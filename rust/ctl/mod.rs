@@ -26,7 +26,7 @@ use crate::{
     misc_poll::{PollMiscDevice, POLL_READABLE},
     rdma::{
         addr::SocketAddr,
-        cm::{CmId, Namespace, PortSpace, QpType},
+        cm::{CmId, NetNs, PortSpace, QpType},
         conn_param::{ConnParam, PrivateDataUse},
         mr::{MrAccess, RemoteRegion, WorkOp},
     },
@@ -102,6 +102,9 @@ pub(crate) struct CtlFile {
     state: Mutex<FileState>,
     #[pin]
     events_ready: PollCondVar,
+    /// The opener's network namespace: every id of the file lives there,
+    /// whichever task makes the ioctl (a socket's rule).
+    net: NetNs,
 }
 
 /// Reads an ioctl argument of `size` bytes as a `T`: shorter than `T` is
@@ -170,6 +173,7 @@ impl CtlFile {
                     closing: false,
                 }),
                 events_ready <- new_poll_condvar!("rdma_cm_rs events"),
+                net: NetNs::current(),
             }),
             GFP_KERNEL,
         )
@@ -345,7 +349,7 @@ impl CtlFile {
                 shared: IdShared::new(abi::state::IDLE, None)?,
             };
             Ok(Arc::new(
-                CmId::new(events, Namespace::Current, ps, qp_type)?,
+                CmId::new(events, &self.net, ps, qp_type)?,
                 GFP_KERNEL,
             )?)
         })?;

@@ -30,6 +30,11 @@ struct net *rdma_cm_rs_get_current_net(void)
 	return get_net(current->nsproxy->net_ns);
 }
 
+struct net *rdma_cm_rs_get_net(struct net *net)
+{
+	return get_net(net);
+}
+
 void rdma_cm_rs_put_net(struct net *net)
 {
 	put_net(net);

@@ -20,6 +20,7 @@ struct rdma_cm_id *rdma_cm_rs_create_id(struct net *net,
 					enum ib_qp_type qp_type);
 struct net *rdma_cm_rs_init_net(void);
 struct net *rdma_cm_rs_get_current_net(void);
+struct net *rdma_cm_rs_get_net(struct net *net);
 void rdma_cm_rs_put_net(struct net *net);
 struct task_struct *rdma_cm_rs_current_task(void);
 

@@ -106,12 +106,74 @@ impl QpType {
     }
 }
 
-/// The network namespace an id is created in.
-pub enum Namespace {
-    /// `init_net`.
-    Init,
+/// A counted reference to a network namespace (`get_net`/`put_net`).
+///
+/// An id lives in the namespace it was created in: addresses are resolved
+/// and bound among that namespace's interfaces.  Holding a `NetNs` lets a
+/// consumer fix the namespace once, e.g. when a file is opened (as sockets
+/// do), and create ids from any task later.
+///
+/// # Invariants
+///
+/// `raw` is a live namespace on which this object owns one reference.
+pub struct NetNs {
+    raw: NonNull<bindings::net>,
+}
+
+// SAFETY: A namespace reference may be used and dropped on any thread.
+unsafe impl Send for NetNs {}
+// SAFETY: `&NetNs` only reads the pointer.
+unsafe impl Sync for NetNs {}
+
+impl NetNs {
+    /// The initial namespace (`init_net`).
+    pub fn init() -> Self {
+        // SAFETY: `init_net` is static; `get_net` takes a reference on it.
+        let raw = unsafe { bindings::rdma_cm_rs_get_net(bindings::rdma_cm_rs_init_net()) };
+        // INVARIANT: Referenced just above; `init_net` is never null.
+        Self {
+            // SAFETY: See above.
+            raw: unsafe { NonNull::new_unchecked(raw) },
+        }
+    }
+
     /// The calling task's namespace.
-    Current,
+    pub fn current() -> Self {
+        // SAFETY: Takes a reference on the current task's namespace, which
+        // every task in process context has.
+        let raw = unsafe { bindings::rdma_cm_rs_get_current_net() };
+        // INVARIANT: Referenced just above.
+        Self {
+            // SAFETY: A task's namespace is never null.
+            raw: unsafe { NonNull::new_unchecked(raw) },
+        }
+    }
+
+    /// Whether this is the initial namespace.
+    pub fn is_init(&self) -> bool {
+        // SAFETY: Returns the address of the static `init_net`.
+        self.raw.as_ptr() == unsafe { bindings::rdma_cm_rs_init_net() }
+    }
+
+    fn as_ptr(&self) -> *mut bindings::net {
+        self.raw.as_ptr()
+    }
+}
+
+impl Clone for NetNs {
+    fn clone(&self) -> Self {
+        // SAFETY: The namespace is live (type invariants); one more reference.
+        unsafe { bindings::rdma_cm_rs_get_net(self.raw.as_ptr()) };
+        // INVARIANT: The new object owns the reference just taken.
+        Self { raw: self.raw }
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        // SAFETY: Drops the reference this object owns.
+        unsafe { bindings::rdma_cm_rs_put_net(self.raw.as_ptr()) };
+    }
 }
 
 /// The consumer of an id's events.
@@ -218,7 +280,8 @@ unsafe impl<H: Handler> Sync for CmId<H> {}
 impl<H: Handler> CmId<H> {
     /// Creates an id (`rdma_create_id`) in `ns`, with port space `ps` and QP
     /// type `qp_type`.  `EINVAL` if the QP type does not fit the port space.
-    pub fn new(handler: H, ns: Namespace, ps: PortSpace, qp_type: QpType) -> Result<Self> {
+    /// The id takes its own reference on the namespace.
+    pub fn new(handler: H, ns: &NetNs, ps: PortSpace, qp_type: QpType) -> Result<Self> {
         if !qp_type.allowed_in(ps) {
             return Err(EINVAL);
         }
@@ -233,27 +296,18 @@ impl<H: Handler> CmId<H> {
             GFP_KERNEL,
         )?;
         let context = Arc::into_raw(inner.clone());
-        let net = match ns {
-            // SAFETY: Returns the static `init_net`.
-            Namespace::Init => unsafe { bindings::rdma_cm_rs_init_net() },
-            // SAFETY: Takes a reference on the current task's namespace.
-            Namespace::Current => unsafe { bindings::rdma_cm_rs_get_current_net() },
-        };
         // SAFETY: `handler_trampoline::<H>` matches `rdma_cm_event_handler`
-        // and interprets `context` as the `IdInner<H>` it is.  `net` is valid.
+        // and interprets `context` as the `IdInner<H>` it is.  `ns` is live,
+        // and the CM takes its own reference on it.
         let raw = unsafe {
             bindings::rdma_cm_rs_create_id(
-                net,
+                ns.as_ptr(),
                 Some(handler_trampoline::<H>),
                 context.cast_mut().cast(),
                 ps as u32,
                 qp_type as u32,
             )
         };
-        if let Namespace::Current = ns {
-            // SAFETY: The id took its own reference on `net` (or failed).
-            unsafe { bindings::rdma_cm_rs_put_net(net) };
-        }
         if let Err(e) = kernel::error::from_err_ptr(raw) {
             // SAFETY: Creation failed, the CM holds no copy of `context`.
             drop(unsafe { Arc::from_raw(context) });

@@ -331,7 +331,7 @@ mod id_tests {
 
     #[test]
     fn create_and_destroy_ids() {
-        let id = CmId::new(Nop, Namespace::Init, PortSpace::Tcp, QpType::Rc).unwrap();
+        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let (port, qp, src, ack32, rnr32, ack14, reuse, route0, listen0) = id.with_lock(|l| {
             (
                 l.port_num(),
@@ -357,14 +357,31 @@ mod id_tests {
         assert!(route0.is_err());
         assert!(listen0.is_err());
         drop(id);
-        assert!(CmId::new(Nop, Namespace::Current, PortSpace::Tcp, QpType::Ud).is_err());
-        let ud = CmId::new(Nop, Namespace::Current, PortSpace::Udp, QpType::Ud).unwrap();
+        assert!(CmId::new(Nop, &NetNs::current(), PortSpace::Tcp, QpType::Ud).is_err());
+        let ud = CmId::new(Nop, &NetNs::current(), PortSpace::Udp, QpType::Ud).unwrap();
         drop(ud);
     }
 
     #[test]
+    fn namespace_references() {
+        let init = NetNs::init();
+        assert!(init.is_init());
+        // KUnit runs in a kernel thread of the initial namespace.
+        let current = NetNs::current();
+        assert!(current.is_init());
+        let copy = current.clone();
+        drop(current);
+        assert!(copy.is_init());
+        let id = CmId::new(Nop, &copy, PortSpace::Tcp, QpType::Rc);
+        // The id keeps its own reference: dropping ours first is fine.
+        drop(copy);
+        assert!(id.is_ok());
+        drop(id);
+    }
+
+    #[test]
     fn bind_to_wildcard_any_port() {
-        let id = CmId::new(Nop, Namespace::Init, PortSpace::Tcp, QpType::Rc).unwrap();
+        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let any = crate::rdma::addr::SocketAddr::any(crate::rdma::addr::AF_INET, 0).unwrap();
         let (first, src, second, afonly_bound, listen, afonly_listening, reuse_listening) = id
             .with_lock(|l| {
@@ -459,7 +476,7 @@ mod mr_tests {
     /// which must leave the region unregistered.
     #[test]
     fn regions_on_a_device() {
-        let id = CmId::new(Nop, Namespace::Init, PortSpace::Tcp, QpType::Rc).unwrap();
+        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let addr = SocketAddr::parse(b"192.0.2.1:0");
         assert!(addr.is_ok());
         let Ok(addr) = addr else { return };

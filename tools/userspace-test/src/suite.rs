@@ -78,6 +78,7 @@ const TESTS: &[(&str, Test)] = &[
     ),
     ("afonly_ipv6_listener_refuses_ipv4", afonly_refuses_ipv4),
     ("close_destroys_everything", close_destroys_everything),
+    ("ids_live_in_the_openers_namespace", namespace_of_opener),
 ];
 
 pub fn names() -> impl Iterator<Item = &'static str> {
@@ -800,6 +801,45 @@ fn rdma_errors(ctx: &mut Ctx) -> Result<()> {
     dev.destroy(unconnected)?;
     // `big` goes with the file.
     let _ = big;
+    Ok(())
+}
+
+/// A file's ids live in the network namespace of the task that opened it,
+/// whichever task makes the calls (a socket's rule): in a fresh namespace
+/// the test address does not exist, so binding to it fails there, and only
+/// there.
+fn namespace_of_opener(ctx: &mut Ctx) -> Result<()> {
+    let local = SocketAddr::new(ctx.local4, 0);
+    let opened_in_init = Device::open()?;
+    let opened_in_new = std::thread::spawn(move || -> Result<Device> {
+        // SAFETY: unshare(CLONE_NEWNET) moves this thread only.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            bail!("unshare(CLONE_NEWNET): {}", io::Error::last_os_error());
+        }
+        let inside = Device::open()?;
+        let id = inside.create_id(1)?;
+        expect_errno(
+            "bind in a new namespace",
+            inside.bind(id, &local),
+            libc::EADDRNOTAVAIL,
+        )?;
+        let id = opened_in_init.create_id(2)?;
+        opened_in_init
+            .bind(id, &local)
+            .context("bind from the new namespace through a file opened in the initial one")?;
+        Ok(inside)
+    })
+    .join()
+    .map_err(|_| anyhow!("namespace thread panicked"))??;
+    // Back in the initial namespace, the other file still binds in its own.
+    let id = opened_in_new.create_id(3)?;
+    expect_errno(
+        "bind through a file opened in the new namespace",
+        opened_in_new.bind(id, &local),
+        libc::EADDRNOTAVAIL,
+    )?;
+    // Closing the last file drops the namespace's last reference.
+    drop(opened_in_new);
     Ok(())
 }
 
