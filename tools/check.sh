@@ -7,7 +7,9 @@
 #            no `unsafe` outside the abstraction layer
 #   host     cargo fmt/clippy/test of the userspace tool
 #   vm       one VM (rxe on a dummy netdev): KUnit suites at insmod, the
-#            userspace suite against the module, the sample echo module;
+#            userspace suite against the module, the sample echo module,
+#            the sample rping server against unmodified rping and the
+#            module's own rping client;
 #            two VMs (rxe over a QEMU socket link): the userspace suite with
 #            the librdmacm peer in the other VM.  Each VM run is gated on a
 #            clean dmesg (tools/vm/dmesg-gate).
@@ -117,7 +119,7 @@ fi
 rustfmt_cfg="$kernel_src/.rustfmt.toml"
 step "rustfmt --check (module and samples)" "$logs/rustfmt.log" \
 	rustfmt --edition 2021 --config-path "$rustfmt_cfg" --check \
-	rust/rdma_cm_rs.rs samples/rdma_cm_rs_echo.rs
+	rust/rdma_cm_rs.rs samples/rdma_cm_rs_echo.rs samples/rdma_cm_rs_rping.rs
 
 # No `unsafe` outside the abstraction layer: the char device forbids it,
 # the samples deny it; this catches an `allow` slipping in.
@@ -150,10 +152,10 @@ tool=$tool_dir/target/release/userspace-test
 
 # --- one VM ----------------------------------------------------------------
 vm_one="$logs/vm-one"
-step "VM (one, rxe loopback): KUnit + userspace suite + echo sample, clean dmesg" "$logs/vm-one.log" \
+step "VM (one, rxe loopback): KUnit + userspace suite + echo and rping samples, clean dmesg" "$logs/vm-one.log" \
 	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" \
 	--module "$PWD/rdma_cm_rs.ko" -- \
-	"$tool suite && tools/echo-test.sh"
+	"$tool suite; s=\$?; tools/echo-test.sh || s=1; tools/rping-test.sh || s=1; exit \$s"
 if [ -f "$vm_one/dmesg" ]; then
 	count_ktap "$vm_one/dmesg" "KUnit"
 else

@@ -15,7 +15,7 @@ mod shell;
 mod suite;
 mod uapi;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand};
 use payload::{parse_bytes, show, Bytes};
 use report::*;
@@ -25,7 +25,7 @@ use std::{
     net::{IpAddr, SocketAddr, TcpListener},
     time::Duration,
 };
-use uapi::{Device, Param};
+use uapi::{Device, Param, RDMA_CM_RS_ACCESS_REMOTE_READ, RDMA_CM_RS_ACCESS_REMOTE_WRITE};
 
 #[derive(Parser)]
 #[command(
@@ -96,6 +96,19 @@ enum Ctl {
         data: Bytes,
         #[arg(long, default_value = "", value_parser = parse_bytes)]
         message: Bytes,
+    },
+    /// rping's client through the module: registered regions, adverts,
+    /// the server's RDMA READ and WRITE, and a check of every ping (rping's
+    /// `-V`).  Works against `rping -s` and the rdma_cm_rs_rping sample.
+    Rping {
+        #[arg(value_parser = shell::parse_addr)]
+        addr: SocketAddr,
+        /// Pings.
+        #[arg(long, default_value_t = 10)]
+        count: u32,
+        /// Bytes a ping (rping's -S).
+        #[arg(long, default_value_t = 64)]
+        size: u32,
     },
     /// Raw commands from standard input, one a line (`help` lists them).
     Shell,
@@ -255,6 +268,64 @@ fn ctl_connect(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
     }
     dev.disconnect(id).context("disconnect")?;
     say(&format!("module: disconnect id={id}"));
+    module_expect(&dev, EV_DISCONNECTED)?;
+    dev.destroy(id)?;
+    Ok(())
+}
+
+/// rping's client (rdma-core `rping.c`, `rping_test_client`) on the module:
+/// per ping, fill the source region with `rdma-ping-N: ` and rotating ASCII
+/// (NUL-terminated), SEND its advert, wait for the go-ahead (the server has
+/// READ it), SEND the sink region's advert, wait for the go-ahead (the
+/// server has WRITTEN it), compare.
+fn ctl_rping(addr: SocketAddr, count: u32, size: u32) -> Result<()> {
+    // rping's minimum holds "rdma-ping-%d: " for any int.
+    ensure!((24..=65536).contains(&size), "size must be 24..=65536");
+    let dev = Device::open()?;
+    let id = dev.create_id(1)?;
+    dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
+    module_expect(&dev, EV_ADDR_RESOLVED)?;
+    dev.resolve_route(id, 2000).context("resolve_route")?;
+    module_expect(&dev, EV_ROUTE_RESOLVED)?;
+    dev.connect(id, &Param::with_data(&[])).context("connect")?;
+    module_expect(&dev, EV_ESTABLISHED)?;
+    let (source, saddr, skey) = dev
+        .mr_reg(id, size, RDMA_CM_RS_ACCESS_REMOTE_READ)
+        .context("MR_REG source")?;
+    let (sink, kaddr, kkey) = dev
+        .mr_reg(id, size, RDMA_CM_RS_ACCESS_REMOTE_WRITE)
+        .context("MR_REG sink")?;
+    let mut start = b'A';
+    for ping in 0..count {
+        let mut text = format!("rdma-ping-{ping}: ").into_bytes();
+        let mut c = start;
+        while text.len() < size as usize {
+            text.push(c);
+            c = if c >= b'z' { b'A' } else { c + 1 };
+        }
+        start = if start >= b'z' { b'A' } else { start + 1 };
+        text[size as usize - 1] = 0;
+        dev.mr_write(id, source, 0, &text)?;
+        dev.mr_write(id, sink, 0, &vec![0; size as usize])?;
+        dev.send(id, &payload::advert(saddr, skey, size))
+            .context("send source advert")?;
+        let go = dev
+            .recv(id, cm::MSG, WAIT_MS)
+            .context("go-ahead after READ")?;
+        ensure!(go.len() == 16, "go-ahead of {} bytes", go.len());
+        dev.send(id, &payload::advert(kaddr, kkey, size))
+            .context("send sink advert")?;
+        dev.recv(id, cm::MSG, WAIT_MS)
+            .context("go-ahead after WRITE")?;
+        let back = dev.mr_read(id, sink, 0, size as usize)?;
+        payload::verify(&format!("ping {ping}"), &text, &back)?;
+    }
+    say(&format!(
+        "module: rping {count} pings of {size} bytes verified"
+    ));
+    dev.mr_dereg(id, source)?;
+    dev.mr_dereg(id, sink)?;
+    dev.disconnect(id).context("disconnect")?;
     module_expect(&dev, EV_DISCONNECTED)?;
     dev.destroy(id)?;
     Ok(())
@@ -505,6 +576,7 @@ fn main() -> Result<()> {
             data,
             message,
         }) => ctl_connect(addr, &data, &message)?,
+        Cmd::Ctl(Ctl::Rping { addr, count, size }) => ctl_rping(addr, count, size)?,
         Cmd::Ctl(Ctl::Shell) => ctl_shell()?,
         Cmd::Peer(Peer::Client {
             addr,

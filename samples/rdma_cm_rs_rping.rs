@@ -1,0 +1,453 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! An `rping` server on the safe RDMA CM abstractions: registered memory and
+//! RDMA READ/WRITE without `unsafe`.
+//!
+//! It speaks the protocol of rdma-core's `rping` (and the kernel's old
+//! krping), so an unmodified `rping -c -a ADDR -p 7174 -V` runs against it.
+//! Per ping the client SENDs a 16-byte advertisement of its source buffer
+//! (big-endian address, rkey, length); the server RDMA READs that buffer
+//! into its own registered region and SENDs a go-ahead; the client SENDs an
+//! advertisement of its sink buffer; the server RDMA WRITEs the string it
+//! read (up to and including its NUL) there and SENDs another go-ahead.
+//! With `-V` the client checks that both buffers match.
+//!
+//! `insmod rdma_cm_rs_rping.ko port=7174 size=65536`: `size` is the largest
+//! ping accepted (rping's own limit is 64 KiB).
+
+#![deny(unsafe_code)]
+
+#[path = "../rust/rdma/mod.rs"]
+#[allow(dead_code, unsafe_code)]
+pub mod rdma;
+
+use kernel::{
+    new_mutex,
+    prelude::*,
+    sync::{Arc, Mutex, SetOnce},
+};
+use rdma::{
+    addr::{SocketAddr, AF_INET},
+    cm::{CmId, ConnectRequest, Handler, LockedId, NetNs, PortSpace, QpType},
+    event::{Event, EventType},
+    mr::{Mr, MrAccess, RemoteRegion, WorkDone, WorkOp},
+    verbs::{CompletionHandler, Cq, Pd, Qp, QpCaps, RecvBuffer, SendBuffer},
+};
+
+module! {
+    type: RpingModule,
+    name: "rdma_cm_rs_rping",
+    authors: ["rdma-cm-rs developers"],
+    description: "rping server on the safe Rust RDMA CM abstractions",
+    license: "GPL",
+    params: {
+        port: u16 {
+            default: 7174,
+            description: "Port to listen on (RDMA_PS_TCP); rping's default is 7174",
+        },
+        size: u32 {
+            default: 65536,
+            description: "Largest ping accepted, in bytes (1..=1048576)",
+        },
+    },
+}
+
+/// rping's advertisement: `{ __be64 buf; __be32 rkey; __be32 size; }`.
+const ADVERT_LEN: usize = 16;
+/// Receives kept posted per connection.
+const RECV_DEPTH: usize = 4;
+
+fn parse_advert(data: &[u8]) -> Option<RemoteRegion> {
+    let data: &[u8; ADVERT_LEN] = data.try_into().ok()?;
+    let mut addr = [0u8; 8];
+    addr.copy_from_slice(&data[..8]);
+    let mut rkey = [0u8; 4];
+    rkey.copy_from_slice(&data[8..12]);
+    let mut len = [0u8; 4];
+    len.copy_from_slice(&data[12..]);
+    Some(RemoteRegion {
+        addr: u64::from_be_bytes(addr),
+        rkey: u32::from_be_bytes(rkey),
+        len: u32::from_be_bytes(len),
+    })
+}
+
+/// Where a session is in rping's cycle.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Step {
+    /// Waiting for the source advertisement.
+    AwaitSource,
+    /// RDMA READ of the client's source buffer in flight.
+    Reading,
+    /// Waiting for the sink advertisement.
+    AwaitSink,
+    /// RDMA WRITE into the client's sink in flight.
+    Writing,
+    /// Something failed; the session waits for its disconnect.
+    Failed,
+}
+
+struct SessionState {
+    step: Step,
+    /// The connection is established: posts may go to the send queue.
+    established: bool,
+    /// An advertisement that arrived before ESTABLISHED was handled.
+    early: Option<RemoteRegion>,
+    /// Bytes of the ping being handled (what was read).
+    ping_len: u32,
+    /// The go-ahead buffer while not in flight.
+    go_ahead: Option<SendBuffer>,
+    pings: u32,
+}
+
+/// One client's session: its QP, its region and rping's state machine.
+#[pin_data]
+struct Session {
+    /// The QP, until the connection ends: clearing it breaks the
+    /// QP -> CQ -> handler -> QP reference cycle.
+    #[pin]
+    qp: Mutex<Option<Arc<Qp<SessionRef>>>>,
+    #[pin]
+    state: Mutex<SessionState>,
+    /// The region the pings are read into and written from.  The client
+    /// never accesses it, so local access is all it needs on IB/RoCE.
+    region: Arc<Mr>,
+}
+
+impl Session {
+    fn qp(&self) -> Option<Arc<Qp<SessionRef>>> {
+        self.qp.lock().clone()
+    }
+
+    fn fail(&self, st: &mut SessionState, why: &str, e: Error) {
+        if st.step != Step::Failed {
+            pr_err!("session failed after {} pings: {}: {:?}\n", st.pings, why, e);
+            st.step = Step::Failed;
+        }
+    }
+
+    /// Acts on an advertisement; the state lock is held.
+    fn advert(&self, st: &mut SessionState, remote: RemoteRegion) {
+        let Some(qp) = self.qp() else { return };
+        match st.step {
+            Step::AwaitSource => {
+                if remote.len == 0 || remote.len as usize > self.region.len() {
+                    return self.fail(st, "ping size out of range", EMSGSIZE);
+                }
+                match qp.rdma(WorkOp::RdmaRead, &self.region, 0, remote, 0) {
+                    Ok(()) => {
+                        st.step = Step::Reading;
+                        st.ping_len = remote.len;
+                    }
+                    Err(e) => self.fail(st, "RDMA READ", e),
+                }
+            }
+            Step::AwaitSink => {
+                // rping writes back the string it read, NUL included.
+                let mut ping = KVec::new();
+                if let Err(e) = ping.resize(st.ping_len as usize, 0, GFP_KERNEL) {
+                    return self.fail(st, "buffer", e.into());
+                }
+                if let Err(e) = self.region.read(0, &mut ping) {
+                    return self.fail(st, "region", e);
+                }
+                let len = ping
+                    .iter()
+                    .position(|&b| b == 0)
+                    .map_or(st.ping_len, |nul| nul as u32 + 1);
+                let sink = match remote.slice(0, len) {
+                    Ok(sink) => sink,
+                    Err(e) => return self.fail(st, "sink too small", e),
+                };
+                match qp.rdma(WorkOp::RdmaWrite, &self.region, 0, sink, 0) {
+                    Ok(()) => st.step = Step::Writing,
+                    Err(e) => self.fail(st, "RDMA WRITE", e),
+                }
+            }
+            _ => self.fail(st, "advertisement out of turn", EPROTO),
+        }
+    }
+
+    /// SENDs the go-ahead (its contents do not matter, its size does).
+    fn go_ahead(&self, st: &mut SessionState) {
+        let (Some(qp), Some(buf)) = (self.qp(), st.go_ahead.take()) else {
+            return self.fail(st, "go-ahead still in flight", EBUSY);
+        };
+        if let Err((e, buf)) = qp.post_send(buf) {
+            st.go_ahead = Some(buf);
+            self.fail(st, "SEND", e);
+        }
+    }
+
+    /// ESTABLISHED: register the region (FRWR, ordered before every RDMA
+    /// request on the send queue) and handle an early advertisement.
+    fn established(&self) {
+        let mut st = self.state.lock();
+        let Some(qp) = self.qp() else { return };
+        if let Err(e) = qp.register(&self.region, MrAccess::LOCAL, 0) {
+            return self.fail(&mut st, "registration", e);
+        }
+        st.established = true;
+        if let Some(remote) = st.early.take() {
+            self.advert(&mut st, remote);
+        }
+    }
+}
+
+/// The completion handler: a reference to the connection's [`Session`].
+struct SessionRef(Arc<Session>);
+
+impl CompletionHandler for SessionRef {
+    fn recv_done(&self, buf: RecvBuffer, result: Result<usize>) {
+        if result.is_err() {
+            // Flushed at teardown: the buffer is freed.
+            return;
+        }
+        let session = &self.0;
+        {
+            let mut st = session.state.lock();
+            match parse_advert(buf.data()) {
+                None => session.fail(&mut st, "bogus advertisement", EPROTO),
+                Some(remote) if !st.established => st.early = Some(remote),
+                Some(remote) => session.advert(&mut st, remote),
+            }
+        }
+        if let Some(qp) = session.qp() {
+            // Recycle the receive; on a dead QP it is flushed and freed.
+            let _ = qp.post_recv(buf);
+        }
+    }
+
+    fn send_done(&self, buf: SendBuffer, result: Result) {
+        let mut st = self.0.state.lock();
+        st.go_ahead = Some(buf);
+        if let Err(e) = result {
+            self.0.fail(&mut st, "go-ahead", e);
+        }
+    }
+
+    fn work_done(&self, done: WorkDone, result: Result) {
+        let session = &self.0;
+        let mut st = session.state.lock();
+        if let Err(e) = result {
+            // Flushes at teardown are not news.
+            if e != ECANCELED {
+                session.fail(&mut st, "work request", e);
+            }
+            return;
+        }
+        match (done.op, st.step) {
+            (WorkOp::Register, _) => {}
+            (WorkOp::RdmaRead, Step::Reading) => {
+                st.step = Step::AwaitSink;
+                session.go_ahead(&mut st);
+            }
+            (WorkOp::RdmaWrite, Step::Writing) => {
+                st.step = Step::AwaitSource;
+                st.pings += 1;
+                session.go_ahead(&mut st);
+            }
+            _ => session.fail(&mut st, "completion out of turn", EPROTO),
+        }
+    }
+}
+
+/// State shared by the listener and every connection.
+#[pin_data]
+struct Service {
+    /// Open connections; a connection removes itself when it ends.
+    #[pin]
+    conns: Mutex<KVec<Arc<CmId<Rping>>>>,
+    region_len: usize,
+}
+
+/// The handler of the listener and of every connection.
+struct Rping {
+    service: Arc<Service>,
+    /// Connections only: the session, set once accepted.
+    session: SetOnce<Arc<Session>>,
+}
+
+impl Rping {
+    fn new(service: Arc<Service>) -> Self {
+        Self {
+            service,
+            session: SetOnce::new(),
+        }
+    }
+
+    /// Builds the session on a locked, adopted id and accepts it.
+    fn accept(id: &LockedId<'_>, region_len: usize) -> Result<Arc<Session>> {
+        let pd = Pd::alloc(id)?;
+        let region = Mr::new(&pd, region_len)?;
+        let mut go_ahead = SendBuffer::new(&pd, ADVERT_LEN)?;
+        go_ahead.fill(&[0; ADVERT_LEN])?;
+        let session = Arc::pin_init(
+            pin_init!(Session {
+                qp <- new_mutex!(None),
+                state <- new_mutex!(SessionState {
+                    step: Step::AwaitSource,
+                    established: false,
+                    early: None,
+                    ping_len: 0,
+                    go_ahead: Some(go_ahead),
+                    pings: 0,
+                }),
+                region,
+            }),
+            GFP_KERNEL,
+        )?;
+        let cq = Cq::alloc(id, 16, SessionRef(session.clone()))?;
+        let caps = QpCaps {
+            max_send_wr: 8,
+            max_recv_wr: RECV_DEPTH as u32,
+        };
+        let qp = id.create_qp(&pd, &cq, caps)?;
+        *session.qp.lock() = Some(qp.clone());
+        let accepted = (|| -> Result {
+            for _ in 0..RECV_DEPTH {
+                qp.post_recv(RecvBuffer::new(&pd, 64)?).map_err(|(e, _)| e)?;
+            }
+            // The request's depths (rping asks for 1 and 1), clamped to the
+            // device: `rdma_accept(3)` with no parameters.
+            id.accept(None)
+        })();
+        if let Err(e) = accepted {
+            session.qp.lock().take();
+            return Err(e);
+        }
+        Ok(session)
+    }
+}
+
+/// Ends a connection: breaks its reference cycle, then drops the id
+/// (destroyed now, or from the workqueue when inside its own callback).
+fn end(conn: Arc<CmId<Rping>>) {
+    if let Some(session) = conn.handler().session.as_ref() {
+        session.qp.lock().take();
+    }
+    drop(conn);
+}
+
+impl Handler for Rping {
+    fn event(&self, _id: &LockedId<'_>, event: &Event<'_>) {
+        match event.kind() {
+            EventType::Established => {
+                if let Some(session) = self.session.as_ref() {
+                    session.established();
+                }
+            }
+            EventType::Disconnected
+            | EventType::DeviceRemoval
+            | EventType::ConnectError
+            | EventType::Unreachable
+            | EventType::Rejected => {
+                let conn = {
+                    let mut conns = self.service.conns.lock();
+                    let at = conns.iter().position(|c| core::ptr::eq(c.handler(), self));
+                    match at {
+                        Some(i) => conns.remove(i).ok(),
+                        None => None,
+                    }
+                };
+                if let Some(conn) = conn {
+                    if let Some(session) = conn.handler().session.as_ref() {
+                        let st = session.state.lock();
+                        let outcome = if st.step == Step::Failed {
+                            ", failed"
+                        } else {
+                            ""
+                        };
+                        pr_info!(
+                            "session ended ({}) after {} pings{}\n",
+                            event.kind().name().to_str().unwrap_or("?"),
+                            st.pings,
+                            outcome
+                        );
+                    }
+                    end(conn);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn connect_request(
+        &self,
+        _listener: &LockedId<'_>,
+        request: ConnectRequest<'_, Self>,
+        _event: &Event<'_>,
+    ) {
+        let Ok(id) = request.adopt(Rping::new(self.service.clone())) else {
+            return;
+        };
+        let region_len = self.service.region_len;
+        // The CM holds the new id's handler mutex: `with_lock` runs inside it.
+        match id.with_lock(|l| Rping::accept(l, region_len)) {
+            Ok(session) => {
+                let _ = id.handler().session.populate(session);
+                let Ok(id) = Arc::new(id, GFP_KERNEL) else {
+                    return;
+                };
+                if let Err(e) = self.service.conns.lock().push(id.clone(), GFP_KERNEL) {
+                    pr_err!("cannot track connection: {:?}\n", e);
+                    end(id);
+                }
+            }
+            Err(e) => pr_err!("accept failed: {:?}\n", e),
+        }
+    }
+}
+
+struct RpingModule {
+    service: Arc<Service>,
+    listener: Option<CmId<Rping>>,
+}
+
+impl kernel::Module for RpingModule {
+    fn init(_module: &'static ThisModule) -> Result<Self> {
+        let region_len = module_parameters::size.value() as usize;
+        if region_len == 0 || region_len > rdma::mr::MAX_MR_LEN {
+            pr_err!("size must be 1..={}\n", rdma::mr::MAX_MR_LEN);
+            return Err(EINVAL);
+        }
+        let service = Arc::pin_init(
+            pin_init!(Service {
+                conns <- new_mutex!(KVec::new()),
+                region_len,
+            }),
+            GFP_KERNEL,
+        )?;
+        let port = module_parameters::port.value();
+        let listener = CmId::new(
+            Rping::new(service.clone()),
+            &NetNs::init(),
+            PortSpace::Tcp,
+            QpType::Rc,
+        )?;
+        let addr = SocketAddr::any(AF_INET, port)?;
+        listener.with_lock(|l| {
+            l.bind(&addr)?;
+            l.listen(64)
+        })?;
+        pr_info!("rping server listening on {}, pings up to {} bytes\n", addr, region_len);
+        Ok(Self {
+            service,
+            listener: Some(listener),
+        })
+    }
+}
+
+impl Drop for RpingModule {
+    fn drop(&mut self) {
+        // No new connections, then end the open ones.
+        drop(self.listener.take());
+        let conns = core::mem::take(&mut *self.service.conns.lock());
+        for conn in conns {
+            end(conn);
+        }
+        if rdma::cm::wait_for_deferred_destroys(10_000).is_err() {
+            pr_err!("deferred cm_id destructions still pending at unload\n");
+        }
+    }
+}
