@@ -121,7 +121,12 @@ impl Session {
 
     fn fail(&self, st: &mut SessionState, why: &str, e: Error) {
         if st.step != Step::Failed {
-            pr_err!("session failed after {} pings: {}: {:?}\n", st.pings, why, e);
+            pr_err!(
+                "session failed after {} pings: {}: {:?}\n",
+                st.pings,
+                why,
+                e
+            );
             st.step = Step::Failed;
         }
     }
@@ -306,7 +311,8 @@ impl Rping {
         *session.qp.lock() = Some(qp.clone());
         let accepted = (|| -> Result {
             for _ in 0..RECV_DEPTH {
-                qp.post_recv(RecvBuffer::new(&pd, 64)?).map_err(|(e, _)| e)?;
+                qp.post_recv(RecvBuffer::new(&pd, 64)?)
+                    .map_err(|(e, _)| e)?;
             }
             // The request's depths (rping asks for 1 and 1), clamped to the
             // device: `rdma_accept(3)` with no parameters.
@@ -430,7 +436,11 @@ impl kernel::Module for RpingModule {
             l.bind(&addr)?;
             l.listen(64)
         })?;
-        pr_info!("rping server listening on {}, pings up to {} bytes\n", addr, region_len);
+        pr_info!(
+            "rping server listening on {}, pings up to {} bytes\n",
+            addr,
+            region_len
+        );
         Ok(Self {
             service,
             listener: Some(listener),
