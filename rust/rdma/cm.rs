@@ -17,10 +17,12 @@
 //!   construction, and lets [`LockedId::connect`] use `rdma_connect_locked`
 //!   everywhere.
 //! * The handler gets `&LockedId`, never the owner: it cannot destroy its own
-//!   id.  If a consumer drops a [`CmId`] from inside that id's own callback
-//!   (the deadlock `rdma_destroy_id` documents), the destruction is deferred
-//!   to a workqueue instead, and [`CmId::with_lock`] from inside the id's
-//!   own callback runs without taking the mutex the CM already holds.
+//!   id.  If a consumer drops a [`CmId`] from inside any of this module's
+//!   callbacks (the id's own: the deadlock `rdma_destroy_id` documents;
+//!   another id's: two handler mutexes of one lock class; a completion: a
+//!   QP drain behind the running completion), the destruction is deferred
+//!   to a workqueue instead.  [`CmId::with_lock`] from inside the id's own
+//!   callback runs without taking the mutex the CM already holds.
 //! * A connection request hands the listener's handler a [`ConnectRequest`]
 //!   that owns the new id.  [`ConnectRequest::adopt`] turns it into a
 //!   [`CmId`] with its own handler; a request that is dropped unadopted makes
@@ -216,6 +218,62 @@ pub fn wait_for_deferred_destroys(timeout_ms: u32) -> Result {
     Err(ETIMEDOUT)
 }
 
+/// Tasks running one of this module's callbacks (CM events, completions).
+///
+/// Destroying an id from any such callback is a deadlock or a lockdep
+/// report waiting to happen: `rdma_destroy_id` takes the id's handler mutex
+/// (same lock class as the one the CM holds during an event) and a QP's
+/// teardown drains completions that may be queued behind the running one.
+/// [`CmId`]'s `Drop` therefore defers the destruction to a workqueue
+/// whenever the current task is listed here.  The table is small and fixed;
+/// if it is ever full, `CALLBACKS_UNLISTED` makes every drop defer until the
+/// unlisted callbacks return, which is always safe.
+static CALLBACK_TASKS: [AtomicPtr<bindings::task_struct>; 64] =
+    [const { AtomicPtr::new(ptr::null_mut()) }; 64];
+static CALLBACKS_UNLISTED: AtomicUsize = AtomicUsize::new(0);
+
+/// Lists the current task in [`CALLBACK_TASKS`] while it lives.
+pub(crate) struct CallbackMark(Option<usize>);
+
+impl CallbackMark {
+    /// Marks the current task as running a callback.
+    pub(crate) fn enter() -> Self {
+        let me = current_task();
+        for (i, slot) in CALLBACK_TASKS.iter().enumerate() {
+            if slot
+                .compare_exchange(ptr::null_mut(), me, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Self(Some(i));
+            }
+        }
+        CALLBACKS_UNLISTED.fetch_add(1, Ordering::AcqRel);
+        Self(None)
+    }
+}
+
+impl Drop for CallbackMark {
+    fn drop(&mut self) {
+        match self.0 {
+            Some(i) => CALLBACK_TASKS[i].store(ptr::null_mut(), Ordering::Release),
+            None => {
+                CALLBACKS_UNLISTED.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// Whether the current task may be inside one of this module's callbacks.
+fn in_any_callback() -> bool {
+    if CALLBACKS_UNLISTED.load(Ordering::Acquire) != 0 {
+        return true;
+    }
+    let me = current_task();
+    CALLBACK_TASKS
+        .iter()
+        .any(|slot| slot.load(Ordering::Acquire) == me)
+}
+
 fn current_task() -> *mut bindings::task_struct {
     // SAFETY: Always safe to call in process context.
     unsafe { bindings::rdma_cm_rs_current_task() }
@@ -382,9 +440,9 @@ fn spawn_destroy<H: Handler>(inner: Arc<IdInner<H>>) -> Result {
         Ok(()) => Ok(()),
         Err(_) => {
             // No memory for the work item: destroy synchronously, which is
-            // only wrong inside the id's own handler; report the failure.
+            // only wrong inside a callback (then the id leaks, loudly).
             DEFERRED_DESTROYS.fetch_sub(1, Ordering::AcqRel);
-            if keep.in_own_handler() {
+            if keep.in_own_handler() || in_any_callback() {
                 pr_err!("rdma_cm_rs: cannot defer id destruction, leaking it\n");
                 core::mem::forget(keep);
                 return Err(ENOMEM);
@@ -417,8 +475,10 @@ fn destroy_now<H: Handler>(inner: &Arc<IdInner<H>>) {
 
 impl<H: Handler> Drop for CmId<H> {
     fn drop(&mut self) {
-        if self.inner.in_own_handler() {
-            // `rdma_destroy_id` from the id's own callback deadlocks.
+        if self.inner.in_own_handler() || in_any_callback() {
+            // `rdma_destroy_id` from the id's own callback deadlocks; from
+            // another id's callback it nests two handler mutexes of one
+            // lock class; from a completion it may drain its own CQ.
             let _ = spawn_destroy(self.inner.clone());
         } else {
             destroy_now(&self.inner);
@@ -836,6 +896,7 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
         return 0;
     };
     let previous = inner.enter();
+    let _mark = CallbackMark::enter();
     let mut destroy_new_id = false;
     if event.kind() == EventType::ConnectRequest {
         let adopted = core::cell::Cell::new(false);

@@ -401,6 +401,7 @@ unsafe extern "C" fn work_done<C: CompletionHandler>(
     cq: *mut bindings::ib_cq,
     wc: *mut bindings::ib_wc,
 ) {
+    let _mark = super::cm::CallbackMark::enter();
     // SAFETY: By the safety requirements.
     let work = unsafe { Work::from_wc(wc) };
     // SAFETY: `wc` is valid during the callback.

@@ -15,7 +15,11 @@
 //!   its posts with `ENOTCONN`.
 //! * A QP keeps its PD and CQ alive; they are freed after it.
 
-use super::{bindings, cm::LockedId, mr::WorkDone};
+use super::{
+    bindings,
+    cm::{CallbackMark, LockedId},
+    mr::WorkDone,
+};
 use core::{
     ptr::{self, NonNull},
     sync::atomic::{AtomicPtr, Ordering},
@@ -81,9 +85,9 @@ impl Drop for Pd {
 
 /// Receives the buffers of completed work requests.
 ///
-/// Runs on the CQ's workqueue (`IB_POLL_WORKQUEUE`, process context).  It
-/// must not drop the id whose QP completes here: that drains the QP and
-/// waits for this very context.
+/// Runs on the CQ's workqueue (`IB_POLL_WORKQUEUE`, process context).  A
+/// [`super::cm::CmId`] dropped here is destroyed from a workqueue: its QP's
+/// drain could otherwise wait for this very context.
 pub trait CompletionHandler: Send + Sync + 'static {
     /// A receive completed: `Ok(len)` bytes arrived, or the error (ECANCELED
     /// when the QP was flushed).
@@ -562,6 +566,7 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
     cq: *mut bindings::ib_cq,
     wc: *mut bindings::ib_wc,
 ) {
+    let _mark = CallbackMark::enter();
     // SAFETY: By the safety requirements.
     let mut buf = unsafe { Buffer::from_wc(wc) };
     // SAFETY: The CQ is live during its callback; its context is the `Cq<C>`.
@@ -584,6 +589,7 @@ unsafe extern "C" fn send_done<C: CompletionHandler>(
     cq: *mut bindings::ib_cq,
     wc: *mut bindings::ib_wc,
 ) {
+    let _mark = CallbackMark::enter();
     // SAFETY: By the safety requirements.
     let buf = unsafe { Buffer::from_wc(wc) };
     // SAFETY: As in `recv_done`.
