@@ -226,8 +226,12 @@ impl CompletionHandler for SessionRef {
     fn send_done(&self, buf: SendBuffer, result: Result) {
         let mut st = self.0.state.lock();
         st.go_ahead = Some(buf);
-        if let Err(e) = result {
-            self.0.fail(&mut st, "go-ahead", e);
+        match result {
+            // A flush: the client disconnected once it had what it needed
+            // (the last go-ahead arrives before its acknowledgement does).
+            Err(e) if e == ECANCELED => {}
+            Err(e) => self.0.fail(&mut st, "go-ahead", e),
+            Ok(()) => {}
         }
     }
 

@@ -9,7 +9,8 @@
 #   vm       one VM (rxe on a dummy netdev): KUnit suites at insmod, the
 #            userspace suite against the module, the sample echo module,
 #            the sample rping server against unmodified rping and the
-#            module's own rping client;
+#            module's own rping client, then device removal (last: it
+#            deletes and re-adds rxe0);
 #            two VMs (rxe over a QEMU socket link): the userspace suite with
 #            the librdmacm peer in the other VM.  Each VM run is gated on a
 #            clean dmesg (tools/vm/dmesg-gate).
@@ -155,7 +156,7 @@ vm_one="$logs/vm-one"
 step "VM (one, rxe loopback): KUnit + userspace suite + echo and rping samples, clean dmesg" "$logs/vm-one.log" \
 	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" \
 	--module "$PWD/rdma_cm_rs.ko" -- \
-	"$tool suite; s=\$?; tools/echo-test.sh || s=1; tools/rping-test.sh || s=1; exit \$s"
+	"$tool suite; s=\$?; tools/echo-test.sh || s=1; tools/rping-test.sh || s=1; tools/removal-test.sh || s=1; exit \$s"
 if [ -f "$vm_one/dmesg" ]; then
 	count_ktap "$vm_one/dmesg" "KUnit"
 else

@@ -429,32 +429,81 @@ fn destroy_queue() -> &'static workqueue::Queue {
     unsafe { workqueue::Queue::from_raw(bindings::system_dfl_long_wq) }
 }
 
+/// An id whose destruction was deferred, with its handler type erased.
+trait DeferredDestroy: Send + Sync {
+    fn destroy(&self);
+}
+
+impl<H: Handler> DeferredDestroy for IdInner<H> {
+    fn destroy(&self) {
+        destroy_now(self);
+    }
+}
+
+/// The work item of a deferred destruction.
+///
+/// Not generic on purpose: `new_work!` makes one lockdep class (a static
+/// key and a name) per call site, and a generic call site would give every
+/// monomorphization its own copy of the name for the one shared key, which
+/// lockdep reports ("found a different class with the same key").  7.3's
+/// `Queue::try_spawn` has exactly that problem across modules, so it is not
+/// used.
+#[pin_data]
+struct DestroyWork {
+    #[pin]
+    work: workqueue::Work<DestroyWork>,
+    id: Arc<dyn DeferredDestroy>,
+}
+
+kernel::impl_has_work! {
+    impl HasWork<Self> for DestroyWork { self.work }
+}
+
+impl DestroyWork {
+    fn new(id: Arc<dyn DeferredDestroy>) -> impl PinInit<Self> {
+        pin_init!(Self {
+            work <- kernel::new_work!("rdma_cm_rs::destroy_id"),
+            id,
+        })
+    }
+}
+
+impl workqueue::WorkItem for DestroyWork {
+    type Pointer = Pin<KBox<Self>>;
+
+    fn run(this: Pin<KBox<Self>>) {
+        this.id.destroy();
+        drop(this);
+        DEFERRED_DESTROYS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 fn spawn_destroy<H: Handler>(inner: Arc<IdInner<H>>) -> Result {
     DEFERRED_DESTROYS.fetch_add(1, Ordering::AcqRel);
-    let keep = inner.clone();
-    match destroy_queue().try_spawn(GFP_ATOMIC, move || {
-        destroy_now(&inner);
-        drop(inner);
-        DEFERRED_DESTROYS.fetch_sub(1, Ordering::AcqRel);
-    }) {
-        Ok(()) => Ok(()),
+    let id: Arc<dyn DeferredDestroy> = inner.clone();
+    match KBox::pin_init(DestroyWork::new(id), GFP_ATOMIC) {
+        Ok(work) => {
+            // A fresh box cannot be queued already: enqueueing cannot fail.
+            destroy_queue().enqueue(work);
+            Ok(())
+        }
         Err(_) => {
             // No memory for the work item: destroy synchronously, which is
             // only wrong inside a callback (then the id leaks, loudly).
             DEFERRED_DESTROYS.fetch_sub(1, Ordering::AcqRel);
-            if keep.in_own_handler() || in_any_callback() {
+            if inner.in_own_handler() || in_any_callback() {
                 pr_err!("rdma_cm_rs: cannot defer id destruction, leaking it\n");
-                core::mem::forget(keep);
+                core::mem::forget(inner);
                 return Err(ENOMEM);
             }
-            destroy_now(&keep);
+            destroy_now(&inner);
             Ok(())
         }
     }
 }
 
 /// Destroys the QP (if any) and the id, then drops the C side's reference.
-fn destroy_now<H: Handler>(inner: &Arc<IdInner<H>>) {
+fn destroy_now<H: Handler>(inner: &IdInner<H>) {
     let raw = inner.raw.swap(ptr::null_mut(), Ordering::AcqRel);
     if raw.is_null() {
         return;

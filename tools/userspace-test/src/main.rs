@@ -23,9 +23,12 @@ use std::{
     collections::HashMap,
     io::{BufRead, Write},
     net::{IpAddr, SocketAddr, TcpListener},
-    time::Duration,
+    time::{Duration, Instant},
 };
-use uapi::{Device, Param, RDMA_CM_RS_ACCESS_REMOTE_READ, RDMA_CM_RS_ACCESS_REMOTE_WRITE};
+use uapi::{
+    Device, Param, RDMA_CM_RS_ACCESS_REMOTE_READ, RDMA_CM_RS_ACCESS_REMOTE_WRITE,
+    RDMA_CM_RS_RDMA_WRITE,
+};
 
 #[derive(Parser)]
 #[command(
@@ -109,6 +112,16 @@ enum Ctl {
         /// Bytes a ping (rping's -S).
         #[arg(long, default_value_t = 64)]
         size: u32,
+    },
+    /// Device removal with the module's ids and regions on the device:
+    /// `rdma link delete` must finish (the module destroys its ids from a
+    /// workqueue), every id gets DEVICE_REMOVAL and is gone, then the link
+    /// is added back.  Run it in a process that never opened librdmacm:
+    /// rxe cannot take a device from under open user contexts.
+    DeviceRemoval {
+        /// The module's address on the device, with a free port.
+        #[arg(value_parser = shell::parse_addr)]
+        addr: SocketAddr,
     },
     /// Raw commands from standard input, one a line (`help` lists them).
     Shell,
@@ -328,6 +341,124 @@ fn ctl_rping(addr: SocketAddr, count: u32, size: u32) -> Result<()> {
     dev.disconnect(id).context("disconnect")?;
     module_expect(&dev, EV_DISCONNECTED)?;
     dev.destroy(id)?;
+    Ok(())
+}
+
+/// Waits (bounded) until `dev` delivered DEVICE_REMOVAL for every id in
+/// `ids`; other events (DISCONNECTED of the connection) are passed over.
+fn expect_removal(dev: &Device, ids: &[u32]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut left: Vec<u32> = ids.to_vec();
+    while !left.is_empty() {
+        ensure!(
+            Instant::now() < deadline,
+            "no DEVICE_REMOVAL for ids {left:?}"
+        );
+        let e = match dev.get_event(1000) {
+            Ok(e) => e,
+            Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => continue,
+            Err(e) => return Err(e).context("GET_EVENT"),
+        };
+        say(&e.line("module"));
+        if e.event == EV_DEVICE_REMOVAL {
+            left.retain(|&id| id != e.id);
+        }
+    }
+    Ok(())
+}
+
+fn rdma_cmd(args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new("timeout")
+        .arg("30")
+        .arg("rdma")
+        .args(args)
+        .output()
+        .context("rdma")?;
+    ensure!(
+        out.status.success(),
+        "rdma {}: {} {}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn ctl_device_removal(addr: SocketAddr) -> Result<()> {
+    let server = Device::open()?;
+    let client = Device::open()?;
+    let listener = server.create_id(1)?;
+    server.bind(listener, &addr).context("bind")?;
+    server.listen(listener, 4).context("listen")?;
+    let conn = client.create_id(2)?;
+    client
+        .resolve_addr(conn, &addr, 2000)
+        .context("resolve_addr")?;
+    module_expect(&client, EV_ADDR_RESOLVED)?;
+    client.resolve_route(conn, 2000).context("resolve_route")?;
+    module_expect(&client, EV_ROUTE_RESOLVED)?;
+    client.connect(conn, &Param::with_data(b"removal"))?;
+    let accepted = module_expect(&server, EV_CONNECT_REQUEST)?.new_id;
+    server.accept(accepted, None)?;
+    module_expect(&server, EV_ESTABLISHED)?;
+    module_expect(&client, EV_ESTABLISHED)?;
+    // Every kind of device resource exists: QPs, CQs, PDs, regions, and a
+    // completed RDMA WRITE proves the data path.
+    let (sink, saddr, skey) = server.mr_reg(accepted, 4096, RDMA_CM_RS_ACCESS_REMOTE_WRITE)?;
+    let (source, _, _) = client.mr_reg(conn, 4096, 0)?;
+    client.mr_write(conn, source, 0, b"before removal")?;
+    client.rdma(conn, RDMA_CM_RS_RDMA_WRITE, source, 0, 14, saddr, skey)?;
+    ensure!(server.mr_read(accepted, sink, 0, 14)? == b"before removal");
+    let q = client.query(conn)?;
+    let device: String = q
+        .device
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8 as char)
+        .collect();
+    let link = rdma_cmd(&["link", "show", &format!("{device}/1")])?;
+    let netdev = link
+        .split_whitespace()
+        .skip_while(|w| *w != "netdev")
+        .nth(1)
+        .context("no netdev in `rdma link show`")?
+        .to_string();
+    let start = Instant::now();
+    rdma_cmd(&["link", "delete", &device])?;
+    expect_removal(&server, &[listener, accepted])?;
+    expect_removal(&client, &[conn])?;
+    // Unregistration is queued: the device must actually go.
+    while rdma_cmd(&["link", "show", &format!("{device}/1")]).is_ok() {
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "{device} still there after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = start.elapsed();
+    for (dev, id) in [(&server, listener), (&server, accepted), (&client, conn)] {
+        match dev.query(id) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            other => bail!("id {id} after DEVICE_REMOVAL: {other:?}"),
+        }
+    }
+    say(&format!(
+        "module: {device} removed in {} ms with 3 ids and 2 regions on it; all ids got DEVICE_REMOVAL",
+        took.as_millis()
+    ));
+    rdma_cmd(&["link", "add", &device, "type", "rxe", "netdev", &netdev])?;
+    // Back in service once an id binds to the address again.
+    let probe = Device::open()?;
+    let id = probe.create_id(3)?;
+    let bind_to = SocketAddr::new(addr.ip(), 0);
+    while probe.bind(id, &bind_to).is_err() {
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "{device} not usable again after re-adding it on {netdev}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    say(&format!("module: {device} added back on {netdev}"));
     Ok(())
 }
 
@@ -577,6 +708,7 @@ fn main() -> Result<()> {
             message,
         }) => ctl_connect(addr, &data, &message)?,
         Cmd::Ctl(Ctl::Rping { addr, count, size }) => ctl_rping(addr, count, size)?,
+        Cmd::Ctl(Ctl::DeviceRemoval { addr }) => ctl_device_removal(addr)?,
         Cmd::Ctl(Ctl::Shell) => ctl_shell()?,
         Cmd::Peer(Peer::Client {
             addr,

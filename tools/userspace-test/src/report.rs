@@ -34,6 +34,7 @@ pub const EV_UNREACHABLE: u32 = 7;
 pub const EV_REJECTED: u32 = 8;
 pub const EV_ESTABLISHED: u32 = 9;
 pub const EV_DISCONNECTED: u32 = 10;
+pub const EV_DEVICE_REMOVAL: u32 = 11;
 pub const EV_TIMEWAIT_EXIT: u32 = 15;
 
 pub fn event_name(e: u32) -> &'static str {

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# Device removal, run inside the test VM after everything else (it deletes
+# and re-adds the rxe device): with rdma_cm_rs.ko's ids, QPs and registered
+# regions on the device, and a kernel-to-kernel rping session of the sample
+# open,
+# `rdma link delete` must complete, every id must get DEVICE_REMOVAL, and
+# the device must work again once re-added.  Runs the module's side in a
+# process that never opened librdmacm (rxe cannot take a device from under
+# open user verbs contexts).  Prints flat KTAP; exits non-zero on failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tool=tools/userspace-test/target/release/userspace-test
+ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
+n=0
+fails=0
+result() {
+	n=$((n + 1))
+	if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fails=$((fails + 1)); fi
+}
+
+insmod ./rdma_cm_rs_rping.ko port=7174
+result $? "device removal: insmod rdma_cm_rs_rping"
+# A kernel-to-kernel rping session runs during the removal.
+$tool ctl rping "$ip:7174" --count 100000000 --size 64 >/dev/null 2>&1 &
+pinger=$!
+sleep 2
+out=$($tool ctl device-removal "$ip:7610" 2>&1)
+rc=$?
+echo "$out" | grep -E "removed|added back|Error|error" | sed 's/^/# /' | cut -c1-200
+result $rc "device removal: rdma link delete with ids, QPs, regions and an rping session on the device"
+# The pinging client fails once its device is gone (bounded: 30 s).
+for _ in $(seq 300); do kill -0 $pinger 2>/dev/null || break; sleep 0.1; done
+if kill -0 $pinger 2>/dev/null; then
+	kill $pinger
+	result 1 "device removal: the pinging client ended"
+else
+	wait $pinger
+	[ $? -ne 0 ]
+	result $? "device removal: the pinging client ended with an error"
+fi
+dmesg | grep -q "rdma_cm_rs_rping: session ended (device removal)"
+result $? "device removal: the sample ended its session on DEVICE_REMOVAL"
+$tool ctl rping "$ip:7174" --count 2 --size 64 >/dev/null 2>&1
+result $? "device removal: the sample serves again on the re-added device"
+rmmod rdma_cm_rs_rping
+result $? "device removal: rmmod rdma_cm_rs_rping"
+echo "1..$n"
+[ $fails -eq 0 ]
