@@ -10,12 +10,7 @@ cd "$(dirname "$0")/.."
 tool=tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
 port=7500
-n=0
-fails=0
-result() {
-	n=$((n + 1))
-	if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fails=$((fails + 1)); fi
-}
+. tools/lib/ktap.sh
 
 insmod ./rdma_cm_rs_echo.ko port=$port
 result $? "echo: insmod rdma_cm_rs_echo"
@@ -29,5 +24,4 @@ for msg in x "hello, echo" "$(head -c 4000 /dev/zero | tr '\0' 'e')"; do
 done
 rmmod rdma_cm_rs_echo
 result $? "echo: rmmod with connections ended"
-echo "1..$n"
-[ $fails -eq 0 ]
+ktap_end

@@ -13,12 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 tool=tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
-n=0
-fails=0
-result() {
-	n=$((n + 1))
-	if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fails=$((fails + 1)); fi
-}
+. tools/lib/ktap.sh
 
 insmod ./rdma_cm_rs_rping.ko port=7174
 result $? "device removal: insmod rdma_cm_rs_rping"
@@ -46,5 +41,4 @@ $tool ctl rping "$ip:7174" --count 2 --size 64 >/dev/null 2>&1
 result $? "device removal: the sample serves again on the re-added device"
 rmmod rdma_cm_rs_rping
 result $? "device removal: rmmod rdma_cm_rs_rping"
-echo "1..$n"
-[ $fails -eq 0 ]
+ktap_end

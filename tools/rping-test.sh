@@ -11,12 +11,7 @@ cd "$(dirname "$0")/.."
 tool=tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
 port=7174
-n=0
-fails=0
-result() {
-	n=$((n + 1))
-	if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fails=$((fails + 1)); fi
-}
+. tools/lib/ktap.sh
 # ibv_reg_mr in rping needs locked memory.
 ulimit -l unlimited
 
@@ -45,5 +40,4 @@ if dmesg | grep -q "rdma_cm_rs_rping: session failed"; then
 else
 	result 0 "rping: no session failed"
 fi
-echo "1..$n"
-[ $fails -eq 0 ]
+ktap_end

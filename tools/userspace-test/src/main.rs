@@ -255,21 +255,28 @@ fn ctl_listen(
     Ok(())
 }
 
-fn ctl_connect(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
-    let dev = Device::open()?;
+/// Creates an id on `dev` and connects it to `addr` with `data` as private
+/// data; returns once it is ESTABLISHED.
+fn module_connect(dev: &Device, addr: SocketAddr, data: &[u8]) -> Result<u32> {
     let id = dev.create_id(1)?;
     say(&format!("module: id={id} resolving {addr}"));
     dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
-    module_expect(&dev, EV_ADDR_RESOLVED)?;
+    module_expect(dev, EV_ADDR_RESOLVED)?;
     dev.resolve_route(id, 2000).context("resolve_route")?;
-    module_expect(&dev, EV_ROUTE_RESOLVED)?;
+    module_expect(dev, EV_ROUTE_RESOLVED)?;
     dev.connect(id, &Param::with_data(data))
         .context("connect")?;
     say(&format!(
         "module: connect id={id} {}",
         show("private_data", data)
     ));
-    module_expect(&dev, EV_ESTABLISHED)?;
+    module_expect(dev, EV_ESTABLISHED)?;
+    Ok(id)
+}
+
+fn ctl_connect(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
+    let dev = Device::open()?;
+    let id = module_connect(&dev, addr, data)?;
     if !message.is_empty() {
         dev.send(id, message).context("send")?;
         say(&format!(
@@ -295,13 +302,7 @@ fn ctl_rping(addr: SocketAddr, count: u32, size: u32) -> Result<()> {
     // rping's minimum holds "rdma-ping-%d: " for any int.
     ensure!((24..=65536).contains(&size), "size must be 24..=65536");
     let dev = Device::open()?;
-    let id = dev.create_id(1)?;
-    dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
-    module_expect(&dev, EV_ADDR_RESOLVED)?;
-    dev.resolve_route(id, 2000).context("resolve_route")?;
-    module_expect(&dev, EV_ROUTE_RESOLVED)?;
-    dev.connect(id, &Param::with_data(&[])).context("connect")?;
-    module_expect(&dev, EV_ESTABLISHED)?;
+    let id = module_connect(&dev, addr, &[])?;
     let (source, saddr, skey) = dev
         .mr_reg(id, size, RDMA_CM_RS_ACCESS_REMOTE_READ)
         .context("MR_REG source")?;
@@ -409,13 +410,7 @@ fn ctl_device_removal(addr: SocketAddr) -> Result<()> {
     client.mr_write(conn, source, 0, b"before removal")?;
     client.rdma(conn, RDMA_CM_RS_RDMA_WRITE, source, 0, 14, saddr, skey)?;
     ensure!(server.mr_read(accepted, sink, 0, 14)? == b"before removal");
-    let q = client.query(conn)?;
-    let device: String = q
-        .device
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8 as char)
-        .collect();
+    let device = uapi::device_name(&client.query(conn)?);
     let link = rdma_cmd(&["link", "show", &format!("{device}/1")])?;
     let netdev = link
         .split_whitespace()
@@ -504,12 +499,7 @@ fn run_shell_command(dev: &Device, c: shell::Command) -> Result<String> {
         C::Set { id, option, value } => ok_or_errno(dev.set_option(id, option, value)),
         C::Query { id } => {
             let q = dev.query(id)?;
-            let device: String = q
-                .device
-                .iter()
-                .take_while(|&&c| c != 0)
-                .map(|&c| c as u8 as char)
-                .collect();
+            let device = uapi::device_name(&q);
             let addr = |a| uapi::parse_sockaddr(a).map_or("-".into(), |a| a.to_string());
             format!(
                 "id={id} state={} port_space={:#x} qp_type={} qp_num={:#x} port_num={} \

@@ -565,23 +565,35 @@ const REMOTE_RW: u32 = RDMA_CM_RS_ACCESS_REMOTE_READ | RDMA_CM_RS_ACCESS_REMOTE_
 /// IBV_WC_REM_ACCESS_ERR.
 const WC_REM_ACCESS_ERR: u32 = 10;
 
+/// Starts the agent's RDMA peer (`rdma=LEN rdmamode=MODE`), connects the
+/// module to it (both RDMA read depths 1: the module reads, and serves the
+/// peer's reads) and returns the call, the id and the peer's advertisement.
+fn connect_rdma_peer(
+    ctx: &mut Ctx,
+    dev: &Device,
+    len: usize,
+    mode: &str,
+) -> Result<(Call, u32, (u64, u32, u32))> {
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let mut call = Call::start(
+        &ctx.agent,
+        &format!("serve addr={addr} count=1 accept=- rdma={len} rdmamode={mode}"),
+    )?;
+    call.ready()?;
+    let id = resolve(dev, addr)?;
+    dev.connect(id, &Param::with_data(b"rdma"))?;
+    wait(dev, EV_ESTABLISHED)?;
+    let advert = parse_advert(&dev.recv(id, 4096, T)?)?;
+    Ok((call, id, advert))
+}
+
 /// RDMA READ and WRITE in both directions between a module region and a
 /// librdmacm region, across page boundaries (64 KiB + 3 bytes, offsets not
 /// aligned), and a peer's write with the key of a deregistered region.
 fn rdma_read_write(ctx: &mut Ctx) -> Result<()> {
     let dev = Device::open()?;
     let n = 65536 + 3;
-    let addr = SocketAddr::new(ctx.peer4, ctx.port());
-    let mut call = Call::start(
-        &ctx.agent,
-        &format!("serve addr={addr} count=1 accept=- rdma={n} rdmamode=full disc=self"),
-    )?;
-    call.ready()?;
-    let id = resolve(&dev, addr)?;
-    // Both depths 1: the module reads, and serves the peer's read.
-    dev.connect(id, &Param::with_data(b"rdma"))?;
-    wait(&dev, EV_ESTABLISHED)?;
-    let (paddr, pkey, plen) = parse_advert(&dev.recv(id, 4096, T)?)?;
+    let (call, id, (paddr, pkey, plen)) = connect_rdma_peer(ctx, &dev, n, "full disc=self")?;
     ensure!(plen as usize == n, "peer advertised {plen} bytes");
     let (mr, maddr, mkey) = dev.mr_reg(id, n as u32, REMOTE_RW)?;
     ensure!(mr != 0, "region handle 0");
@@ -658,16 +670,7 @@ fn rdma_errors(ctx: &mut Ctx) -> Result<()> {
         dev.mr_reg(unconnected, 4096, 0),
         libc::ENOTCONN,
     )?;
-    let addr = SocketAddr::new(ctx.peer4, ctx.port());
-    let mut call = Call::start(
-        &ctx.agent,
-        &format!("serve addr={addr} count=1 accept=- rdma=4096 rdmamode=victim"),
-    )?;
-    call.ready()?;
-    let id = resolve(&dev, addr)?;
-    dev.connect(id, &Param::with_data(b"rdma"))?;
-    wait(&dev, EV_ESTABLISHED)?;
-    let (paddr, pkey, plen) = parse_advert(&dev.recv(id, 4096, T)?)?;
+    let (call, id, (paddr, pkey, plen)) = connect_rdma_peer(ctx, &dev, 4096, "victim")?;
     let max = RDMA_CM_RS_MAX_MR_LEN;
     expect_errno("MR_REG of 0 bytes", dev.mr_reg(id, 0, 0), libc::EINVAL)?;
     expect_errno(

@@ -78,6 +78,15 @@ pub fn state_name(s: u32) -> &'static str {
     NAMES.get(s as usize).copied().unwrap_or("UNKNOWN")
 }
 
+/// The RDMA device name QUERY reported (empty while unbound).
+pub fn device_name(q: &rdma_cm_rs_query) -> String {
+    q.device
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8 as char)
+        .collect()
+}
+
 /// Encodes a socket address in the ABI's form: `sockaddr_in`/`sockaddr_in6`
 /// in network byte order, zero-padded to 128 bytes.
 pub fn sockaddr(addr: &SocketAddr) -> rdma_cm_rs_sockaddr {

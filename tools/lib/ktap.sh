@@ -1,0 +1,19 @@
+# SPDX-License-Identifier: GPL-2.0
+# Flat KTAP for the in-VM shell tests: `result STATUS NAME` prints one
+# "ok N - NAME" or "not ok N - NAME"; `ktap_end` prints the plan and returns
+# non-zero if any result failed.
+ktap_n=0
+ktap_fails=0
+result() {
+	ktap_n=$((ktap_n + 1))
+	if [ "$1" -eq 0 ]; then
+		echo "ok $ktap_n - $2"
+	else
+		echo "not ok $ktap_n - $2"
+		ktap_fails=$((ktap_fails + 1))
+	fi
+}
+ktap_end() {
+	echo "1..$ktap_n"
+	[ "$ktap_fails" -eq 0 ]
+}
