@@ -13,6 +13,7 @@ use crate::{
         verbs::{CompletionHandler, Cq, Pd, Qp, QpCaps, RecvBuffer, SendBuffer},
     },
 };
+use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     new_condvar, new_mutex,
     prelude::*,
@@ -28,6 +29,9 @@ pub(crate) struct ConnShared {
     rx: Mutex<KVec<RecvBuffer>>,
     #[pin]
     rx_ready: CondVar,
+    /// The QP flushed its receives (disconnect, device removal, teardown):
+    /// nothing more will arrive, so RECV must not wait.
+    rx_closed: AtomicBool,
     #[pin]
     tx: Mutex<TxState>,
     #[pin]
@@ -61,14 +65,15 @@ pub(crate) struct ConnCompletions {
 
 impl CompletionHandler for ConnCompletions {
     fn recv_done(&self, buf: RecvBuffer, result: Result<usize>) {
-        // A flushed receive (teardown) just frees its buffer.
+        let mut rx = self.shared.rx.lock();
         if result.is_ok() {
-            let mut rx = self.shared.rx.lock();
             // Cannot fail: the vector was reserved for every receive buffer.
-            if rx.push_within_capacity(buf).is_ok() {
-                self.shared.rx_ready.notify_all();
-            }
+            let _ = rx.push_within_capacity(buf);
+        } else {
+            // Flushed: the buffer is freed; waiting readers must give up.
+            self.shared.rx_closed.store(true, Ordering::Release);
         }
+        self.shared.rx_ready.notify_all();
     }
 
     fn send_done(&self, buf: SendBuffer, result: Result) {
@@ -128,6 +133,7 @@ impl Conn {
             pin_init!(ConnShared {
                 rx <- new_mutex!(rx),
                 rx_ready <- new_condvar!(),
+                rx_closed: AtomicBool::new(false),
                 tx <- new_mutex!(TxState { buf: None, result: None }),
                 tx_done <- new_condvar!(),
                 work <- new_mutex!(WorkState {
@@ -219,7 +225,13 @@ impl Conn {
     ) -> Result<usize> {
         let buf = {
             let mut rx = self.shared.rx.lock();
-            wait_for(&self.shared.rx_ready, &mut rx, wait, |q| !q.is_empty())?;
+            let closed = &self.shared.rx_closed;
+            wait_for(&self.shared.rx_ready, &mut rx, wait, |q| {
+                !q.is_empty() || closed.load(Ordering::Acquire)
+            })?;
+            if rx.is_empty() {
+                return Err(ENOTCONN);
+            }
             let len = rx[0].data().len();
             if len > capacity {
                 return Err(EMSGSIZE);

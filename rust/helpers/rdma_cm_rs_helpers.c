@@ -45,6 +45,12 @@ struct task_struct *rdma_cm_rs_current_task(void)
 	return current;
 }
 
+/* Unregistration waits for this reference (disable_device), after DEVICE_REMOVAL. */
+bool rdma_cm_rs_device_try_get(struct ib_device *dev)
+{
+	return ib_device_try_get(dev);
+}
+
 struct ib_pd *rdma_cm_rs_alloc_pd(struct ib_device *device, unsigned int flags)
 {
 	return ib_alloc_pd(device, flags);

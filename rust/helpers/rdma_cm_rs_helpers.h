@@ -24,6 +24,7 @@ struct net *rdma_cm_rs_get_net(struct net *net);
 void rdma_cm_rs_put_net(struct net *net);
 struct task_struct *rdma_cm_rs_current_task(void);
 
+bool rdma_cm_rs_device_try_get(struct ib_device *dev);
 struct ib_pd *rdma_cm_rs_alloc_pd(struct ib_device *device, unsigned int flags);
 void rdma_cm_rs_dealloc_pd(struct ib_pd *pd);
 struct ib_cq *rdma_cm_rs_alloc_cq(struct ib_device *dev, void *private,

@@ -31,20 +31,17 @@ use super::{
     bindings,
     verbs::{CompletionHandler, Pd, Qp},
 };
-use core::{
-    alloc::Layout,
-    ptr::NonNull,
-    sync::atomic::{AtomicU8, Ordering},
-};
+use core::{alloc::Layout, ptr::NonNull};
 use kernel::{
     alloc::{
         allocator::Kmalloc,
         flags::{__GFP_NOWARN, __GFP_ZERO},
         Allocator, NumaNode,
     },
+    new_mutex,
     page::PAGE_SIZE,
     prelude::*,
-    sync::Arc,
+    sync::{Arc, Mutex},
 };
 
 fn buffer_layout(capacity: usize) -> Result<Layout> {
@@ -123,37 +120,54 @@ pub fn check_range(offset: usize, len: usize, size: usize) -> Result {
     }
 }
 
-const STATE_FREE: u8 = 0;
-const STATE_VALID: u8 = 1;
+/// The registration state of a region, changed only under [`Mr::reg`].
+struct Registration {
+    /// A registration is posted and no invalidation after it: the send
+    /// queue executes work requests in order, so this is the state the
+    /// device will be in for anything posted next.
+    valid: bool,
+    /// The key byte of the next registration.
+    next_key: u8,
+    /// The keys of the current registration.
+    lkey: u32,
+    rkey: u32,
+}
 
 /// A memory region for fast registration, with its own buffer.
 ///
 /// # Invariants
 ///
-/// * `raw` is a live FRWR MR of `pd`, deregistered only by `drop`.
+/// * `raw` is a live FRWR MR of `pd`, deregistered only by `drop`; its keys
+///   and page list change only with `reg` locked.
 /// * `data` points to `capacity` bytes allocated by `Kmalloc` (physically
 ///   contiguous, page aligned), DMA-mapped bidirectionally at `dma` for
 ///   `device` while the object lives; no Rust reference to them exists.
-pub struct Mr {
+struct MrResources {
     raw: NonNull<bindings::ib_mr>,
     device: *mut bindings::ib_device,
     data: NonNull<u8>,
     capacity: usize,
     dma: u64,
     len: usize,
-    /// `STATE_FREE` or `STATE_VALID`, as far as posted work requests go: the
-    /// send queue executes them in order.
-    state: AtomicU8,
-    /// The key byte of the next registration.
-    next_key: AtomicU8,
     _pd: Arc<Pd>,
 }
 
+/// A memory region for fast registration, with its own buffer: see the
+/// module documentation for who owns what.
+#[pin_data]
+pub struct Mr {
+    res: MrResources,
+    /// Serialises registration, invalidation and the posts that use the
+    /// current keys (lock order: this, then the QP's post lock).
+    #[pin]
+    reg: Mutex<Registration>,
+}
+
 // SAFETY: The MR and the DMA API may be used from any thread; the memory is
-// only reached through C copies.
-unsafe impl Send for Mr {}
-// SAFETY: As above: shared use only copies bytes and posts work requests.
-unsafe impl Sync for Mr {}
+// only reached through C copies; the MR's keys change under `Mr::reg`.
+unsafe impl Send for MrResources {}
+// SAFETY: As above: shared use only copies bytes; key changes are locked.
+unsafe impl Sync for MrResources {}
 
 impl Mr {
     /// Allocates a zeroed, DMA-mapped buffer of `len` bytes and an FRWR
@@ -222,9 +236,10 @@ impl Mr {
             }
         };
         // SAFETY: A fresh MR.
-        let key = unsafe { (*raw).rkey } as u8;
-        // INVARIANT: All allocated and mapped above.
-        let mr = Self {
+        let (lkey, rkey) = unsafe { ((*raw).lkey, (*raw).rkey) };
+        // INVARIANT: All allocated and mapped above.  If the allocation
+        // below fails, `res` is dropped with the initialiser and frees all.
+        let res = MrResources {
             // SAFETY: `from_err_ptr` returned a valid, non-null pointer.
             raw: unsafe { NonNull::new_unchecked(raw) },
             device,
@@ -232,44 +247,47 @@ impl Mr {
             capacity,
             dma,
             len,
-            state: AtomicU8::new(STATE_FREE),
-            next_key: AtomicU8::new(key.wrapping_add(1)),
             _pd: pd.clone(),
         };
-        Ok(Arc::new(mr, GFP_KERNEL)?)
+        Arc::pin_init(
+            pin_init!(Self {
+                res,
+                reg <- new_mutex!(Registration {
+                    valid: false,
+                    next_key: (rkey as u8).wrapping_add(1),
+                    lkey,
+                    rkey,
+                }),
+            }),
+            GFP_KERNEL,
+        )
     }
 
     /// The region's length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.res.len
     }
 
     /// Whether the region is empty (never: kept for clippy's sake).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.res.len == 0
     }
 
     /// Whether a registration is posted and no invalidation after it.
     pub fn is_registered(&self) -> bool {
-        self.state.load(Ordering::Acquire) == STATE_VALID
-    }
-
-    /// The local key of the current registration.
-    pub fn lkey(&self) -> u32 {
-        // SAFETY: The MR is live (type invariants); the key changes only
-        // when registering, under the QP's post lock.
-        unsafe { (*self.raw.as_ptr()).lkey }
+        self.reg.lock().valid
     }
 
     /// Copies `out.len()` bytes at `offset` out of the region.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result {
-        check_range(offset, out.len(), self.len)?;
+        let res = &self.res;
+        check_range(offset, out.len(), res.len)?;
         // SAFETY: Mapped by the type invariants.
         unsafe {
             bindings::rdma_cm_rs_dma_sync_for_cpu(
-                self.device,
-                self.dma,
-                self.capacity,
+                res.device,
+                res.dma,
+                res.capacity,
                 bindings::dma_data_direction::DMA_BIDIRECTIONAL,
             )
         };
@@ -279,7 +297,7 @@ impl Mr {
         unsafe {
             bindings::rdma_cm_rs_copy(
                 out.as_mut_ptr().cast(),
-                self.data.as_ptr().add(offset).cast(),
+                res.data.as_ptr().add(offset).cast(),
                 out.len(),
             )
         };
@@ -288,11 +306,12 @@ impl Mr {
 
     /// Copies `data` into the region at `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result {
-        check_range(offset, data.len(), self.len)?;
+        let res = &self.res;
+        check_range(offset, data.len(), res.len)?;
         // SAFETY: As in `read`, in the other direction.
         unsafe {
             bindings::rdma_cm_rs_copy(
-                self.data.as_ptr().add(offset).cast(),
+                res.data.as_ptr().add(offset).cast(),
                 data.as_ptr().cast(),
                 data.len(),
             )
@@ -300,9 +319,9 @@ impl Mr {
         // SAFETY: Mapped by the type invariants.
         unsafe {
             bindings::rdma_cm_rs_dma_sync_for_device(
-                self.device,
-                self.dma,
-                self.capacity,
+                res.device,
+                res.dma,
+                res.capacity,
                 bindings::dma_data_direction::DMA_BIDIRECTIONAL,
             )
         };
@@ -310,11 +329,11 @@ impl Mr {
     }
 
     fn as_ptr(&self) -> *mut bindings::ib_mr {
-        self.raw.as_ptr()
+        self.res.raw.as_ptr()
     }
 }
 
-impl Drop for Mr {
+impl Drop for MrResources {
     fn drop(&mut self) {
         // Deregistration revokes every key before the memory goes: no work
         // request names this MR any more (each holds a reference).
@@ -408,20 +427,20 @@ unsafe extern "C" fn work_done<C: CompletionHandler>(
     let result = super::verbs::wc_result(unsafe { &*wc });
     let Work { done, .. } = KBox::into_inner(work);
     match (done.op, &result) {
-        // The region stays free: a failed registration grants nothing.
-        (WorkOp::Register, Err(_)) => done.mr.state.store(STATE_FREE, Ordering::Release),
+        // The region is free again: a failed registration grants nothing.
+        (WorkOp::Register, Err(_)) => done.mr.reg.lock().valid = false,
         // A failed invalidation may leave the keys valid: refuse to
         // register again; dropping the region still revokes everything.
-        (WorkOp::Invalidate, Err(_)) => done.mr.state.store(STATE_VALID, Ordering::Release),
+        (WorkOp::Invalidate, Err(_)) => done.mr.reg.lock().valid = true,
         _ => {}
     }
     if matches!(done.op, WorkOp::RdmaRead) && result.is_ok() {
         // SAFETY: Mapped while `mr` lives.
         unsafe {
             bindings::rdma_cm_rs_dma_sync_for_cpu(
-                done.mr.device,
-                done.mr.dma,
-                done.mr.capacity,
+                done.mr.res.device,
+                done.mr.res.dma,
+                done.mr.res.capacity,
                 bindings::dma_data_direction::DMA_BIDIRECTIONAL,
             )
         };
@@ -470,47 +489,56 @@ impl<C: CompletionHandler> Qp<C> {
     /// reported to [`CompletionHandler::work_done`] with `tag`.  `EBUSY` if
     /// the region is registered already.
     pub fn register(&self, mr: &Arc<Mr>, access: MrAccess, tag: u64) -> Result<RemoteRegion> {
-        mr.state
-            .compare_exchange(STATE_FREE, STATE_VALID, Ordering::AcqRel, Ordering::Acquire)
-            .map_err(|_| EBUSY)?;
-        let key = mr.next_key.fetch_add(1, Ordering::AcqRel);
-        // SAFETY: The region is free: no registration uses its keys, and the
-        // state flip above excludes concurrent registrations.
-        unsafe { bindings::rdma_cm_rs_update_fast_reg_key(mr.as_ptr(), key) };
-        // SAFETY: As above; the buffer is mapped for the MR's device.
-        let mapped = kernel::error::to_result(unsafe {
-            bindings::rdma_cm_rs_map_mr(mr.as_ptr(), mr.dma, mr.len as u32)
-        });
-        if let Err(e) = mapped {
-            mr.state.store(STATE_FREE, Ordering::Release);
-            return Err(e);
+        let mut reg = mr.reg.lock();
+        if reg.valid {
+            return Err(EBUSY);
         }
-        // SAFETY: Mapped just above.
-        let (addr, rkey) = unsafe { ((*mr.as_ptr()).iova, (*mr.as_ptr()).rkey) };
-        let mut reg: bindings::ib_reg_wr = pin_init::zeroed();
-        let posted = self.post_work(
+        let res = &mr.res;
+        // SAFETY: The region is free (no registration uses its keys) and
+        // `reg` is locked, so nothing else changes or reads the MR's keys
+        // and page list (type invariants).  The buffer is mapped for the
+        // MR's device.
+        let mapped = unsafe {
+            bindings::rdma_cm_rs_update_fast_reg_key(mr.as_ptr(), reg.next_key);
+            kernel::error::to_result(bindings::rdma_cm_rs_map_mr(
+                mr.as_ptr(),
+                res.dma,
+                res.len as u32,
+            ))
+        };
+        reg.next_key = reg.next_key.wrapping_add(1);
+        mapped?;
+        // SAFETY: Mapped just above, under the lock.
+        let (addr, lkey, rkey) = unsafe {
+            (
+                (*mr.as_ptr()).iova,
+                (*mr.as_ptr()).lkey,
+                (*mr.as_ptr()).rkey,
+            )
+        };
+        let mut wr_reg: bindings::ib_reg_wr = pin_init::zeroed();
+        self.post_work(
             WorkDone {
                 op: WorkOp::Register,
                 tag,
                 mr: mr.clone(),
             },
             |wr| {
-                reg.wr = *wr;
-                reg.wr.opcode = bindings::ib_wr_opcode_IB_WR_REG_MR;
-                reg.mr = mr.as_ptr();
-                reg.key = rkey;
-                reg.access = access.to_raw();
-                &raw const reg.wr
+                wr_reg.wr = *wr;
+                wr_reg.wr.opcode = bindings::ib_wr_opcode_IB_WR_REG_MR;
+                wr_reg.mr = mr.as_ptr();
+                wr_reg.key = rkey;
+                wr_reg.access = access.to_raw();
+                &raw const wr_reg.wr
             },
-        );
-        if let Err(e) = posted {
-            mr.state.store(STATE_FREE, Ordering::Release);
-            return Err(e);
-        }
+        )?;
+        reg.valid = true;
+        reg.lkey = lkey;
+        reg.rkey = rkey;
         Ok(RemoteRegion {
             addr,
             rkey,
-            len: mr.len as u32,
+            len: res.len as u32,
         })
     }
 
@@ -518,11 +546,12 @@ impl<C: CompletionHandler> Qp<C> {
     /// once it has executed, the advertised key grants nothing.  `EINVAL` if
     /// the region is not registered.
     pub fn invalidate(&self, mr: &Arc<Mr>, tag: u64) -> Result {
-        mr.state
-            .compare_exchange(STATE_VALID, STATE_FREE, Ordering::AcqRel, Ordering::Acquire)
-            .map_err(|_| EINVAL)?;
-        let rkey = mr.lkey();
-        let posted = self.post_work(
+        let mut reg = mr.reg.lock();
+        if !reg.valid {
+            return Err(EINVAL);
+        }
+        let rkey = reg.rkey;
+        self.post_work(
             WorkDone {
                 op: WorkOp::Invalidate,
                 tag,
@@ -533,11 +562,9 @@ impl<C: CompletionHandler> Qp<C> {
                 wr.ex.invalidate_rkey = rkey;
                 wr
             },
-        );
-        if posted.is_err() {
-            mr.state.store(STATE_VALID, Ordering::Release);
-        }
-        posted
+        )?;
+        reg.valid = false;
+        Ok(())
     }
 
     /// Posts an RDMA READ (`remote` into `mr` at `offset`) or WRITE (`mr` at
@@ -558,18 +585,21 @@ impl<C: CompletionHandler> Qp<C> {
             WorkOp::RdmaWrite => bindings::ib_wr_opcode_IB_WR_RDMA_WRITE,
             _ => return Err(EINVAL),
         };
-        check_range(offset, remote.len as usize, mr.len)?;
+        check_range(offset, remote.len as usize, mr.res.len)?;
         remote
             .addr
             .checked_add(u64::from(remote.len))
             .ok_or(EINVAL)?;
-        if !mr.is_registered() {
+        // Held across the post: an invalidation cannot slip in between
+        // reading the key and posting the request that uses it.
+        let reg = mr.reg.lock();
+        if !reg.valid {
             return Err(EINVAL);
         }
         let mut sge = bindings::ib_sge {
-            addr: mr.dma + offset as u64,
+            addr: mr.res.dma + offset as u64,
             length: remote.len,
-            lkey: mr.lkey(),
+            lkey: reg.lkey,
         };
         let mut rdma: bindings::ib_rdma_wr = pin_init::zeroed();
         self.post_work(

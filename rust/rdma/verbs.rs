@@ -30,13 +30,68 @@ use kernel::{
     sync::{Arc, Mutex},
 };
 
+/// A reference that holds a device's unregistration back.
+///
+/// `ib_unregister_device` first removes its clients (the CM sends
+/// DEVICE_REMOVAL and waits for the ids on the device to be destroyed), then
+/// waits until every `ib_device_try_get` reference is put
+/// (`disable_device`), and only then frees the device.  Every object of this
+/// layer that lives on a device (PD, CQ, DMA buffers, and regions through
+/// their PD) holds one, so none can outlive its device: a consumer that
+/// drops them after DEVICE_REMOVAL (as dropping the id's owner does) lets
+/// the removal finish, and none is ever used on a freed device.
+///
+/// # Invariants
+///
+/// `raw` is a device on which this object owns one `ib_device_try_get`
+/// reference.
+pub(crate) struct DeviceRef {
+    raw: NonNull<bindings::ib_device>,
+}
+
+// SAFETY: The reference may be taken and put on any thread.
+unsafe impl Send for DeviceRef {}
+// SAFETY: `&DeviceRef` only reads the pointer.
+unsafe impl Sync for DeviceRef {}
+
+impl DeviceRef {
+    /// Takes a reference on `dev`; `ENODEV` once its unregistration began.
+    ///
+    /// # Safety
+    ///
+    /// `dev` must be a live device (e.g. the device of a bound, live id).
+    unsafe fn get(dev: *mut bindings::ib_device) -> Result<Arc<Self>> {
+        let raw = NonNull::new(dev).ok_or(EINVAL)?;
+        // SAFETY: `dev` is live by the safety requirements.
+        if !unsafe { bindings::rdma_cm_rs_device_try_get(dev) } {
+            return Err(ENODEV);
+        }
+        // INVARIANT: Referenced just above.
+        let this = Self { raw };
+        Ok(Arc::new(this, GFP_KERNEL)?)
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut bindings::ib_device {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for DeviceRef {
+    fn drop(&mut self) {
+        // SAFETY: Puts the reference this object owns.
+        unsafe { bindings::ib_device_put(self.raw.as_ptr()) };
+    }
+}
+
 /// A protection domain (`ib_alloc_pd`).
 ///
 /// # Invariants
 ///
-/// `raw` is a live PD allocated by [`Pd::alloc`], freed only by `drop`.
+/// `raw` is a live PD allocated by [`Pd::alloc`] on `dev`'s device, freed
+/// only by `drop` (before `dev` is put).
 pub struct Pd {
     raw: NonNull<bindings::ib_pd>,
+    dev: Arc<DeviceRef>,
 }
 
 // SAFETY: A PD may be used and freed from any thread.
@@ -47,14 +102,16 @@ unsafe impl Sync for Pd {}
 impl Pd {
     /// Allocates a PD on the device the id is bound to.
     pub fn alloc(id: &LockedId<'_>) -> Result<Arc<Self>> {
-        let dev = id.device_ptr().ok_or(EINVAL)?;
-        // SAFETY: `dev` is the live device of a bound id.
-        let raw = unsafe { bindings::rdma_cm_rs_alloc_pd(dev, 0) };
+        // SAFETY: The device of a bound, live (locked) id is live.
+        let dev = unsafe { DeviceRef::get(id.device_ptr().ok_or(EINVAL)?)? };
+        // SAFETY: `dev` is live and referenced.
+        let raw = unsafe { bindings::rdma_cm_rs_alloc_pd(dev.as_ptr(), 0) };
         let raw = kernel::error::from_err_ptr(raw)?;
-        // INVARIANT: `raw` is a PD just allocated.
+        // INVARIANT: `raw` is a PD just allocated on `dev`.
         Ok(Arc::new(
             Self {
                 raw: NonNull::new(raw).ok_or(ENOMEM)?,
+                dev,
             },
             GFP_KERNEL,
         )?)
@@ -67,8 +124,11 @@ impl Pd {
     }
 
     pub(crate) fn device(&self) -> *mut bindings::ib_device {
-        // SAFETY: The PD is live (type invariants).
-        unsafe { (*self.raw.as_ptr()).device }
+        self.dev.as_ptr()
+    }
+
+    pub(crate) fn device_ref(&self) -> Arc<DeviceRef> {
+        self.dev.clone()
     }
 
     pub(crate) fn as_ptr(&self) -> *mut bindings::ib_pd {
@@ -132,6 +192,8 @@ pub(crate) unsafe fn handler_of<'a, C: CompletionHandler>(cq: *mut bindings::ib_
 pub struct Cq<C: CompletionHandler> {
     raw: AtomicPtr<bindings::ib_cq>,
     handler: C,
+    /// Holds the device's unregistration until the CQ is freed.
+    _dev: Arc<DeviceRef>,
 }
 
 // SAFETY: A CQ may be used and freed from any thread; `C` is `Send + Sync`.
@@ -142,11 +204,14 @@ unsafe impl<C: CompletionHandler> Sync for Cq<C> {}
 impl<C: CompletionHandler> Cq<C> {
     /// Allocates a CQ of `entries` on the device the id is bound to.
     pub fn alloc(id: &LockedId<'_>, entries: u32, handler: C) -> Result<Arc<Self>> {
-        let dev = id.device_ptr().ok_or(EINVAL)?;
+        // SAFETY: The device of a bound, live (locked) id is live.
+        let dev_ref = unsafe { DeviceRef::get(id.device_ptr().ok_or(EINVAL)?)? };
+        let dev = dev_ref.as_ptr();
         let cq = Arc::new(
             Self {
                 raw: AtomicPtr::new(ptr::null_mut()),
                 handler,
+                _dev: dev_ref,
             },
             GFP_KERNEL,
         )?;
@@ -198,6 +263,8 @@ impl<C: CompletionHandler> Drop for Cq<C> {
 struct Buffer {
     cqe: bindings::ib_cqe,
     device: *mut bindings::ib_device,
+    /// Holds the device's unregistration until the buffer is unmapped.
+    _dev: Arc<DeviceRef>,
     dma: u64,
     direction: bindings::dma_data_direction,
     lkey: u32,
@@ -240,6 +307,7 @@ impl Buffer {
             Self {
                 cqe: bindings::ib_cqe { done: None },
                 device,
+                _dev: pd.device_ref(),
                 dma,
                 direction,
                 lkey: pd.local_dma_lkey(),
