@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! An `rping` server on the safe RDMA CM abstractions: registered memory and
-//! RDMA READ/WRITE without `unsafe`.
+//! RDMA READ/WRITE in safe Rust only.
 //!
 //! It speaks the protocol of rdma-core's `rping` (and the kernel's old
 //! krping), so an unmodified `rping -c -a ADDR -p 7174 -V` runs against it.
