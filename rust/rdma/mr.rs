@@ -282,15 +282,7 @@ impl Mr {
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result {
         let res = &self.res;
         check_range(offset, out.len(), res.len)?;
-        // SAFETY: Mapped by the type invariants.
-        unsafe {
-            bindings::rdma_cm_rs_dma_sync_for_cpu(
-                res.device,
-                res.dma,
-                res.capacity,
-                bindings::dma_data_direction::DMA_BIDIRECTIONAL,
-            )
-        };
+        res.sync_for_cpu();
         // SAFETY: The range lies within the allocation (checked above);
         // `out` is writable; the copy happens in C, outside of any Rust
         // reference to the region.
@@ -316,20 +308,40 @@ impl Mr {
                 data.len(),
             )
         };
-        // SAFETY: Mapped by the type invariants.
-        unsafe {
-            bindings::rdma_cm_rs_dma_sync_for_device(
-                res.device,
-                res.dma,
-                res.capacity,
-                bindings::dma_data_direction::DMA_BIDIRECTIONAL,
-            )
-        };
+        res.sync_for_device();
         Ok(())
     }
 
     fn as_ptr(&self) -> *mut bindings::ib_mr {
         self.res.raw.as_ptr()
+    }
+}
+
+impl MrResources {
+    /// Makes what the device wrote visible to the CPU.
+    fn sync_for_cpu(&self) {
+        // SAFETY: Mapped by the type invariants.
+        unsafe {
+            bindings::rdma_cm_rs_dma_sync_for_cpu(
+                self.device,
+                self.dma,
+                self.capacity,
+                bindings::dma_data_direction::DMA_BIDIRECTIONAL,
+            )
+        };
+    }
+
+    /// Makes what the CPU wrote visible to the device.
+    fn sync_for_device(&self) {
+        // SAFETY: Mapped by the type invariants.
+        unsafe {
+            bindings::rdma_cm_rs_dma_sync_for_device(
+                self.device,
+                self.dma,
+                self.capacity,
+                bindings::dma_data_direction::DMA_BIDIRECTIONAL,
+            )
+        };
     }
 }
 
@@ -435,15 +447,7 @@ unsafe extern "C" fn work_done<C: CompletionHandler>(
         _ => {}
     }
     if matches!(done.op, WorkOp::RdmaRead) && result.is_ok() {
-        // SAFETY: Mapped while `mr` lives.
-        unsafe {
-            bindings::rdma_cm_rs_dma_sync_for_cpu(
-                done.mr.res.device,
-                done.mr.res.dma,
-                done.mr.res.capacity,
-                bindings::dma_data_direction::DMA_BIDIRECTIONAL,
-            )
-        };
+        done.mr.res.sync_for_cpu();
     }
     // SAFETY: The CQ is live during its callback and its context is a `Cq<C>`.
     let handler = unsafe { super::verbs::handler_of::<C>(cq) };

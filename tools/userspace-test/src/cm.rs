@@ -86,6 +86,19 @@ impl CmEvent {
         crate::report::event_name(self.event)
     }
 
+    /// `Ok` if this is a `want` event, else an error naming both.
+    pub fn must_be(&self, want: u32) -> Result<()> {
+        if self.event != want {
+            bail!(
+                "expected {} but got {} (status {})",
+                crate::report::event_name(want),
+                self.name(),
+                self.status
+            );
+        }
+        Ok(())
+    }
+
     /// The event as one line for people (`ids` names the id on this side).
     pub fn line(&self, who: &str, ids: &str) -> String {
         let c = crate::report::ConnFields {
@@ -197,14 +210,7 @@ impl Channel {
     /// The next event, which must be `want`.
     pub fn expect(&self, want: u32, timeout: Duration) -> Result<CmEvent> {
         let ev = self.next(timeout)?;
-        if ev.event != want {
-            bail!(
-                "expected {} but got {} (status {})",
-                crate::report::event_name(want),
-                ev.name(),
-                ev.status
-            );
-        }
+        ev.must_be(want)?;
         Ok(ev)
     }
 }
@@ -642,14 +648,7 @@ pub fn resolve_logged(
     let mut expect = |want| -> Result<()> {
         let ev = ch.next(timeout)?;
         log(&ev);
-        if ev.event != want {
-            bail!(
-                "expected {} but got {} (status {})",
-                crate::report::event_name(want),
-                ev.name(),
-                ev.status
-            );
-        }
+        ev.must_be(want)?;
         Ok(())
     };
     // SAFETY: Live id, valid address.
