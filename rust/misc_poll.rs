@@ -5,8 +5,9 @@
 //! `kernel::miscdevice` in 7.3 has open, release, ioctl, read/write and
 //! mmap, but no `poll`; an event-queue device needs it.  This is the same
 //! shape (a pinned `struct miscdevice` registration, a vtable of
-//! trampolines) with `poll` added and `compat_ioctl` routed to `ioctl`: the
-//! device's ABI has one layout for 32- and 64-bit callers.
+//! trampolines) with `poll` added.  32-bit callers go through
+//! `compat_ptr_ioctl`, which converts the argument with `compat_ptr` before
+//! calling `ioctl`: the device's ABI has one layout for both.
 
 use core::marker::PhantomData;
 use kernel::{
@@ -38,7 +39,8 @@ pub trait PollMiscDevice: Sized {
         drop(device);
     }
 
-    /// An ioctl; 32-bit callers arrive here too.
+    /// An ioctl; 32-bit callers arrive here too, their argument converted
+    /// by `compat_ptr`.
     fn ioctl(
         _device: <Self::Ptr as ForeignOwnable>::Borrowed<'_>,
         _file: &File,
@@ -118,7 +120,8 @@ impl<T: PollMiscDevice> Vtable<T> {
             None
         },
         compat_ioctl: if T::HAS_IOCTL {
-            Some(Self::ioctl)
+            // `None` in kernels without CONFIG_COMPAT.
+            bindings::compat_ptr_ioctl
         } else {
             None
         },
@@ -180,8 +183,6 @@ impl<T: PollMiscDevice> Vtable<T> {
         let device = unsafe { T::Ptr::borrow((*raw_file).private_data.cast()) };
         // SAFETY: The file is valid during the call.
         let file = unsafe { File::from_raw_file(raw_file) };
-        // 32-bit callers pass a zero-extended pointer; the structures have
-        // one layout, so both entry points share this path.
         match T::ioctl(device, file, cmd, arg) {
             Ok(ret) => ret as ffi::c_long,
             Err(e) => e.to_errno() as ffi::c_long,

@@ -4,9 +4,14 @@
 //! manager, and an in-kernel CM consumer driven from user space through
 //! `/dev/rdma_cm_rs`.
 //!
-//! * `rdma`: the abstraction layer (all of the module's `unsafe` code, with
-//!   `misc_poll` and `abi`).
-//! * `ctl`: the char device, written against the safe API only.
+//! * `rdma`: the abstraction layer over the RDMA stack (verbs, then the CM
+//!   above them), compiled in from `rust/rdma/`.
+//! * `misc_poll`: a misc device with `poll`, which 7.3's
+//!   `kernel::miscdevice` lacks.
+//! * `abi`: the char device's ABI, generated from `rust/uapi/rdma_cm_rs.h`.
+//! * `ctl`: the char device, written against the safe APIs only.
+//!
+//! The `unsafe` code is in `rdma`, `misc_poll` and `abi`; `ctl` forbids it.
 
 pub mod abi;
 mod ctl;
@@ -30,27 +35,22 @@ module! {
     license: "GPL",
 }
 
-#[pin_data(PinnedDrop)]
+#[pin_data]
 struct RdmaCmRs {
     #[pin]
     ctl: misc_poll::PollMiscRegistration<ctl::Ctl>,
+    /// Dropped after the device (fields drop in declaration order): files
+    /// hold the module, so none is open by then, and dropping the queue
+    /// waits for the destructions they deferred before the module's code
+    /// goes.  Made first, before any file can be opened.
+    destroy_queue: rdma::cm::DestroyQueue,
 }
 
 impl kernel::InPlaceModule for RdmaCmRs {
     fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
+            destroy_queue: rdma::cm::DestroyQueue::new()?,
             ctl <- misc_poll::PollMiscRegistration::register(c"rdma_cm_rs"),
         })
-    }
-}
-
-#[pinned_drop]
-impl PinnedDrop for RdmaCmRs {
-    fn drop(self: Pin<&mut Self>) {
-        // Files hold the module, so none is open; destructions they deferred
-        // to the workqueue must finish before the module's code goes.
-        if rdma::cm::wait_for_deferred_destroys(10_000).is_err() {
-            pr_err!("deferred cm_id destructions still pending at unload\n");
-        }
     }
 }

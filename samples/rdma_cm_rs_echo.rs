@@ -26,9 +26,11 @@ use kernel::{
 };
 use rdma::{
     addr::{SocketAddr, AF_INET},
-    cm::{CmId, ConnectRequest, Handler, LockedId, NetNs, PortSpace, QpType},
+    cm::{CmId, ConnectRequest, DestroyQueue, Handler, LockedId, PortSpace, QpType},
     event::{Event, EventType},
-    verbs::{CompletionHandler, Cq, Pd, Qp, QpCaps, RecvBuffer, SendBuffer},
+    net::NetNs,
+    pd::Pd,
+    verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer},
 };
 
 module! {
@@ -118,8 +120,12 @@ impl Echo {
     }
 
     /// Builds the data path on a locked, adopted id and posts the receives.
+    ///
+    /// The link learns its QP last, after everything that can fail: until
+    /// then there is no QP -> CQ -> link -> QP cycle to break on an error.
     fn build_link(id: &LockedId<'_>) -> Result<Arc<Link>> {
-        let pd = Pd::alloc(id)?;
+        let dev = id.device()?;
+        let pd = Pd::alloc(&dev)?;
         let mut sends = KVec::with_capacity(DEPTH, GFP_KERNEL)?;
         for _ in 0..DEPTH {
             sends.push(SendBuffer::new(&pd, MESSAGE_SIZE)?, GFP_KERNEL)?;
@@ -131,26 +137,26 @@ impl Echo {
             }),
             GFP_KERNEL,
         )?;
-        let cq = Cq::alloc(id, (2 * DEPTH) as u32, LinkRef(link.clone()))?;
         let caps = QpCaps {
             max_send_wr: DEPTH as u32,
             max_recv_wr: DEPTH as u32,
         };
+        let cq = Cq::alloc(&dev, caps.cq_entries()?, LinkRef(link.clone()))?;
         let qp = id.create_qp(&pd, &cq, caps)?;
-        *link.qp.lock() = Some(qp.clone());
         for _ in 0..DEPTH {
-            if let Err((e, _)) = qp.post_recv(RecvBuffer::new(&pd, MESSAGE_SIZE)?) {
-                link.qp.lock().take();
-                return Err(e);
-            }
+            qp.post_recv(RecvBuffer::new(&pd, MESSAGE_SIZE)?)
+                .map_err(|(e, _)| e)?;
         }
+        // Nothing arrives before the accept below: the link needs its QP
+        // only from then on.
+        *link.qp.lock() = Some(qp);
         Ok(link)
     }
 
     /// Accepts a request on its adopted id, echo-ready.
     fn accept(id: &LockedId<'_>) -> Result<Arc<Link>> {
-        let link = Self::build_link(id)?;
         let param = id.request_accept_param()?.private_data(ACCEPT_DATA)?;
+        let link = Self::build_link(id)?;
         if let Err(e) = id.accept(Some(&param)) {
             link.qp.lock().take();
             return Err(e);
@@ -198,22 +204,20 @@ impl Handler for Echo {
         }
     }
 
-    fn connect_request(
-        &self,
-        _listener: &LockedId<'_>,
-        request: ConnectRequest<'_, Self>,
-        _event: &Event<'_>,
-    ) {
+    fn connect_request(&self, request: ConnectRequest<'_, Self>, _event: &Event<'_>) {
+        // Everything that can fail before the link exists comes first:
+        // once it does, only `end` may drop the id (it breaks the link's
+        // reference cycle).
         let Ok(id) = request.adopt(Echo::new(self.service.clone())) else {
+            return;
+        };
+        let Ok(id) = Arc::new(id, GFP_KERNEL) else {
             return;
         };
         // The CM holds the new id's handler mutex: `with_lock` runs inside it.
         match id.with_lock(Echo::accept) {
             Ok(link) => {
                 let _ = id.handler().link.populate(link);
-                let Ok(id) = Arc::new(id, GFP_KERNEL) else {
-                    return;
-                };
                 if let Err(e) = self.service.conns.lock().push(id.clone(), GFP_KERNEL) {
                     pr_err!("cannot track connection: {:?}\n", e);
                     end(id);
@@ -227,10 +231,14 @@ impl Handler for Echo {
 struct EchoModule {
     service: Arc<Service>,
     listener: Option<CmId<Echo>>,
+    /// Last: drops after every id, draining their deferred destructions
+    /// before the module's code goes.
+    _destroy_queue: DestroyQueue,
 }
 
 impl kernel::Module for EchoModule {
     fn init(_module: &'static ThisModule) -> Result<Self> {
+        let destroy_queue = DestroyQueue::new()?;
         let service = Arc::pin_init(
             pin_init!(Service {
                 conns <- new_mutex!(KVec::new()),
@@ -253,6 +261,7 @@ impl kernel::Module for EchoModule {
         Ok(Self {
             service,
             listener: Some(listener),
+            _destroy_queue: destroy_queue,
         })
     }
 }
@@ -265,8 +274,6 @@ impl Drop for EchoModule {
         for conn in conns {
             end(conn);
         }
-        if rdma::cm::wait_for_deferred_destroys(10_000).is_err() {
-            pr_err!("deferred cm_id destructions still pending at unload\n");
-        }
+        // `_destroy_queue` drops next and waits for deferred destructions.
     }
 }

@@ -28,10 +28,12 @@ use kernel::{
 };
 use rdma::{
     addr::{SocketAddr, AF_INET},
-    cm::{CmId, ConnectRequest, Handler, LockedId, NetNs, PortSpace, QpType},
+    cm::{CmId, ConnectRequest, DestroyQueue, Handler, LockedId, PortSpace, QpType},
     event::{Event, EventType},
-    mr::{Mr, MrAccess, RemoteRegion, WorkDone, WorkOp},
-    verbs::{CompletionHandler, Cq, Pd, Qp, QpCaps, RecvBuffer, SendBuffer},
+    mr::{Mr, MrAccess, RemoteRegion},
+    net::NetNs,
+    pd::Pd,
+    verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer, WorkDone, WorkOp},
 };
 
 module! {
@@ -287,7 +289,8 @@ impl Rping {
 
     /// Builds the session on a locked, adopted id and accepts it.
     fn accept(id: &LockedId<'_>, region_len: usize) -> Result<Arc<Session>> {
-        let pd = Pd::alloc(id)?;
+        let dev = id.device()?;
+        let pd = Pd::alloc(&dev)?;
         let region = Mr::new(&pd, region_len)?;
         let mut go_ahead = SendBuffer::new(&pd, ADVERT_LEN)?;
         go_ahead.fill(&[0; ADVERT_LEN])?;
@@ -306,11 +309,11 @@ impl Rping {
             }),
             GFP_KERNEL,
         )?;
-        let cq = Cq::alloc(id, 16, SessionRef(session.clone()))?;
         let caps = QpCaps {
             max_send_wr: 8,
             max_recv_wr: RECV_DEPTH as u32,
         };
+        let cq = Cq::alloc(&dev, caps.cq_entries()?, SessionRef(session.clone()))?;
         let qp = id.create_qp(&pd, &cq, caps)?;
         *session.qp.lock() = Some(qp.clone());
         let accepted = (|| -> Result {
@@ -382,23 +385,27 @@ impl Handler for Rping {
         }
     }
 
-    fn connect_request(
-        &self,
-        _listener: &LockedId<'_>,
-        request: ConnectRequest<'_, Self>,
-        _event: &Event<'_>,
-    ) {
+    fn connect_request(&self, request: ConnectRequest<'_, Self>, _event: &Event<'_>) {
+        // Everything that can fail before the session exists comes first:
+        // once it does, only `end` may drop the id (it breaks the session's
+        // reference cycle).
         let Ok(id) = request.adopt(Rping::new(self.service.clone())) else {
             return;
         };
+        let Ok(id) = Arc::new(id, GFP_KERNEL) else {
+            return;
+        };
+        if let Err(e) = self.service.conns.lock().reserve(1, GFP_KERNEL) {
+            pr_err!("cannot track connection: {:?}\n", e);
+            return;
+        }
         let region_len = self.service.region_len;
         // The CM holds the new id's handler mutex: `with_lock` runs inside it.
         match id.with_lock(|l| Rping::accept(l, region_len)) {
             Ok(session) => {
                 let _ = id.handler().session.populate(session);
-                let Ok(id) = Arc::new(id, GFP_KERNEL) else {
-                    return;
-                };
+                // Room was reserved above; a connection ending meanwhile
+                // only makes more.
                 if let Err(e) = self.service.conns.lock().push(id.clone(), GFP_KERNEL) {
                     pr_err!("cannot track connection: {:?}\n", e);
                     end(id);
@@ -412,6 +419,9 @@ impl Handler for Rping {
 struct RpingModule {
     service: Arc<Service>,
     listener: Option<CmId<Rping>>,
+    /// Last: drops after every id, draining their deferred destructions
+    /// before the module's code goes.
+    _destroy_queue: DestroyQueue,
 }
 
 impl kernel::Module for RpingModule {
@@ -421,6 +431,7 @@ impl kernel::Module for RpingModule {
             pr_err!("size must be 1..={}\n", rdma::mr::MAX_MR_LEN);
             return Err(EINVAL);
         }
+        let destroy_queue = DestroyQueue::new()?;
         let service = Arc::pin_init(
             pin_init!(Service {
                 conns <- new_mutex!(KVec::new()),
@@ -448,6 +459,7 @@ impl kernel::Module for RpingModule {
         Ok(Self {
             service,
             listener: Some(listener),
+            _destroy_queue: destroy_queue,
         })
     }
 }
@@ -460,8 +472,6 @@ impl Drop for RpingModule {
         for conn in conns {
             end(conn);
         }
-        if rdma::cm::wait_for_deferred_destroys(10_000).is_err() {
-            pr_err!("deferred cm_id destructions still pending at unload\n");
-        }
+        // `_destroy_queue` drops next and waits for deferred destructions.
     }
 }

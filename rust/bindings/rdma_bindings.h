@@ -12,5 +12,3 @@
 #include <rdma/ib_cm.h>
 #include <rdma/rdma_cm.h>
 #include "rdma_cm_rs_helpers.h"
-/* The char device's ABI: the Rust side uses these generated structs. */
-#include "rdma_cm_rs.h"

@@ -9,8 +9,9 @@ use crate::{
     abi,
     rdma::{
         cm::LockedId,
-        mr::{Mr, MrAccess, RemoteRegion, WorkDone, WorkOp},
-        verbs::{CompletionHandler, Cq, Pd, Qp, QpCaps, RecvBuffer, SendBuffer},
+        mr::{Mr, MrAccess, RemoteRegion},
+        pd::Pd,
+        verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer, WorkDone, WorkOp},
     },
 };
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -124,9 +125,11 @@ fn timeout_or_default(timeout_ms: u32) -> u32 {
 }
 
 impl Conn {
-    /// Creates PD, CQ and QP on a locked id and posts the receives.
+    /// Creates PD, CQ and QP on a locked id and posts the receives.  On
+    /// failure the caller destroys the QP, if one was made.
     pub(crate) fn setup(id: &LockedId<'_>) -> Result<Arc<Self>> {
-        let pd = Pd::alloc(id)?;
+        let dev = id.device()?;
+        let pd = Pd::alloc(&dev)?;
         let mut rx = KVec::new();
         rx.reserve(abi::RECV_DEPTH, GFP_KERNEL)?;
         let shared = Arc::pin_init(
@@ -145,23 +148,20 @@ impl Conn {
             }),
             GFP_KERNEL,
         )?;
+        let caps = QpCaps {
+            // One send and one memory work request in flight (more after
+            // timeouts: a timed-out request still holds its slot).
+            max_send_wr: 8,
+            max_recv_wr: abi::RECV_DEPTH as u32,
+        };
         let cq = Cq::alloc(
-            id,
-            (abi::RECV_DEPTH + 4) as u32,
+            &dev,
+            caps.cq_entries()?,
             ConnCompletions {
                 shared: shared.clone(),
             },
         )?;
-        let qp = id.create_qp(
-            &pd,
-            &cq,
-            QpCaps {
-                // One send and one memory work request in flight, with room
-                // for the drain request at teardown.
-                max_send_wr: 8,
-                max_recv_wr: abi::RECV_DEPTH as u32,
-            },
-        )?;
+        let qp = id.create_qp(&pd, &cq, caps)?;
         for _ in 0..abi::RECV_DEPTH {
             let buf = RecvBuffer::new(&pd, abi::MAX_MESSAGE)?;
             qp.post_recv(buf).map_err(|(e, _)| e)?;
@@ -232,14 +232,22 @@ impl Conn {
             if rx.is_empty() {
                 return Err(ENOTCONN);
             }
-            let len = rx[0].data().len();
-            if len > capacity {
+            if rx[0].data().len() > capacity {
                 return Err(EMSGSIZE);
             }
-            // Copy before dequeuing, so a bad user pointer loses nothing.
-            out.write_slice(rx[0].data())?;
             rx.remove(0)?
         };
+        // The copy may fault and sleep: not with the receive lock held,
+        // which the completion handler, the drain and device removal need.
+        if let Err(e) = out.write_slice(buf.data()) {
+            // A bad user pointer loses nothing: the message goes back first
+            // (capacity for every receive buffer was reserved).
+            let mut rx = self.shared.rx.lock();
+            if rx.insert_within_capacity(0, buf).is_err() {
+                return Err(EIO);
+            }
+            return Err(e);
+        }
         let len = buf.data().len();
         // After a disconnect the QP flushes this at once, freeing the buffer.
         let _ = self.qp.post_recv(buf);

@@ -5,13 +5,15 @@
 //!
 //! Lock order: an id's CM handler mutex, then its [`IdState`], then the
 //! file's state.  Ioctls take the handler mutex through `CmId::with_lock`
-//! first; handlers already hold it.
+//! first; handlers already hold it.  Handlers queue events with the
+//! [`IdState`] locked, so that an id marked `retired` (under that lock)
+//! never queues another one.
 
 use super::{conn::Conn, CtlFile};
 use crate::{
     abi,
     rdma::{
-        cm::{CmId, ConnectRequest, Handler, LockedId},
+        cm::{CmId, ConnectRequest, Handler, LockedId, QpType},
         conn_param::ConnParamView,
         event::{Event, EventType},
     },
@@ -76,6 +78,10 @@ impl Drop for BacklogSlot {
 pub(crate) struct IdState {
     /// `abi::state::*`, tracked from the calls made and the events seen.
     pub(crate) state: u32,
+    /// The id's QP type: only RC ids have a data path.
+    pub(crate) qp_type: QpType,
+    /// The file let go of the id: its events are not queued any more.
+    pub(crate) retired: bool,
     pub(crate) tos: Option<u8>,
     /// Listeners: the backlog.
     pub(crate) backlog: Option<Arc<Backlog>>,
@@ -95,11 +101,17 @@ pub(crate) struct IdShared {
 }
 
 impl IdShared {
-    pub(crate) fn new(state: u32, backlog_slot: Option<BacklogSlot>) -> Result<Arc<Self>> {
+    pub(crate) fn new(
+        state: u32,
+        qp_type: QpType,
+        backlog_slot: Option<BacklogSlot>,
+    ) -> Result<Arc<Self>> {
         Arc::pin_init(
             pin_init!(Self {
                 state <- new_mutex!(IdState {
                     state,
+                    qp_type,
+                    retired: false,
                     tos: None,
                     backlog: None,
                     slot: backlog_slot,
@@ -160,50 +172,53 @@ impl IdEvents {
 
 impl Handler for IdEvents {
     fn event(&self, _id: &LockedId<'_>, event: &Event<'_>) {
-        {
-            let mut st = self.shared.state.lock();
-            st.state = match event.kind() {
-                EventType::AddrResolved => abi::state::ADDR_RESOLVED,
-                EventType::AddrError => abi::state::ADDR_BOUND,
-                EventType::RouteResolved => abi::state::ROUTE_RESOLVED,
-                EventType::RouteError => abi::state::ADDR_RESOLVED,
-                EventType::Established => abi::state::CONNECT,
-                EventType::Disconnected
-                | EventType::Rejected
-                | EventType::Unreachable
-                | EventType::ConnectError => abi::state::DISCONNECT,
-                EventType::DeviceRemoval => abi::state::DEVICE_REMOVAL,
-                _ => st.state,
-            };
-            if event.kind() == EventType::Established {
-                if let Some(p) = event.conn_param() {
-                    // The active side learns the peer's answer here, already
-                    // from its own side (the IB CM swaps the REP's fields).
-                    if p.responder_resources() != 0 || p.initiator_depth() != 0 {
-                        st.responder_resources =
-                            st.responder_resources.min(p.responder_resources());
-                        st.initiator_depth = st.initiator_depth.min(p.initiator_depth());
-                    }
+        let mut st = self.shared.state.lock();
+        if st.retired {
+            return;
+        }
+        st.state = match event.kind() {
+            EventType::AddrResolved => abi::state::ADDR_RESOLVED,
+            EventType::AddrError => abi::state::ADDR_BOUND,
+            EventType::RouteResolved => abi::state::ROUTE_RESOLVED,
+            EventType::RouteError => abi::state::ADDR_RESOLVED,
+            EventType::Established => abi::state::CONNECT,
+            EventType::Disconnected
+            | EventType::Rejected
+            | EventType::Unreachable
+            | EventType::ConnectError => abi::state::DISCONNECT,
+            EventType::DeviceRemoval => abi::state::DEVICE_REMOVAL,
+            _ => st.state,
+        };
+        if event.kind() == EventType::Established {
+            if let Some(p) = event.conn_param() {
+                // The active side learns the peer's answer here, already
+                // from its own side (the IB CM swaps the REP's fields).
+                if p.responder_resources() != 0 || p.initiator_depth() != 0 {
+                    st.responder_resources = st.responder_resources.min(p.responder_resources());
+                    st.initiator_depth = st.initiator_depth.min(p.initiator_depth());
                 }
             }
         }
+        // Queued with the id's state locked: see the module documentation.
         self.file.push_event(self.abi_event(event));
         if event.kind() == EventType::DeviceRemoval {
             // The device waits for every id on it to be destroyed: drop the
             // file's reference now.  Dropped inside its own callback, the id
             // is destroyed from the workqueue.
+            st.retired = true;
+            drop(st);
             drop(self.file.detach(self.handle));
         }
     }
 
-    fn connect_request(
-        &self,
-        _listener: &LockedId<'_>,
-        request: ConnectRequest<'_, Self>,
-        event: &Event<'_>,
-    ) {
-        let backlog = self.shared.state.lock().backlog.clone();
-        let Some(backlog) = backlog else {
+    fn connect_request(&self, request: ConnectRequest<'_, Self>, event: &Event<'_>) {
+        // Held until the request's event is queued: a listener retired
+        // meanwhile adopts no request (its destroy could not see it).
+        let st = self.shared.state.lock();
+        if st.retired {
+            return;
+        }
+        let Some(backlog) = st.backlog.clone() else {
             return;
         };
         // Over the backlog: dropping the request makes the CM destroy the
@@ -212,10 +227,16 @@ impl Handler for IdEvents {
             return;
         }
         let slot = BacklogSlot(backlog);
+        // Room for the event first: once the new id exists, its event
+        // cannot be lost (the id would hold a backlog slot nobody knows).
+        if self.file.reserve_event().is_err() {
+            return;
+        }
         let mut out = self.abi_event(event);
         let file = &self.file;
+        let qp_type = st.qp_type;
         let inserted = file.insert(|handle| {
-            let shared = IdShared::new(abi::state::CONNECT, Some(slot))?;
+            let shared = IdShared::new(abi::state::CONNECT, qp_type, Some(slot))?;
             let id = request.adopt(IdEvents {
                 file: file.clone(),
                 handle,
@@ -226,9 +247,12 @@ impl Handler for IdEvents {
         });
         // On failure the request (and with it the slot) is dropped: the CM
         // destroys the new id.
-        if let Ok(handle) = inserted {
-            out.new_id = handle;
-            file.push_event(out);
+        match inserted {
+            Ok(handle) => {
+                out.new_id = handle;
+                file.push_reserved_event(out);
+            }
+            Err(_) => file.unreserve_event(),
         }
     }
 }

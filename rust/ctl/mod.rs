@@ -26,22 +26,25 @@ use crate::{
     misc_poll::{PollMiscDevice, POLL_READABLE},
     rdma::{
         addr::SocketAddr,
-        cm::{CmId, NetNs, PortSpace, QpType},
+        cm::{CmId, LockedId, PortSpace, QpType},
         conn_param::{ConnParam, PrivateDataUse},
-        mr::{MrAccess, RemoteRegion, WorkOp},
+        mr::{MrAccess, RemoteRegion},
+        net::NetNs,
+        verbs::WorkOp,
     },
 };
 use core::mem::size_of;
 use id::{Backlog, CtlId, IdEvents, IdShared};
 use kernel::{
     fs::{file::flags::O_NONBLOCK, File},
-    ioctl::{_IOC_DIR, _IOC_NR, _IOC_SIZE, _IOC_TYPE},
     new_mutex, new_poll_condvar,
     prelude::*,
     sync::{
+        aref::ARef,
         poll::{PollCondVar, PollTable},
         Arc, ArcBorrow, Mutex,
     },
+    time::Delta,
     transmute::{AsBytes, FromBytes},
     uaccess::{UserPtr, UserSlice},
     xarray::{AllocKind, XArray},
@@ -87,7 +90,12 @@ impl PollMiscDevice for Ctl {
 struct FileState {
     /// Events not yet read, oldest first.
     events: KVec<abi::Event>,
-    /// Handles of the file's ids.
+    /// Room in `events` promised to connection requests whose new id is
+    /// being made: `events` always has capacity for that many more, so
+    /// the request's event cannot be lost once its id exists.
+    reserved: usize,
+    /// Handles in use: the file's ids, and ids being made or destroyed
+    /// (a handle is reused only once its queued events are gone).
     handles: KVec<u32>,
     next_handle: u32,
     closing: bool,
@@ -104,28 +112,15 @@ pub(crate) struct CtlFile {
     events_ready: PollCondVar,
     /// The opener's network namespace: every id of the file lives there,
     /// whichever task makes the ioctl (a socket's rule).
-    net: NetNs,
+    net: ARef<NetNs>,
 }
 
-/// Reads an ioctl argument of `size` bytes as a `T`: shorter than `T` is
-/// `EINVAL`, a longer tail must be zero (`E2BIG`), like
-/// `copy_struct_from_user`.
-fn read_arg<T: FromBytes>(arg: usize, size: usize) -> Result<T> {
-    let ksize = size_of::<T>();
-    if size < ksize {
-        return Err(EINVAL);
-    }
-    let mut reader = UserSlice::new(UserPtr::from_addr(arg), size).reader();
-    let value = reader.read::<T>()?;
-    let mut chunk = [0u8; 64];
-    while !reader.is_empty() {
-        let n = reader.len().min(chunk.len());
-        reader.read_slice(&mut chunk[..n])?;
-        if chunk[..n].iter().any(|&b| b != 0) {
-            return Err(E2BIG);
-        }
-    }
-    Ok(value)
+/// Reads an ioctl argument: the command number encodes the structure's
+/// size, so exactly a `T` is read.
+fn read_arg<T: FromBytes>(arg: usize) -> Result<T> {
+    UserSlice::new(UserPtr::from_addr(arg), size_of::<T>())
+        .reader()
+        .read::<T>()
 }
 
 fn write_arg<T: AsBytes>(arg: usize, value: &T) -> Result {
@@ -163,46 +158,76 @@ fn addr_from_abi(bytes: &[u8]) -> Result<Option<SocketAddr>> {
 
 impl CtlFile {
     fn new() -> Result<Arc<Self>> {
+        let net = NetNs::current()?;
         Arc::pin_init(
             pin_init!(Self {
                 ids <- XArray::new(AllocKind::Alloc),
                 state <- new_mutex!(FileState {
                     events: KVec::new(),
+                    reserved: 0,
                     handles: KVec::new(),
                     next_handle: 1,
                     closing: false,
                 }),
                 events_ready <- new_poll_condvar!("rdma_cm_rs events"),
-                net: NetNs::current(),
+                net,
             }),
             GFP_KERNEL,
         )
     }
 
     /// Registers a new id under a fresh handle; `make` builds it.
-    fn insert(&self, make: impl FnOnce(u32) -> Result<Arc<CtlId>>) -> Result<u32> {
-        let mut st = self.state.lock();
-        if st.closing {
+    ///
+    /// The id is built, and dropped on failure, outside the file's lock:
+    /// dropping an id destroys it, which takes the CM's handler mutex,
+    /// ranked above the file's lock (inside a callback, where the mutex is
+    /// held already, the destruction is deferred).
+    pub(crate) fn insert(&self, make: impl FnOnce(u32) -> Result<Arc<CtlId>>) -> Result<u32> {
+        let handle = {
+            let mut st = self.state.lock();
+            if st.closing {
+                return Err(ENODEV);
+            }
+            if st.handles.len() >= MAX_IDS {
+                return Err(EMFILE);
+            }
+            st.handles.reserve(1, GFP_KERNEL)?;
+            // Handles count up from 1 and skip ones in use after wrapping.
+            let mut handle = st.next_handle;
+            while handle == 0 || st.handles.contains(&handle) {
+                handle = handle.wrapping_add(1);
+            }
+            st.next_handle = handle.wrapping_add(1);
+            st.handles
+                .push_within_capacity(handle)
+                .map_err(|_| ENOMEM)?;
+            handle
+        };
+        let stored = make(handle).and_then(|id| {
+            let refused = {
+                let mut ids = self.ids.lock();
+                ids.store(handle as usize, id, GFP_KERNEL).err()
+            };
+            // The refused id drops here, after the XArray's lock.
+            refused.map_or(Ok(()), |refused| Err(refused.error))
+        });
+        let closing = {
+            let mut st = self.state.lock();
+            if stored.is_err() {
+                st.handles.retain(|h| *h != handle);
+            }
+            st.closing
+        };
+        stored?;
+        if closing {
+            // `close` ran meanwhile and could not see this id: undo.  (Not
+            // through `destroy`: a connection request calls this with its
+            // listener's state locked, the lock `retire` would take again.)
+            let id = self.ids.lock().remove(handle as usize);
+            self.state.lock().handles.retain(|h| *h != handle);
+            drop(id);
             return Err(ENODEV);
         }
-        if st.handles.len() >= MAX_IDS || st.events.len() >= MAX_QUEUED_EVENTS {
-            return Err(EMFILE);
-        }
-        st.handles.reserve(1, GFP_KERNEL)?;
-        // Handles count up from 1 and skip ones in use after wrapping.
-        let mut handle = st.next_handle;
-        while handle == 0 || self.ids.lock().get(handle as usize).is_some() {
-            handle = handle.wrapping_add(1);
-        }
-        st.next_handle = handle.wrapping_add(1);
-        let id = make(handle)?;
-        self.ids
-            .lock()
-            .store(handle as usize, id, GFP_KERNEL)
-            .map_err(|e| e.error)?;
-        st.handles
-            .push_within_capacity(handle)
-            .map_err(|_| ENOMEM)?;
         Ok(handle)
     }
 
@@ -214,19 +239,30 @@ impl CtlFile {
             .ok_or(ENOENT)
     }
 
-    /// Unregisters an id; the caller drops it outside every lock.
-    fn detach(&self, handle: u32) -> Option<Arc<CtlId>> {
-        let mut st = self.state.lock();
+    /// Unregisters an id whose device went away; the caller drops it.  Its
+    /// queued events stay for user space to read.
+    pub(crate) fn detach(&self, handle: u32) -> Option<Arc<CtlId>> {
         let id = self.ids.lock().remove(handle as usize)?;
-        st.handles.retain(|h| *h != handle);
+        self.state.lock().handles.retain(|h| *h != handle);
         Some(id)
     }
 
-    /// Destroys an id and the requests it received that user space never
-    /// fetched; drops their queued events.
+    /// Destroys an id, the connection requests it received that user space
+    /// never fetched, and their queued events.
     fn destroy(&self, handle: u32) -> Result {
-        let mut doomed = KVec::new();
-        doomed.push(self.detach(handle).ok_or(ENOENT)?, GFP_KERNEL)?;
+        let id = self.ids.lock().remove(handle as usize).ok_or(ENOENT)?;
+        self.retire(handle, id)
+    }
+
+    /// Destroys an id already removed from the XArray (see `destroy`).
+    ///
+    /// Ucma's order: the id stops reporting first (its handler checks
+    /// `retired` under the lock it queues events with), then its queued
+    /// events go, then its handle.  The id itself is destroyed when the
+    /// last reference drops, possibly after an ioctl in flight returns;
+    /// retired, it queues nothing meanwhile.
+    fn retire(&self, handle: u32, id: Arc<CtlId>) -> Result {
+        Self::shared(&id).state.lock().retired = true;
         let orphans = {
             let mut st = self.state.lock();
             let mut orphans = KVec::new();
@@ -236,27 +272,72 @@ impl CtlFile {
                 }
             }
             st.events.retain(|e| e.id != handle);
+            st.handles.retain(|h| *h != handle);
             orphans
         };
-        for h in orphans {
-            if let Some(id) = self.detach(h) {
-                doomed.push(id, GFP_KERNEL)?;
+        // Outside the locks: destruction takes the CM's handler mutexes.
+        drop(id);
+        for orphan in orphans {
+            let id = self.ids.lock().remove(orphan as usize);
+            if let Some(id) = id {
+                self.retire(orphan, id)?;
             }
         }
-        // Destroyed here, outside the locks (destruction takes the CM's
-        // handler mutexes, which rank above them).
-        drop(doomed);
         Ok(())
     }
 
-    fn push_event(&self, event: abi::Event) {
+    /// Queues an event for user space; `false` if it cannot be (no memory,
+    /// or the file is closing).  Room promised to connection requests is
+    /// kept free.
+    pub(crate) fn push_event(&self, event: abi::Event) -> bool {
         let mut st = self.state.lock();
+        if st.closing {
+            return false;
+        }
+        let room = st.reserved + 1;
+        if st.events.reserve(room, GFP_KERNEL).is_err()
+            || st.events.push_within_capacity(event).is_err()
+        {
+            return false;
+        }
+        self.events_ready.notify_all();
+        true
+    }
+
+    /// Promises room for one connection request's event: `EMFILE` when
+    /// the queue is full, `ENOMEM` without memory.  Kept by
+    /// [`Self::push_reserved_event`] or returned by [`Self::unreserve_event`].
+    pub(crate) fn reserve_event(&self) -> Result {
+        let mut st = self.state.lock();
+        if st.closing {
+            return Err(ENODEV);
+        }
+        if st.events.len() + st.reserved >= MAX_QUEUED_EVENTS {
+            return Err(EMFILE);
+        }
+        let room = st.reserved + 1;
+        st.events.reserve(room, GFP_KERNEL)?;
+        st.reserved += 1;
+        Ok(())
+    }
+
+    /// Queues an event in room promised by [`Self::reserve_event`]: cannot
+    /// fail (a closing file drops it with everything else).
+    pub(crate) fn push_reserved_event(&self, event: abi::Event) {
+        let mut st = self.state.lock();
+        st.reserved -= 1;
         if st.closing {
             return;
         }
-        if st.events.push(event, GFP_KERNEL).is_ok() {
+        // The capacity was reserved: this does not allocate.
+        if st.events.push_within_capacity(event).is_ok() {
             self.events_ready.notify_all();
         }
+    }
+
+    /// Returns room promised by [`Self::reserve_event`].
+    pub(crate) fn unreserve_event(&self) {
+        self.state.lock().reserved -= 1;
     }
 
     fn close(&self) {
@@ -270,7 +351,10 @@ impl CtlFile {
             // The XArray guard must be gone before the id is destroyed: the
             // destruction sleeps.
             let id = self.ids.lock().remove(handle as usize);
-            drop(id);
+            if let Some(id) = id {
+                Self::shared(&id).state.lock().retired = true;
+                drop(id);
+            }
         }
     }
 
@@ -279,51 +363,43 @@ impl CtlFile {
     }
 
     fn ioctl(this: ArcBorrow<'_, Self>, file: &File, cmd: u32, arg: usize) -> Result {
-        if _IOC_TYPE(cmd) != abi::MAGIC {
-            return Err(ENOTTY);
-        }
-        // Dispatch on number and direction; the size is checked per command,
-        // so that a longer structure from a newer header still matches.
-        let size = _IOC_SIZE(cmd);
-        let same = |known: u32| _IOC_NR(cmd) == _IOC_NR(known) && _IOC_DIR(cmd) == _IOC_DIR(known);
+        // Exact command numbers, size included (as binder matches them): a
+        // number with another size is another, unknown command.
         let nonblock = file.flags() & O_NONBLOCK != 0;
         use abi::cmd::*;
         let me = Arc::from(this);
         let this: &Self = &me;
-        match () {
-            () if same(INFO) => this.info(arg, size),
-            () if same(CREATE_ID) => this.create_id(me.clone(), arg, size),
-            () if same(DESTROY_ID) => {
-                let c: abi::IdCmd = read_arg(arg, size)?;
+        match cmd {
+            INFO => this.info(arg),
+            CREATE_ID => this.create_id(me.clone(), arg),
+            DESTROY_ID => {
+                let c: abi::IdCmd = read_arg(arg)?;
                 require_zero(&[c.reserved])?;
                 this.destroy(c.id)
             }
-            () if same(BIND) => this.bind(arg, size),
-            () if same(RESOLVE_ADDR) => this.resolve_addr(arg, size),
-            () if same(RESOLVE_ROUTE) => this.resolve_route(arg, size),
-            () if same(LISTEN) => this.listen(arg, size),
-            () if same(CONNECT) => this.connect(arg, size),
-            () if same(ACCEPT) => this.accept(arg, size),
-            () if same(REJECT) => this.reject(arg, size),
-            () if same(DISCONNECT) => this.disconnect(arg, size),
-            () if same(SET_OPTION) => this.set_option(arg, size),
-            () if same(QUERY) => this.query(arg, size),
-            () if same(GET_EVENT) => this.get_event(arg, size, nonblock),
-            () if same(SEND) => this.send(arg, size),
-            () if same(RECV) => this.recv(arg, size, nonblock),
-            () if same(MR_REG) => this.mr_reg(arg, size),
-            () if same(MR_DEREG) => this.mr_dereg(arg, size),
-            () if same(MR_WRITE) => this.mr_copy(arg, size, CopyDirection::ToRegion),
-            () if same(MR_READ) => this.mr_copy(arg, size, CopyDirection::FromRegion),
-            () if same(RDMA) => this.rdma(arg, size),
-            () => Err(ENOTTY),
+            BIND => this.bind(arg),
+            RESOLVE_ADDR => this.resolve_addr(arg),
+            RESOLVE_ROUTE => this.resolve_route(arg),
+            LISTEN => this.listen(arg),
+            CONNECT => this.connect(arg),
+            ACCEPT => this.accept(arg),
+            REJECT => this.reject(arg),
+            DISCONNECT => this.disconnect(arg),
+            SET_OPTION => this.set_option(arg),
+            QUERY => this.query(arg),
+            GET_EVENT => this.get_event(arg, nonblock),
+            SEND => this.send(arg),
+            RECV => this.recv(arg, nonblock),
+            MR_REG => this.mr_reg(arg),
+            MR_DEREG => this.mr_dereg(arg),
+            MR_WRITE => this.mr_copy(arg, CopyDirection::ToRegion),
+            MR_READ => this.mr_copy(arg, CopyDirection::FromRegion),
+            RDMA => this.rdma(arg),
+            _ => Err(ENOTTY),
         }
     }
 
-    fn info(&self, arg: usize, size: usize) -> Result {
-        if size < size_of::<abi::Info>() {
-            return Err(EINVAL);
-        }
+    fn info(&self, arg: usize) -> Result {
         let mut info: abi::Info = pin_init::zeroed();
         info.abi_version = abi::ABI_VERSION;
         info.max_private_data = abi::MAX_PRIVATE_DATA as u32;
@@ -333,8 +409,8 @@ impl CtlFile {
         write_arg(arg, &info)
     }
 
-    fn create_id(&self, me: Arc<CtlFile>, arg: usize, size: usize) -> Result {
-        let mut c: abi::CreateId = read_arg(arg, size)?;
+    fn create_id(&self, me: Arc<CtlFile>, arg: usize) -> Result {
+        let mut c: abi::CreateId = read_arg(arg)?;
         require_zero(&[c.reserved, c.id])?;
         let ps = PortSpace::from_raw(c.port_space)?;
         let qp_type = QpType::from_raw(c.qp_type)?;
@@ -346,7 +422,7 @@ impl CtlFile {
                 file: me,
                 handle,
                 context: c.context,
-                shared: IdShared::new(abi::state::IDLE, None)?,
+                shared: IdShared::new(abi::state::IDLE, qp_type, None)?,
             };
             Ok(Arc::new(
                 CmId::new(events, &self.net, ps, qp_type)?,
@@ -362,36 +438,34 @@ impl CtlFile {
         Ok(())
     }
 
-    fn bind(&self, arg: usize, size: usize) -> Result {
-        let c: abi::Bind = read_arg(arg, size)?;
+    fn bind(&self, arg: usize) -> Result {
+        let c: abi::Bind = read_arg(arg)?;
         require_zero(&[c.reserved])?;
         let addr = addr_from_abi(&c.addr.bytes)?.ok_or(EINVAL)?;
         let id = self.get(c.id)?;
-        id.with_lock(|l| l.bind(&addr))?;
-        Self::shared(&id).state.lock().state = abi::state::ADDR_BOUND;
-        Ok(())
+        Self::locked_then_state(&id, abi::state::ADDR_BOUND, |l| l.bind(&addr))
     }
 
-    fn resolve_addr(&self, arg: usize, size: usize) -> Result {
-        let c: abi::ResolveAddr = read_arg(arg, size)?;
+    fn resolve_addr(&self, arg: usize) -> Result {
+        let c: abi::ResolveAddr = read_arg(arg)?;
         let src = addr_from_abi(&c.src.bytes)?;
         let dst = addr_from_abi(&c.dst.bytes)?.ok_or(EINVAL)?;
         let id = self.get(c.id)?;
-        id.with_lock(|l| l.resolve_addr(src.as_ref(), &dst, c.timeout_ms))?;
-        Self::shared(&id).state.lock().state = abi::state::ADDR_QUERY;
-        Ok(())
+        let timeout = Delta::from_millis(i64::from(c.timeout_ms));
+        Self::locked_then_state(&id, abi::state::ADDR_QUERY, |l| {
+            l.resolve_addr(src.as_ref(), &dst, timeout)
+        })
     }
 
-    fn resolve_route(&self, arg: usize, size: usize) -> Result {
-        let c: abi::ResolveRoute = read_arg(arg, size)?;
+    fn resolve_route(&self, arg: usize) -> Result {
+        let c: abi::ResolveRoute = read_arg(arg)?;
         let id = self.get(c.id)?;
-        id.with_lock(|l| l.resolve_route(c.timeout_ms))?;
-        Self::shared(&id).state.lock().state = abi::state::ROUTE_QUERY;
-        Ok(())
+        let timeout = Delta::from_millis(i64::from(c.timeout_ms));
+        Self::locked_then_state(&id, abi::state::ROUTE_QUERY, |l| l.resolve_route(timeout))
     }
 
-    fn listen(&self, arg: usize, size: usize) -> Result {
-        let c: abi::Listen = read_arg(arg, size)?;
+    fn listen(&self, arg: usize) -> Result {
+        let c: abi::Listen = read_arg(arg)?;
         if c.backlog == 0 || c.backlog > MAX_BACKLOG {
             return Err(EINVAL);
         }
@@ -407,40 +481,73 @@ impl CtlFile {
             }
             st.backlog = Some(backlog);
         }
-        match id.with_lock(|l| l.listen(c.backlog as i32)) {
-            Ok(()) => {
-                shared.state.lock().state = abi::state::LISTEN;
-                Ok(())
-            }
-            Err(e) => {
-                shared.state.lock().backlog = None;
-                Err(e)
-            }
+        let listening = Self::locked_then_state(&id, abi::state::LISTEN, |l| l.listen(c.backlog));
+        if listening.is_err() {
+            shared.state.lock().backlog = None;
         }
+        listening
     }
 
-    fn connect(&self, arg: usize, size: usize) -> Result {
-        let c: abi::Connect = read_arg(arg, size)?;
+    fn connect(&self, arg: usize) -> Result {
+        let c: abi::Connect = read_arg(arg)?;
         require_zero(&[c.reserved])?;
         let param = conn_param_from_abi(&c.param)?;
         let id = self.get(c.id)?;
-        let conn = id.with_lock(|l| -> Result<_> {
-            // Refuse bad parameters before a QP exists.
-            let (rd, init) = l.device_rd_atom_limits().ok_or(EINVAL)?;
-            param.check(PrivateDataUse::ConnectRc, rd, init)?;
-            let conn = conn::Conn::setup(l)?;
-            l.connect(&param)?;
-            Ok(conn)
-        })?;
-        let mut st = Self::shared(&id).state.lock();
-        st.conn = Some(conn);
-        st.state = abi::state::CONNECT;
-        (st.responder_resources, st.initiator_depth) = param.rd_atom();
-        Ok(())
+        id.with_lock(|l| {
+            let conn = match l.qp_type() {
+                // The SIDR lookup of the remote QP: UD ids have no data
+                // path here yet.
+                QpType::Ud => {
+                    l.connect(&param)?;
+                    None
+                }
+                QpType::Rc => {
+                    // Refuse bad parameters before a QP exists.
+                    l.check_param(&param, PrivateDataUse::ConnectRc)?;
+                    let conn = Self::with_new_qp(l, |conn| l.connect(&param).map(|()| conn))?;
+                    Some(conn)
+                }
+            };
+            let mut st = Self::shared(&id).state.lock();
+            st.conn = conn;
+            st.state = abi::state::CONNECT;
+            (st.responder_resources, st.initiator_depth) = param.rd_atom();
+            Ok(())
+        })
     }
 
-    fn accept(&self, arg: usize, size: usize) -> Result {
-        let c: abi::Accept = read_arg(arg, size)?;
+    /// Builds the data path on a locked RC id and runs `then` (the connect
+    /// or accept): if either fails, the QP goes again, so the id can try
+    /// once more (the CM checks the id's state only in `then`).
+    fn with_new_qp(
+        l: &LockedId<'_>,
+        then: impl FnOnce(Arc<conn::Conn>) -> Result<Arc<conn::Conn>>,
+    ) -> Result<Arc<conn::Conn>> {
+        let result = conn::Conn::setup(l).and_then(then);
+        if result.is_err() {
+            // ENOENT when setup failed before the QP existed.
+            let _ = l.destroy_qp();
+        }
+        result
+    }
+
+    /// Runs a CM operation on a locked id and, if it succeeds, records the
+    /// id's new state while still locked, so that the operation's own
+    /// event cannot be overtaken.
+    fn locked_then_state(
+        id: &CtlId,
+        state: u32,
+        op: impl FnOnce(&LockedId<'_>) -> Result,
+    ) -> Result {
+        id.with_lock(|l| {
+            op(l)?;
+            Self::shared(id).state.lock().state = state;
+            Ok(())
+        })
+    }
+
+    fn accept(&self, arg: usize) -> Result {
+        let c: abi::Accept = read_arg(arg)?;
         if c.flags & !abi::ACCEPT_REQUEST_PARAM != 0 {
             return Err(EINVAL);
         }
@@ -450,51 +557,52 @@ impl CtlFile {
             Some(conn_param_from_abi(&c.param)?)
         };
         let id = self.get(c.id)?;
-        let (conn, param) = id.with_lock(|l| -> Result<_> {
+        id.with_lock(|l| {
+            if l.qp_type() != QpType::Rc {
+                // A SIDR reply needs a UD QP: not provided yet.
+                return Err(EOPNOTSUPP);
+            }
             let param = match user_param {
                 Some(p) => p,
                 None => l.request_accept_param()?,
             };
-            let (rd, init) = l.device_rd_atom_limits().ok_or(EINVAL)?;
-            param.check(PrivateDataUse::AcceptRc, rd, init)?;
-            let conn = conn::Conn::setup(l)?;
-            l.accept(Some(&param))?;
-            Ok((conn, param))
-        })?;
-        let mut st = Self::shared(&id).state.lock();
-        st.conn = Some(conn);
-        st.slot = None;
-        st.state = abi::state::CONNECT;
-        (st.responder_resources, st.initiator_depth) = param.rd_atom();
-        Ok(())
+            l.check_param(&param, PrivateDataUse::AcceptRc)?;
+            let conn = Self::with_new_qp(l, |conn| l.accept(Some(&param)).map(|()| conn))?;
+            let mut st = Self::shared(&id).state.lock();
+            st.conn = Some(conn);
+            st.slot = None;
+            st.state = abi::state::CONNECT;
+            (st.responder_resources, st.initiator_depth) = param.rd_atom();
+            Ok(())
+        })
     }
 
-    fn reject(&self, arg: usize, size: usize) -> Result {
-        let c: abi::Reject = read_arg(arg, size)?;
+    fn reject(&self, arg: usize) -> Result {
+        let c: abi::Reject = read_arg(arg)?;
         require_zero(&[u32::from(c.reserved[0])])?;
         let len = usize::from(c.private_data_len);
         if len > PrivateDataUse::Reject.limit() {
             return Err(EINVAL);
         }
         let id = self.get(c.id)?;
-        id.with_lock(|l| l.reject(c.reason, &c.private_data[..len]))?;
-        let mut st = Self::shared(&id).state.lock();
-        st.slot = None;
-        st.state = abi::state::DISCONNECT;
-        Ok(())
+        id.with_lock(|l| {
+            l.reject(c.reason, &c.private_data[..len])?;
+            let mut st = Self::shared(&id).state.lock();
+            st.slot = None;
+            st.state = abi::state::DISCONNECT;
+            Ok(())
+        })
     }
 
-    fn disconnect(&self, arg: usize, size: usize) -> Result {
-        let c: abi::IdCmd = read_arg(arg, size)?;
+    fn disconnect(&self, arg: usize) -> Result {
+        let c: abi::IdCmd = read_arg(arg)?;
         require_zero(&[c.reserved])?;
         let id = self.get(c.id)?;
-        id.with_lock(|l| l.disconnect())?;
-        Self::shared(&id).state.lock().state = abi::state::DISCONNECT;
-        Ok(())
+        Self::locked_then_state(&id, abi::state::DISCONNECT, |l| l.disconnect())
     }
 
-    fn set_option(&self, arg: usize, size: usize) -> Result {
-        let c: abi::SetOption = read_arg(arg, size)?;
+    fn set_option(&self, arg: usize) -> Result {
+        let c: abi::SetOption = read_arg(arg)?;
         let id = self.get(c.id)?;
         let flag = |v: u64| match v {
             0 => Ok(false),
@@ -505,9 +613,11 @@ impl CtlFile {
         match c.option {
             abi::option::TOS => {
                 let tos = small(c.value, u8::MAX)?;
-                id.with_lock(|l| l.set_tos(tos));
-                Self::shared(&id).state.lock().tos = Some(tos);
-                Ok(())
+                id.with_lock(|l| {
+                    l.set_tos(tos);
+                    Self::shared(&id).state.lock().tos = Some(tos);
+                    Ok(())
+                })
             }
             abi::option::REUSEADDR => {
                 let on = flag(c.value)?;
@@ -529,8 +639,8 @@ impl CtlFile {
         }
     }
 
-    fn query(&self, arg: usize, size: usize) -> Result {
-        let c: abi::Query = read_arg(arg, size)?;
+    fn query(&self, arg: usize) -> Result {
+        let c: abi::Query = read_arg(arg)?;
         if c.reserved.iter().any(|&r| r != 0) {
             return Err(EINVAL);
         }
@@ -538,8 +648,8 @@ impl CtlFile {
         let mut out: abi::Query = pin_init::zeroed();
         out.id = c.id;
         id.with_lock(|l| {
-            out.port_space = l.port_space();
-            out.qp_type = l.qp_type();
+            out.port_space = l.port_space() as u32;
+            out.qp_type = l.qp_type() as u32;
             out.port_num = l.port_num();
             out.qp_num = l.qp_num().unwrap_or(0);
             if let Some(a) = l.src_addr() {
@@ -548,13 +658,16 @@ impl CtlFile {
             if let Some(a) = l.dst_addr() {
                 out.dst.bytes = a.to_sockaddr().0;
             }
-            let mut name = [0u8; 64];
-            if l.device_name(&mut name) {
-                for (d, s) in out.device.iter_mut().zip(name.iter()) {
+            if let Ok(dev) = l.device() {
+                let name = dev.name();
+                // The last byte stays 0: the name is NUL-terminated.
+                let room = out.device.len() - 1;
+                for (d, s) in out.device[..room].iter_mut().zip(name.as_bytes()) {
                     *d = *s;
                 }
             }
-        });
+            Ok(())
+        })?;
         {
             let st = Self::shared(&id).state.lock();
             out.state = st.state;
@@ -567,8 +680,8 @@ impl CtlFile {
         write_arg(arg, &out)
     }
 
-    fn get_event(&self, arg: usize, size: usize, nonblock: bool) -> Result {
-        let req: abi::GetEvent = read_arg(arg, size)?;
+    fn get_event(&self, arg: usize, nonblock: bool) -> Result {
+        let req: abi::GetEvent = read_arg(arg)?;
         require_zero(&[req.reserved])?;
         let mut st = self.state.lock();
         wait_for(
@@ -585,14 +698,19 @@ impl CtlFile {
         Ok(())
     }
 
+    /// The data path of a connected RC id: `EOPNOTSUPP` on a UD id (no
+    /// datagram path yet), `ENOTCONN` before connect or accept.
     fn conn_of(&self, handle: u32) -> Result<Arc<conn::Conn>> {
         let id = self.get(handle)?;
-        let conn = Self::shared(&id).state.lock().conn.clone();
-        conn.ok_or(ENOTCONN)
+        let st = Self::shared(&id).state.lock();
+        if st.qp_type != QpType::Rc {
+            return Err(EOPNOTSUPP);
+        }
+        st.conn.clone().ok_or(ENOTCONN)
     }
 
-    fn send(&self, arg: usize, size: usize) -> Result {
-        let c: abi::Send = read_arg(arg, size)?;
+    fn send(&self, arg: usize) -> Result {
+        let c: abi::Send = read_arg(arg)?;
         require_zero(&[c.reserved])?;
         let len = c.len as usize;
         if len == 0 || len > abi::MAX_MESSAGE {
@@ -604,8 +722,8 @@ impl CtlFile {
         conn.send(&data, c.timeout_ms)
     }
 
-    fn recv(&self, arg: usize, size: usize, nonblock: bool) -> Result {
-        let mut c: abi::Recv = read_arg(arg, size)?;
+    fn recv(&self, arg: usize, nonblock: bool) -> Result {
+        let mut c: abi::Recv = read_arg(arg)?;
         require_zero(&[c.reserved])?;
         let conn = self.conn_of(c.id)?;
         let capacity = c.len as usize;
@@ -614,8 +732,8 @@ impl CtlFile {
         write_arg(arg, &c)
     }
 
-    fn mr_reg(&self, arg: usize, size: usize) -> Result {
-        let mut c: abi::MrReg = read_arg(arg, size)?;
+    fn mr_reg(&self, arg: usize) -> Result {
+        let mut c: abi::MrReg = read_arg(arg)?;
         let known = abi::ACCESS_REMOTE_READ | abi::ACCESS_REMOTE_WRITE;
         // addr, rkey and mr are outputs: their input values are ignored.
         if c.access & !known != 0 {
@@ -644,14 +762,14 @@ impl CtlFile {
         Ok(())
     }
 
-    fn mr_dereg(&self, arg: usize, size: usize) -> Result {
-        let c: abi::MrCmd = read_arg(arg, size)?;
+    fn mr_dereg(&self, arg: usize) -> Result {
+        let c: abi::MrCmd = read_arg(arg)?;
         require_zero(&[c.reserved])?;
         self.conn_of(c.id)?.deregister(c.mr, c.timeout_ms)
     }
 
-    fn mr_copy(&self, arg: usize, size: usize, direction: CopyDirection) -> Result {
-        let c: abi::MrCopy = read_arg(arg, size)?;
+    fn mr_copy(&self, arg: usize, direction: CopyDirection) -> Result {
+        let c: abi::MrCopy = read_arg(arg)?;
         let conn = self.conn_of(c.id)?;
         let (offset, len) = (c.offset as usize, c.len as usize);
         conn.mr_check(c.mr, offset, len)?;
@@ -670,8 +788,8 @@ impl CtlFile {
         }
     }
 
-    fn rdma(&self, arg: usize, size: usize) -> Result {
-        let c: abi::Rdma = read_arg(arg, size)?;
+    fn rdma(&self, arg: usize) -> Result {
+        let c: abi::Rdma = read_arg(arg)?;
         require_zero(&[c.reserved])?;
         let op = match c.opcode {
             abi::RDMA_READ => WorkOp::RdmaRead,

@@ -7,6 +7,7 @@
 #include <linux/scatterlist.h>
 #include <linux/sched.h>
 #include <linux/string.h>
+#include <linux/workqueue.h>
 #include <net/net_namespace.h>
 #include "rdma_cm_rs_helpers.h"
 
@@ -24,10 +25,16 @@ struct net *rdma_cm_rs_init_net(void)
 	return &init_net;
 }
 
-/* The caller's network namespace, with a reference the caller must put. */
+/*
+ * The caller's network namespace, with a reference the caller must put, or
+ * NULL for a task that has left its namespaces (exit_task_namespaces() runs
+ * before an exiting task's last file releases).
+ */
 struct net *rdma_cm_rs_get_current_net(void)
 {
-	return get_net(current->nsproxy->net_ns);
+	struct nsproxy *nsproxy = current->nsproxy;
+
+	return nsproxy ? get_net(nsproxy->net_ns) : NULL;
 }
 
 struct net *rdma_cm_rs_get_net(struct net *net)
@@ -49,6 +56,28 @@ struct task_struct *rdma_cm_rs_current_task(void)
 bool rdma_cm_rs_device_try_get(struct ib_device *dev)
 {
 	return ib_device_try_get(dev);
+}
+
+/* One more reference, for a caller that holds one already (count > 0). */
+void rdma_cm_rs_device_get(struct ib_device *dev)
+{
+	refcount_inc(&dev->refcount);
+}
+
+/* The module's queue of deferred destructions, named after the module. */
+struct workqueue_struct *rdma_cm_rs_alloc_destroy_wq(void)
+{
+	return alloc_workqueue("%s_destroy", WQ_UNBOUND, 0, KBUILD_MODNAME);
+}
+
+void rdma_cm_rs_flush_wq(struct workqueue_struct *wq)
+{
+	flush_workqueue(wq);
+}
+
+void rdma_cm_rs_destroy_wq(struct workqueue_struct *wq)
+{
+	destroy_workqueue(wq);
 }
 
 struct ib_pd *rdma_cm_rs_alloc_pd(struct ib_device *device, unsigned int flags)

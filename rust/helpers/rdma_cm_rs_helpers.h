@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * C shims for the parts of the RDMA API that Rust cannot call directly:
+ * C shims for the parts of the kernel API that Rust cannot call directly:
  * macros that capture KBUILD_MODNAME (rdma_create_id, ib_alloc_pd,
- * ib_alloc_cq) and static inlines (post, DMA mapping).  The prefix keeps them
+ * ib_alloc_cq, alloc_workqueue) and static inlines (post, DMA mapping,
+ * device and namespace references).  The prefix keeps them
  * apart from the kernel's own rust_helper_ functions.
  */
 #ifndef RDMA_CM_RS_HELPERS_H
@@ -10,6 +11,7 @@
 
 #include <linux/types.h>
 #include <linux/dma-direction.h>
+#include <linux/workqueue.h>
 #include <rdma/ib_verbs.h>
 #include <rdma/rdma_cm.h>
 
@@ -25,6 +27,10 @@ void rdma_cm_rs_put_net(struct net *net);
 struct task_struct *rdma_cm_rs_current_task(void);
 
 bool rdma_cm_rs_device_try_get(struct ib_device *dev);
+void rdma_cm_rs_device_get(struct ib_device *dev);
+struct workqueue_struct *rdma_cm_rs_alloc_destroy_wq(void);
+void rdma_cm_rs_flush_wq(struct workqueue_struct *wq);
+void rdma_cm_rs_destroy_wq(struct workqueue_struct *wq);
 struct ib_pd *rdma_cm_rs_alloc_pd(struct ib_device *device, unsigned int flags);
 void rdma_cm_rs_dealloc_pd(struct ib_pd *pd);
 struct ib_cq *rdma_cm_rs_alloc_cq(struct ib_device *dev, void *private,

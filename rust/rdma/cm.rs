@@ -2,55 +2,71 @@
 
 //! Communication identifiers (`struct rdma_cm_id`).
 //!
+//! C header: [`include/rdma/rdma_cm.h`](srctree/include/rdma/rdma_cm.h).
+//!
 //! # Ownership and locking
 //!
-//! * A [`CmId`] owns one `rdma_cm_id`.  Dropping it destroys the id
-//!   (`rdma_destroy_id`): after the drop returns no callback runs any more.
-//!   There is no other way to destroy an id, so double destroy and use after
-//!   destroy do not compile.
-//! * Every call into the CM on an id runs with the id's `handler_mutex` held:
-//!   inside a callback the CM holds it, and [`CmId::with_lock`] takes it
-//!   (`rdma_lock_handler`) outside.  Both hand out a [`LockedId`], the only
-//!   type with CM operations on it.  This serialises the id's operations
-//!   with each other and with its events ("the rdma_cm must be used single
-//!   threaded", ucma.c), makes `rdma_accept`'s lockdep assertion hold by
-//!   construction, and lets [`LockedId::connect`] use `rdma_connect_locked`
-//!   everywhere.
-//! * The handler gets `&LockedId`, never the owner: it cannot destroy its own
-//!   id.  If a consumer drops a [`CmId`] from inside any of this module's
+//! * A [`CmId`] owns one `rdma_cm_id`.  Dropping it destroys the id: after
+//!   the drop returns no callback runs any more.  There is no other way to
+//!   destroy an id, so double destroy and use after destroy do not compile.
+//! * Every call into the CM on an id runs with the id's `handler_mutex`
+//!   held: inside the id's callback the CM holds it, and [`CmId::with_lock`]
+//!   takes it (`rdma_lock_handler`) outside.  Both hand out a [`LockedId`],
+//!   the only type with CM operations on it.  This serialises the id's
+//!   operations with each other and with its events ("the rdma_cm must be
+//!   used single threaded", ucma.c), makes `rdma_accept`'s lockdep
+//!   assertion hold by construction, and lets [`LockedId::connect`] use
+//!   `rdma_connect_locked` everywhere.
+//! * The handler gets `&LockedId`, never the owner: it cannot destroy its
+//!   own id.  If a consumer drops a [`CmId`] from inside any of the layer's
 //!   callbacks (the id's own: the deadlock `rdma_destroy_id` documents;
 //!   another id's: two handler mutexes of one lock class; a completion: a
 //!   QP drain behind the running completion), the destruction is deferred
-//!   to a workqueue instead.  [`CmId::with_lock`] from inside the id's own
-//!   callback runs without taking the mutex the CM already holds.
+//!   to the module's [`DestroyQueue`].  For the same reasons
+//!   [`CmId::with_lock`] refuses (`EDEADLK`) to take an id's mutex inside
+//!   another callback of the layer; inside the id's own callback it runs
+//!   without taking the mutex the CM already holds.
 //! * A connection request hands the listener's handler a [`ConnectRequest`]
-//!   that owns the new id.  [`ConnectRequest::adopt`] turns it into a
-//!   [`CmId`] with its own handler; a request that is dropped unadopted makes
-//!   the callback return non-zero, so the CM destroys the new id (take-once
-//!   ownership: the id is destroyed by exactly one party).
+//!   that owns the new id (the only id whose mutex the CM is known to hold:
+//!   for a wildcard listener the CM holds one of its internal per-device
+//!   listeners' mutexes, not the listener's).  [`ConnectRequest::adopt`]
+//!   turns it into a [`CmId`] with its own handler; a request that is
+//!   dropped unadopted makes the callback return non-zero, so the CM
+//!   destroys the new id (take-once ownership: the id is destroyed by
+//!   exactly one party).
+//! * The id owns its QP ([`LockedId::create_qp`], reliable connected ids
+//!   only).  Destruction first marks the id dying under its handler mutex,
+//!   which waits for a running callback and makes every later `create_qp`
+//!   fail, then drains and destroys the QP, then destroys the id.
 //! * DEVICE_REMOVAL: the CM waits for every id on the device to be destroyed
-//!   before the device goes.  Consumers drop their ids from process context
-//!   on that event (e.g. [`CmId::destroy_deferred`]).
+//!   before the device goes.  Consumers drop their ids on that event (from
+//!   the handler, which defers the destruction).
 
 use super::{
     addr::{SockaddrBuf, SocketAddr},
     bindings,
+    callback::{current_task, in_any_callback, CallbackMark},
     conn_param::{ConnParam, PrivateDataUse, MAX_RETRY_COUNT},
+    deferred::{self, DeferredDestroy},
+    device::Device,
     event::{Event, EventType},
-    verbs::{CompletionHandler, Cq, Pd, Qp, QpCaps, QpTeardown},
+    net::NetNs,
+    pd::Pd,
+    verbs::{CompletionHandler, Cq, Qp, QpCaps, QpShutdown},
 };
 use core::{
     marker::PhantomData,
     ptr::{self, NonNull},
-    sync::atomic::{AtomicPtr, AtomicUsize, Ordering},
+    sync::atomic::{AtomicPtr, Ordering},
 };
 use kernel::{
-    ffi,
+    ffi, new_mutex,
     prelude::*,
-    sync::{Arc, SetOnce},
+    sync::{aref::ARef, Arc, Mutex},
     time::Delta,
-    workqueue,
 };
+
+pub use super::deferred::DestroyQueue;
 
 /// Port spaces (`enum rdma_ucm_port_space`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -108,76 +124,6 @@ impl QpType {
     }
 }
 
-/// A counted reference to a network namespace (`get_net`/`put_net`).
-///
-/// An id lives in the namespace it was created in: addresses are resolved
-/// and bound among that namespace's interfaces.  Holding a `NetNs` lets a
-/// consumer fix the namespace once, e.g. when a file is opened (as sockets
-/// do), and create ids from any task later.
-///
-/// # Invariants
-///
-/// `raw` is a live namespace on which this object owns one reference.
-pub struct NetNs {
-    raw: NonNull<bindings::net>,
-}
-
-// SAFETY: A namespace reference may be used and dropped on any thread.
-unsafe impl Send for NetNs {}
-// SAFETY: `&NetNs` only reads the pointer.
-unsafe impl Sync for NetNs {}
-
-impl NetNs {
-    /// The initial namespace (`init_net`).
-    pub fn init() -> Self {
-        // SAFETY: `init_net` is static; `get_net` takes a reference on it.
-        let raw = unsafe { bindings::rdma_cm_rs_get_net(bindings::rdma_cm_rs_init_net()) };
-        // INVARIANT: Referenced just above; `init_net` is never null.
-        Self {
-            // SAFETY: See above.
-            raw: unsafe { NonNull::new_unchecked(raw) },
-        }
-    }
-
-    /// The calling task's namespace.
-    pub fn current() -> Self {
-        // SAFETY: Takes a reference on the current task's namespace, which
-        // every task in process context has.
-        let raw = unsafe { bindings::rdma_cm_rs_get_current_net() };
-        // INVARIANT: Referenced just above.
-        Self {
-            // SAFETY: A task's namespace is never null.
-            raw: unsafe { NonNull::new_unchecked(raw) },
-        }
-    }
-
-    /// Whether this is the initial namespace.
-    pub fn is_init(&self) -> bool {
-        // SAFETY: Returns the address of the static `init_net`.
-        self.raw.as_ptr() == unsafe { bindings::rdma_cm_rs_init_net() }
-    }
-
-    fn as_ptr(&self) -> *mut bindings::net {
-        self.raw.as_ptr()
-    }
-}
-
-impl Clone for NetNs {
-    fn clone(&self) -> Self {
-        // SAFETY: The namespace is live (type invariants); one more reference.
-        unsafe { bindings::rdma_cm_rs_get_net(self.raw.as_ptr()) };
-        // INVARIANT: The new object owns the reference just taken.
-        Self { raw: self.raw }
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        // SAFETY: Drops the reference this object owns.
-        unsafe { bindings::rdma_cm_rs_put_net(self.raw.as_ptr()) };
-    }
-}
-
 /// The consumer of an id's events.
 ///
 /// Callbacks run in process context with the id's `handler_mutex` held and
@@ -188,119 +134,71 @@ pub trait Handler: Send + Sync + Sized + 'static {
     fn event(&self, id: &LockedId<'_>, event: &Event<'_>);
 
     /// A connection request on a listener.  `request` owns the new id (whose
-    /// `handler_mutex` is held as well): adopt it to keep it, accept or
-    /// reject it through [`ConnectRequest::id`]; dropping it unadopted makes
-    /// the CM destroy the new id (the peer's connect fails).
-    fn connect_request(
-        &self,
-        listener: &LockedId<'_>,
-        request: ConnectRequest<'_, Self>,
-        event: &Event<'_>,
-    ) {
+    /// `handler_mutex` is held): adopt it to keep it, accept or reject it
+    /// through [`ConnectRequest::id`]; dropping it unadopted makes the CM
+    /// destroy the new id (the peer's connect fails).
+    fn connect_request(&self, request: ConnectRequest<'_, Self>, event: &Event<'_>) {
         // Dropping the request unadopted makes the CM destroy the new id.
-        let _ = (listener, request, event);
+        let _ = (request, event);
     }
 }
 
-/// Destructions deferred to the workqueue and not finished yet.
-static DEFERRED_DESTROYS: AtomicUsize = AtomicUsize::new(0);
-
-/// Waits (up to `timeout_ms`) until every deferred destruction finished.
-///
-/// Module exit calls this so that no work item outlives the module's code.
-pub fn wait_for_deferred_destroys(timeout_ms: u32) -> Result {
-    for _ in 0..timeout_ms {
-        if DEFERRED_DESTROYS.load(Ordering::Acquire) == 0 {
-            return Ok(());
-        }
-        kernel::time::delay::fsleep(Delta::from_millis(1));
-    }
-    Err(ETIMEDOUT)
-}
-
-/// Tasks running one of this module's callbacks (CM events, completions).
-///
-/// Destroying an id from any such callback is a deadlock or a lockdep
-/// report waiting to happen: `rdma_destroy_id` takes the id's handler mutex
-/// (same lock class as the one the CM holds during an event) and a QP's
-/// teardown drains completions that may be queued behind the running one.
-/// [`CmId`]'s `Drop` therefore defers the destruction to a workqueue
-/// whenever the current task is listed here.  The table is small and fixed;
-/// if it is ever full, `CALLBACKS_UNLISTED` makes every drop defer until the
-/// unlisted callbacks return, which is always safe.
-static CALLBACK_TASKS: [AtomicPtr<bindings::task_struct>; 64] =
-    [const { AtomicPtr::new(ptr::null_mut()) }; 64];
-static CALLBACKS_UNLISTED: AtomicUsize = AtomicUsize::new(0);
-
-/// Lists the current task in [`CALLBACK_TASKS`] while it lives.
-pub(crate) struct CallbackMark(Option<usize>);
-
-impl CallbackMark {
-    /// Marks the current task as running a callback.
-    pub(crate) fn enter() -> Self {
-        let me = current_task();
-        for (i, slot) in CALLBACK_TASKS.iter().enumerate() {
-            if slot
-                .compare_exchange(ptr::null_mut(), me, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return Self(Some(i));
-            }
-        }
-        CALLBACKS_UNLISTED.fetch_add(1, Ordering::AcqRel);
-        Self(None)
-    }
-}
-
-impl Drop for CallbackMark {
-    fn drop(&mut self) {
-        match self.0 {
-            Some(i) => CALLBACK_TASKS[i].store(ptr::null_mut(), Ordering::Release),
-            None => {
-                CALLBACKS_UNLISTED.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-    }
-}
-
-/// Whether the current task may be inside one of this module's callbacks.
-fn in_any_callback() -> bool {
-    if CALLBACKS_UNLISTED.load(Ordering::Acquire) != 0 {
-        return true;
-    }
-    let me = current_task();
-    CALLBACK_TASKS
-        .iter()
-        .any(|slot| slot.load(Ordering::Acquire) == me)
-}
-
-fn current_task() -> *mut bindings::task_struct {
-    // SAFETY: Always safe to call in process context.
-    unsafe { bindings::rdma_cm_rs_current_task() }
+/// The QP an id owns.
+enum QpSlot {
+    /// None yet (or destroyed by [`LockedId::destroy_qp`]).
+    Empty,
+    /// The id's live QP.
+    Live(Arc<dyn QpShutdown>),
+    /// The id is being destroyed: no QP may be created any more.
+    Dying,
 }
 
 /// State shared by the owner and the C side of one id.
 ///
 /// # Invariants
 ///
-/// Once [`IdInner::set_raw`] ran, `raw` points to a live `rdma_cm_id` whose
-/// `context` is this object, until the id is destroyed; one strong reference
-/// to the enclosing `Arc` is owned by that `context` pointer.
+/// Until [`destroy_now`] swaps it out, `raw` points to a live `rdma_cm_id`
+/// of port space `ps` and QP type `qp_type` whose `context` is this object;
+/// one strong reference to the enclosing `Arc` is owned by that `context`
+/// pointer.  `qp` is changed only with the id's handler mutex held.
+#[pin_data]
 struct IdInner<H: Handler> {
     raw: AtomicPtr<bindings::rdma_cm_id>,
+    ps: PortSpace,
+    qp_type: QpType,
     /// The task running this id's callback, or null.
     handler_task: AtomicPtr<bindings::task_struct>,
     /// Accept parameters derived from the connection request, for ids
     /// created by one (`rdma_accept(3)` with no parameters).
     request_param: Option<ConnParam>,
-    /// The id's QP, torn down before the id is destroyed.
-    qp: QpSlot,
+    #[pin]
+    qp: Mutex<QpSlot>,
     handler: H,
 }
 
-type QpSlot = SetOnce<Arc<dyn QpTeardown>>;
-
 impl<H: Handler> IdInner<H> {
+    fn new(
+        raw: *mut bindings::rdma_cm_id,
+        ps: PortSpace,
+        qp_type: QpType,
+        handler_task: *mut bindings::task_struct,
+        request_param: Option<ConnParam>,
+        handler: H,
+    ) -> Result<Arc<Self>> {
+        Arc::pin_init(
+            pin_init!(Self {
+                raw: AtomicPtr::new(raw),
+                ps,
+                qp_type,
+                handler_task: AtomicPtr::new(handler_task),
+                request_param,
+                qp <- new_mutex!(QpSlot::Empty),
+                handler,
+            }),
+            GFP_KERNEL,
+        )
+    }
+
     fn raw(&self) -> *mut bindings::rdma_cm_id {
         self.raw.load(Ordering::Acquire)
     }
@@ -309,13 +207,23 @@ impl<H: Handler> IdInner<H> {
         self.handler_task.load(Ordering::Acquire) == current_task()
     }
 
-    /// Marks the current task as running this id's callback.
-    fn enter(&self) -> *mut bindings::task_struct {
-        self.handler_task.swap(current_task(), Ordering::AcqRel)
-    }
-
-    fn leave(&self, previous: *mut bindings::task_struct) {
-        self.handler_task.store(previous, Ordering::Release);
+    /// A locked view of the live id `raw`.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be this object's live id, whose handler mutex is held for
+    /// `'a`.
+    unsafe fn locked<'a>(&'a self, raw: *mut bindings::rdma_cm_id) -> LockedId<'a> {
+        // INVARIANT: By the safety requirements.
+        LockedId {
+            // SAFETY: A live id is non-null.
+            raw: unsafe { NonNull::new_unchecked(raw) },
+            ps: self.ps,
+            qp_type: self.qp_type,
+            request_param: self.request_param,
+            qp_slot: Some(&self.qp),
+            _lock: PhantomData,
+        }
     }
 }
 
@@ -337,26 +245,21 @@ unsafe impl<H: Handler> Sync for CmId<H> {}
 
 impl<H: Handler> CmId<H> {
     /// Creates an id (`rdma_create_id`) in `ns`, with port space `ps` and QP
-    /// type `qp_type`.  `EINVAL` if the QP type does not fit the port space.
-    /// The id takes its own reference on the namespace.
+    /// type `qp_type`.  `EINVAL` if the QP type does not fit the port space;
+    /// `ENXIO` if the module holds no [`DestroyQueue`].  The id takes its
+    /// own reference on the namespace.
     pub fn new(handler: H, ns: &NetNs, ps: PortSpace, qp_type: QpType) -> Result<Self> {
         if !qp_type.allowed_in(ps) {
             return Err(EINVAL);
         }
-        let inner = Arc::new(
-            IdInner {
-                raw: AtomicPtr::new(ptr::null_mut()),
-                handler_task: AtomicPtr::new(ptr::null_mut()),
-                request_param: None,
-                qp: SetOnce::new(),
-                handler,
-            },
-            GFP_KERNEL,
-        )?;
+        if !deferred::available() {
+            return Err(ENXIO);
+        }
+        let inner = IdInner::new(ptr::null_mut(), ps, qp_type, ptr::null_mut(), None, handler)?;
         let context = Arc::into_raw(inner.clone());
         // SAFETY: `handler_trampoline::<H>` matches `rdma_cm_event_handler`
         // and interprets `context` as the `IdInner<H>` it is.  `ns` is live,
-        // and the CM takes its own reference on it.
+        // and `__rdma_create_kernel_id` takes its own reference on it.
         let raw = unsafe {
             bindings::rdma_cm_rs_create_id(
                 ns.as_ptr(),
@@ -387,51 +290,29 @@ impl<H: Handler> CmId<H> {
     ///
     /// Called from inside this id's own callback (or, for an id just
     /// adopted, its listener's connect-request callback), where the CM
-    /// already holds the mutex, `f` runs directly instead of deadlocking.
-    pub fn with_lock<R>(&self, f: impl FnOnce(&LockedId<'_>) -> R) -> R {
+    /// already holds the mutex, `f` runs directly.  Called from inside any
+    /// other callback of the layer it fails with `EDEADLK`: taking the
+    /// mutex there could wait for a callback that waits for this one.
+    pub fn with_lock<R>(&self, f: impl FnOnce(&LockedId<'_>) -> Result<R>) -> Result<R> {
         let raw = self.inner.raw();
-        // INVARIANT: By the type invariants `raw` is live; the mutex is held
-        // either by this task's callback or by the lock taken below.
-        let locked = LockedId {
-            // SAFETY: A live id is non-null.
-            raw: unsafe { NonNull::new_unchecked(raw) },
-            request_param: self.inner.request_param,
-            qp_slot: Some(&self.inner.qp),
-            _lock: PhantomData,
-        };
+        // SAFETY: By the type invariants `raw` is live; the mutex is held
+        // either by this task's callback or by the lock taken below, for as
+        // long as `locked` lives.
+        let locked = unsafe { self.inner.locked(raw) };
         if self.inner.in_own_handler() {
             return f(&locked);
         }
-        // SAFETY: `raw` is live.
+        if in_any_callback() {
+            return Err(EDEADLK);
+        }
+        // SAFETY: `raw` is live; the mutex is not held by this task (not in
+        // its callback, nor in any other).
         unsafe { bindings::rdma_lock_handler(raw) };
         let result = f(&locked);
         // SAFETY: Taken just above.
         unsafe { bindings::rdma_unlock_handler(raw) };
         result
     }
-
-    /// Destroys the id from a workqueue: for contexts that must not block
-    /// on the CM (callbacks of other ids, DEVICE_REMOVAL handling).
-    pub fn destroy_deferred(self) -> Result {
-        let this = core::mem::ManuallyDrop::new(self);
-        // SAFETY: `this` is never used or dropped again: the inner `Arc` moves out.
-        let inner = unsafe { ptr::read(&this.inner) };
-        spawn_destroy(inner)
-    }
-}
-
-/// The queue of deferred destructions: unbound and for long work, since
-/// `rdma_destroy_id` waits for the id's handlers and its device.  (7.3
-/// deprecates `system_wq`, the queue `workqueue::system()` returns.)
-fn destroy_queue() -> &'static workqueue::Queue {
-    // SAFETY: `system_dfl_long_wq` is a C global, set up before any module
-    // loads and never freed.
-    unsafe { workqueue::Queue::from_raw(bindings::system_dfl_long_wq) }
-}
-
-/// An id whose destruction was deferred, with its handler type erased.
-trait DeferredDestroy: Send + Sync {
-    fn destroy(&self);
 }
 
 impl<H: Handler> DeferredDestroy for IdInner<H> {
@@ -440,84 +321,34 @@ impl<H: Handler> DeferredDestroy for IdInner<H> {
     }
 }
 
-/// The work item of a deferred destruction.
-///
-/// Not generic on purpose: `new_work!` makes one lockdep class (a static
-/// key and a name) per call site, and a generic call site would give every
-/// monomorphization its own copy of the name for the one shared key, which
-/// lockdep reports ("found a different class with the same key").  7.3's
-/// `Queue::try_spawn` has exactly that problem across modules, so it is not
-/// used.
-#[pin_data]
-struct DestroyWork {
-    #[pin]
-    work: workqueue::Work<DestroyWork>,
-    id: Arc<dyn DeferredDestroy>,
-}
-
-kernel::impl_has_work! {
-    impl HasWork<Self> for DestroyWork { self.work }
-}
-
-impl DestroyWork {
-    fn new(id: Arc<dyn DeferredDestroy>) -> impl PinInit<Self> {
-        pin_init!(Self {
-            work <- kernel::new_work!("rdma_cm_rs::destroy_id"),
-            id,
-        })
-    }
-}
-
-impl workqueue::WorkItem for DestroyWork {
-    type Pointer = Pin<KBox<Self>>;
-
-    fn run(this: Pin<KBox<Self>>) {
-        this.id.destroy();
-        drop(this);
-        DEFERRED_DESTROYS.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-fn spawn_destroy<H: Handler>(inner: Arc<IdInner<H>>) -> Result {
-    DEFERRED_DESTROYS.fetch_add(1, Ordering::AcqRel);
-    let id: Arc<dyn DeferredDestroy> = inner.clone();
-    match KBox::pin_init(DestroyWork::new(id), GFP_ATOMIC) {
-        Ok(work) => {
-            // A fresh box cannot be queued already: enqueueing cannot fail.
-            destroy_queue().enqueue(work);
-            Ok(())
-        }
-        Err(_) => {
-            // No memory for the work item: destroy synchronously, which is
-            // only wrong inside a callback (then the id leaks, loudly).
-            DEFERRED_DESTROYS.fetch_sub(1, Ordering::AcqRel);
-            if inner.in_own_handler() || in_any_callback() {
-                pr_err!("rdma_cm_rs: cannot defer id destruction, leaking it\n");
-                core::mem::forget(inner);
-                return Err(ENOMEM);
-            }
-            destroy_now(&inner);
-            Ok(())
-        }
-    }
-}
-
-/// Destroys the QP (if any) and the id, then drops the C side's reference.
+/// Marks the id dying, destroys its QP (if any) and the id, then drops the
+/// C side's reference.  Never called inside a callback of the layer.
 fn destroy_now<H: Handler>(inner: &IdInner<H>) {
     let raw = inner.raw.swap(ptr::null_mut(), Ordering::AcqRel);
     if raw.is_null() {
         return;
     }
     // SAFETY: `raw` is live (type invariants) and now unreachable from the
-    // owner; no CM call can be in progress on it since the owner is gone.
-    unsafe {
-        if let Some(qp) = inner.qp.as_ref() {
-            qp.teardown(raw);
+    // owner; the current task holds no handler mutex (not in a callback).
+    unsafe { bindings::rdma_lock_handler(raw) };
+    // A callback that was running has returned, and any later one sees the
+    // id dying: no QP can appear after this.
+    let slot = core::mem::replace(&mut *inner.qp.lock(), QpSlot::Dying);
+    // SAFETY: Taken just above.
+    unsafe { bindings::rdma_unlock_handler(raw) };
+    if let QpSlot::Live(qp) = slot {
+        if qp.shutdown() {
+            // SAFETY: The id is live and its QP drained; nothing posts to it
+            // any more (`shutdown` took it).
+            unsafe { bindings::rdma_destroy_qp(raw) };
         }
+    }
+    // SAFETY: The id is live; `rdma_destroy_id` waits for a running
+    // callback, and none starts after it.  Then the CM no longer uses
+    // `context`, whose reference is released.
+    unsafe {
         let context = (*raw).context;
-        // Waits for a running callback, and none starts after.
         bindings::rdma_destroy_id(raw);
-        // The CM no longer uses `context`: release its reference.
         drop(Arc::from_raw(context.cast::<IdInner<H>>()));
     }
 }
@@ -528,7 +359,13 @@ impl<H: Handler> Drop for CmId<H> {
             // `rdma_destroy_id` from the id's own callback deadlocks; from
             // another id's callback it nests two handler mutexes of one
             // lock class; from a completion it may drain its own CQ.
-            let _ = spawn_destroy(self.inner.clone());
+            let victim: Arc<dyn DeferredDestroy> = self.inner.clone();
+            if deferred::spawn(victim).is_err() {
+                // No queue or no memory: destroying here could deadlock,
+                // so the id leaks, loudly.
+                pr_err!("cannot defer the destruction of a cm_id, leaking it\n");
+                core::mem::forget(self.inner.clone());
+            }
         } else {
             destroy_now(&self.inner);
         }
@@ -539,10 +376,13 @@ impl<H: Handler> Drop for CmId<H> {
 ///
 /// # Invariants
 ///
-/// `raw` is the new id of a CONNECT_REQUEST callback in progress, whose
-/// handler mutex the CM holds; `adopted` is the callback's flag.
+/// `raw` is the new id of a CONNECT_REQUEST callback in progress, of port
+/// space `ps` and QP type `qp_type`, whose handler mutex the CM holds;
+/// `adopted` is the callback's flag.
 pub struct ConnectRequest<'a, H: Handler> {
     raw: NonNull<bindings::rdma_cm_id>,
+    ps: PortSpace,
+    qp_type: QpType,
     adopted: &'a core::cell::Cell<bool>,
     request_param: ConnParam,
     _h: PhantomData<H>,
@@ -555,6 +395,8 @@ impl<'a, H: Handler> ConnectRequest<'a, H> {
         // INVARIANT: The CM holds the new id's handler mutex during the callback.
         LockedId {
             raw: self.raw,
+            ps: self.ps,
+            qp_type: self.qp_type,
             request_param: Some(self.request_param),
             // A QP needs an owner: adopt the id first.
             qp_slot: None,
@@ -564,17 +406,15 @@ impl<'a, H: Handler> ConnectRequest<'a, H> {
 
     /// Takes ownership of the new id with its own handler.
     pub fn adopt(self, handler: H) -> Result<CmId<H>> {
-        let inner = Arc::new(
-            IdInner {
-                raw: AtomicPtr::new(self.raw.as_ptr()),
-                // The CM holds this id's handler mutex until the listener's
-                // callback returns: treat that as being in its handler.
-                handler_task: AtomicPtr::new(current_task()),
-                request_param: Some(self.request_param),
-                qp: SetOnce::new(),
-                handler,
-            },
-            GFP_KERNEL,
+        // The CM holds this id's handler mutex until the listener's
+        // callback returns: treat that as being in its handler.
+        let inner = IdInner::new(
+            self.raw.as_ptr(),
+            self.ps,
+            self.qp_type,
+            current_task(),
+            Some(self.request_param),
+            handler,
         )?;
         // SAFETY: The new id is live and its handler mutex is held, so no
         // event reads `context` concurrently.  INVARIANT: `context` now owns
@@ -589,11 +429,14 @@ impl<'a, H: Handler> ConnectRequest<'a, H> {
 ///
 /// # Invariants
 ///
-/// `raw` is live and its `handler_mutex` is held for `'a`.
+/// `raw` is live, of port space `ps` and QP type `qp_type`, and its
+/// `handler_mutex` is held for `'a`; `qp_slot` is its owner's QP slot.
 pub struct LockedId<'a> {
     raw: NonNull<bindings::rdma_cm_id>,
+    ps: PortSpace,
+    qp_type: QpType,
     request_param: Option<ConnParam>,
-    qp_slot: Option<&'a QpSlot>,
+    qp_slot: Option<&'a Mutex<QpSlot>>,
     _lock: PhantomData<&'a ()>,
 }
 
@@ -601,8 +444,19 @@ fn to_result(ret: i32) -> Result {
     kernel::error::to_result(ret)
 }
 
-/// Addresses a caller may resolve with, bounded like librdmacm's tools.
-pub const MAX_RESOLVE_TIMEOUT_MS: u32 = 60_000;
+/// The longest address or route resolution a caller may ask for, as
+/// librdmacm's tools bound it.
+pub const MAX_RESOLVE_TIMEOUT: Delta = Delta::from_millis(60_000);
+
+/// A resolution timeout in the CM's milliseconds: 1 ms to
+/// [`MAX_RESOLVE_TIMEOUT`], else `EINVAL`.
+fn resolve_timeout_ms(timeout: Delta) -> Result<usize> {
+    let ms = timeout.as_millis();
+    if ms < 1 || ms > MAX_RESOLVE_TIMEOUT.as_millis() {
+        return Err(EINVAL);
+    }
+    usize::try_from(ms).map_err(|_| EINVAL)
+}
 
 impl LockedId<'_> {
     fn as_ptr(&self) -> *mut bindings::rdma_cm_id {
@@ -610,18 +464,19 @@ impl LockedId<'_> {
     }
 
     fn id(&self) -> &bindings::rdma_cm_id {
-        // SAFETY: By the type invariants the id is live while `self` is.
+        // SAFETY: By the type invariants the id is live while `self` is,
+        // and its fields change only under the handler mutex we hold.
         unsafe { self.raw.as_ref() }
     }
 
     /// The port space.
-    pub fn port_space(&self) -> u32 {
-        self.id().ps
+    pub fn port_space(&self) -> PortSpace {
+        self.ps
     }
 
     /// The QP type.
-    pub fn qp_type(&self) -> u32 {
-        self.id().qp_type
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
     }
 
     /// The port the id is bound to, 0 if none.
@@ -631,40 +486,18 @@ impl LockedId<'_> {
 
     /// The number of the id's QP, if it has one.
     pub fn qp_num(&self) -> Option<u32> {
-        let qp = self.id().qp;
-        if qp.is_null() {
-            None
-        } else {
-            // SAFETY: A non-null `qp` of a live id is a live QP.
-            Some(unsafe { (*qp).qp_num })
+        match &*self.qp_slot?.lock() {
+            QpSlot::Live(qp) => Some(qp.qp_num()),
+            _ => None,
         }
     }
 
-    /// The name of the RDMA device the id is bound to, if any.
-    pub fn device_name(&self, out: &mut [u8; 64]) -> bool {
-        *out = [0; 64];
-        let dev = self.id().device;
-        if dev.is_null() {
-            return false;
-        }
-        // SAFETY: A bound id's device is live while the id is; `name` is a
-        // NUL-terminated array.
-        let name = unsafe { CStr::from_char_ptr((*dev).name.as_ptr()) };
-        let bytes = name.to_bytes();
-        let n = bytes.len().min(out.len() - 1);
-        out[..n].copy_from_slice(&bytes[..n]);
-        true
-    }
-
-    /// The device's RDMA read limits: (`max_qp_rd_atom`, `max_qp_init_rd_atom`).
-    pub fn device_rd_atom_limits(&self) -> Option<(u32, u32)> {
-        let dev = self.id().device;
-        if dev.is_null() {
-            return None;
-        }
-        // SAFETY: As in `device_name`.
-        let attrs = unsafe { &(*dev).attrs };
-        Some((attrs.max_qp_rd_atom, attrs.max_qp_init_rd_atom))
+    /// The RDMA device the id is bound to: `ENODEV` if it is bound to none
+    /// (or the device is going away).
+    pub fn device(&self) -> Result<ARef<Device>> {
+        // SAFETY: A bound id's device stays valid until the id is destroyed
+        // (the CM holds it); the id is live.
+        unsafe { Device::try_get(self.id().device) }
     }
 
     /// The source address (`rdma_get_local_addr`), if set.
@@ -683,21 +516,20 @@ impl LockedId<'_> {
     /// Binds to a local address (`rdma_bind_addr`); port 0 picks one.
     pub fn bind(&self, addr: &SocketAddr) -> Result {
         let mut buf = addr.to_sockaddr();
-        // SAFETY: `buf` is a valid, aligned sockaddr for the call's duration.
+        // SAFETY: `buf` is a valid, aligned sockaddr for the call's
+        // duration; the id is live.
         to_result(unsafe { bindings::rdma_bind_addr(self.as_ptr(), (&raw mut buf).cast()) })
     }
 
     /// Starts address resolution (`rdma_resolve_addr`); completes with
-    /// ADDR_RESOLVED or ADDR_ERROR.  `timeout_ms` must be 1..=60000.
+    /// ADDR_RESOLVED or ADDR_ERROR.  `timeout` must be 1 ms to 60 s.
     pub fn resolve_addr(
         &self,
         src: Option<&SocketAddr>,
         dst: &SocketAddr,
-        timeout_ms: u32,
+        timeout: Delta,
     ) -> Result {
-        if timeout_ms == 0 || timeout_ms > MAX_RESOLVE_TIMEOUT_MS {
-            return Err(EINVAL);
-        }
+        let timeout_ms = resolve_timeout_ms(timeout)?;
         if let Some(src) = src {
             if src.family() != dst.family() {
                 return Err(EINVAL);
@@ -710,32 +542,32 @@ impl LockedId<'_> {
         } else {
             ptr::null_mut()
         };
-        // SAFETY: Both buffers are valid sockaddrs for the call's duration.
+        // SAFETY: Both buffers are valid sockaddrs for the call's duration
+        // (the CM copies them); the id is live.
         to_result(unsafe {
             bindings::rdma_resolve_addr(
                 self.as_ptr(),
                 src_ptr,
                 (&raw mut dst_buf).cast(),
-                timeout_ms as usize,
+                timeout_ms,
             )
         })
     }
 
     /// Starts route resolution (`rdma_resolve_route`); completes with
-    /// ROUTE_RESOLVED or ROUTE_ERROR.  `timeout_ms` must be 1..=60000.
-    pub fn resolve_route(&self, timeout_ms: u32) -> Result {
-        if timeout_ms == 0 || timeout_ms > MAX_RESOLVE_TIMEOUT_MS {
-            return Err(EINVAL);
-        }
+    /// ROUTE_RESOLVED or ROUTE_ERROR.  `timeout` must be 1 ms to 60 s.
+    pub fn resolve_route(&self, timeout: Delta) -> Result {
+        let timeout_ms = resolve_timeout_ms(timeout)?;
         // SAFETY: The id is live.
-        to_result(unsafe { bindings::rdma_resolve_route(self.as_ptr(), timeout_ms as usize) })
+        to_result(unsafe { bindings::rdma_resolve_route(self.as_ptr(), timeout_ms) })
     }
 
     /// Listens (`rdma_listen`); an unbound id listens on the wildcard.
     ///
-    /// The backlog is honoured by the CM only on iWARP: on IB/RoCE the
-    /// consumer enforces its own.
-    pub fn listen(&self, backlog: i32) -> Result {
+    /// The backlog (1 or more) is honoured by the CM only on iWARP: on
+    /// IB/RoCE the consumer enforces its own.
+    pub fn listen(&self, backlog: u32) -> Result {
+        let backlog = i32::try_from(backlog).map_err(|_| EINVAL)?;
         if backlog <= 0 {
             return Err(EINVAL);
         }
@@ -743,23 +575,26 @@ impl LockedId<'_> {
         to_result(unsafe { bindings::rdma_listen(self.as_ptr(), backlog) })
     }
 
-    fn check_param(&self, param: &ConnParam, usage: PrivateDataUse) -> Result {
-        let (rd, init) = self.device_rd_atom_limits().ok_or(EINVAL)?;
-        param.check(usage, rd, init)
+    /// Checks `param` for `usage` against the bound device's limits.
+    pub fn check_param(&self, param: &ConnParam, usage: PrivateDataUse) -> Result {
+        let dev = self.device().map_err(|_| EINVAL)?;
+        param.check(usage, dev.max_qp_rd_atom(), dev.max_qp_init_rd_atom())
     }
 
-    /// Connects (`rdma_connect_locked`): after ROUTE_RESOLVED.
+    /// Connects (`rdma_connect_locked`): after ROUTE_RESOLVED.  On a UD id
+    /// this is the SIDR lookup of the remote QP (up to 180 bytes of private
+    /// data), on an RC id a connection request (up to 56).
     pub fn connect(&self, param: &ConnParam) -> Result {
-        let usage = if self.qp_type() == bindings::ib_qp_type_IB_QPT_UD {
-            PrivateDataUse::ConnectUd
-        } else {
-            PrivateDataUse::ConnectRc
+        let usage = match self.qp_type {
+            QpType::Ud => PrivateDataUse::ConnectUd,
+            QpType::Rc => PrivateDataUse::ConnectRc,
         };
         self.check_param(param, usage)?;
         let mut raw = param.as_raw();
         // SAFETY: The handler mutex is held (type invariants), as
         // `rdma_connect_locked` requires; `raw` and the private data it
-        // points into (inside `param`) live across the call.
+        // points into (inside `param`) live across the call, which copies
+        // them.
         to_result(unsafe { bindings::rdma_connect_locked(self.as_ptr(), &mut raw) })
     }
 
@@ -770,11 +605,12 @@ impl LockedId<'_> {
     /// they are.
     pub fn request_accept_param(&self) -> Result<ConnParam> {
         let req = self.request_param.ok_or(EINVAL)?;
-        let (rd, init) = self.device_rd_atom_limits().ok_or(EINVAL)?;
+        let dev = self.device().map_err(|_| EINVAL)?;
         let (req_rr, req_id) = req.rd_atom();
+        let clamp = |v: u8, max: u32| u8::try_from(u32::from(v).min(max)).unwrap_or(u8::MAX);
         ConnParam::new()
-            .responder_resources(u8::try_from(u32::from(req_rr).min(rd)).unwrap_or(u8::MAX))
-            .initiator_depth(u8::try_from(u32::from(req_id).min(init)).unwrap_or(u8::MAX))
+            .responder_resources(clamp(req_rr, dev.max_qp_rd_atom()))
+            .initiator_depth(clamp(req_id, dev.max_qp_init_rd_atom()))
             .flow_control(true)
             .rnr_retry_count(MAX_RETRY_COUNT)
     }
@@ -790,10 +626,9 @@ impl LockedId<'_> {
                 &defaults
             }
         };
-        let usage = if self.qp_type() == bindings::ib_qp_type_IB_QPT_UD {
-            PrivateDataUse::AcceptUd
-        } else {
-            PrivateDataUse::AcceptRc
+        let usage = match self.qp_type {
+            QpType::Ud => PrivateDataUse::AcceptUd,
+            QpType::Rc => PrivateDataUse::AcceptRc,
         };
         self.check_param(param, usage)?;
         let mut raw = param.as_raw();
@@ -813,7 +648,8 @@ impl LockedId<'_> {
         } else {
             reason
         };
-        // SAFETY: `data` is readable for its length during the call.
+        // SAFETY: `data` is readable for its length during the call; the id
+        // is live and locked.
         to_result(unsafe {
             bindings::rdma_reject(
                 self.as_ptr(),
@@ -830,10 +666,17 @@ impl LockedId<'_> {
 
     /// The CM's text for a reject reason on this id's transport
     /// (`rdma_reject_msg`), e.g. for the status of a REJECTED event.
-    pub fn reject_msg(&self, reason: i32) -> &'static CStr {
-        // SAFETY: The id is live; `rdma_reject_msg` returns a static string
-        // for any reason.
-        unsafe { CStr::from_char_ptr(bindings::rdma_reject_msg(self.as_ptr(), reason)) }
+    /// `None` on an id bound to no device port (unbound, or a wildcard
+    /// listener), where the transport, and so the text, is unknown.
+    pub fn reject_msg(&self, reason: i32) -> Option<&'static CStr> {
+        let id = self.id();
+        if id.device.is_null() || id.port_num == 0 {
+            return None;
+        }
+        // SAFETY: The id is live with a device and a port, which
+        // `rdma_reject_msg` reads to pick the transport; it returns a static
+        // string for any reason.
+        Some(unsafe { CStr::from_char_ptr(bindings::rdma_reject_msg(self.as_ptr(), reason)) })
     }
 
     /// Disconnects (`rdma_disconnect`).
@@ -883,8 +726,13 @@ impl LockedId<'_> {
 
     /// Creates the id's QP (`rdma_create_qp`) on `pd`, completing on `cq`.
     ///
-    /// The id owns the QP: its destruction drains and destroys it.  `EBUSY`
-    /// if the id has a QP, `EINVAL` on an id not adopted yet.
+    /// The id owns the QP: its destruction drains and destroys it.  Only
+    /// reliable connected ids have one here (`EOPNOTSUPP` on UD ids, whose
+    /// datagram path this layer does not provide yet).  `EXDEV` if `pd` or
+    /// `cq` is of another device than the id's, `ENOSPC` if `cq` has no
+    /// room for `caps` and the drain, `EBUSY` if the id has a QP,
+    /// `ESHUTDOWN` once the id is being destroyed, `EINVAL` on an id not
+    /// adopted yet.
     pub fn create_qp<C: CompletionHandler>(
         &self,
         pd: &Arc<Pd>,
@@ -892,27 +740,56 @@ impl LockedId<'_> {
         caps: QpCaps,
     ) -> Result<Arc<Qp<C>>> {
         let slot = self.qp_slot.ok_or(EINVAL)?;
-        if slot.as_ref().is_some() {
-            return Err(EBUSY);
+        if self.qp_type != QpType::Rc {
+            return Err(EOPNOTSUPP);
         }
-        let qp = Qp::create(self, pd, cq, caps)?;
-        let teardown: Arc<dyn QpTeardown> = qp.clone();
-        if !slot.populate(teardown) {
-            // Unreachable under the handler mutex, which serialises creators.
-            return Err(EBUSY);
+        let dev = self.device()?;
+        let mut slot = slot.lock();
+        match *slot {
+            QpSlot::Empty => {}
+            QpSlot::Live(_) => return Err(EBUSY),
+            QpSlot::Dying => return Err(ESHUTDOWN),
         }
+        let (qp, mut attr) = Qp::prepare(&dev, pd, cq, caps)?;
+        // SAFETY: The id is live, locked and bound to `dev`, the device of
+        // `pd` and of the CQs in `attr` (checked by `prepare`), which `qp`
+        // keeps alive.
+        to_result(unsafe { bindings::rdma_create_qp(self.as_ptr(), pd.as_ptr(), &mut attr) })?;
+        // SAFETY: `rdma_create_qp` succeeded and set the id's `qp`; only
+        // this slot's holder changes it.
+        let raw = unsafe { (*self.as_ptr()).qp };
+        let Some(raw) = NonNull::new(raw) else {
+            return Err(EINVAL);
+        };
+        // SAFETY: `raw` was created from `attr`; the slot keeps `qp` until
+        // the id's destruction or `destroy_qp` shuts it down and only then
+        // destroys it.
+        unsafe { qp.set_created(raw) };
+        *slot = QpSlot::Live(qp.clone());
         Ok(qp)
     }
 
-    /// The raw id, for the verbs in this crate (QP creation).
-    pub(crate) fn raw(&self) -> *mut bindings::rdma_cm_id {
-        self.as_ptr()
-    }
-
-    /// The id's device, if bound.
-    pub(crate) fn device_ptr(&self) -> Option<*mut bindings::ib_device> {
-        let dev = self.id().device;
-        (!dev.is_null()).then_some(dev)
+    /// Drains and destroys the id's QP (`rdma_destroy_qp`), e.g. after a
+    /// connect or accept that failed: the id can get a new one.  `ENOENT`
+    /// if it has none, `EINVAL` on an id not adopted yet.
+    pub fn destroy_qp(&self) -> Result {
+        let slot = self.qp_slot.ok_or(EINVAL)?;
+        let qp = {
+            let mut slot = slot.lock();
+            match core::mem::replace(&mut *slot, QpSlot::Empty) {
+                QpSlot::Live(qp) => qp,
+                other => {
+                    *slot = other;
+                    return Err(ENOENT);
+                }
+            }
+        };
+        if qp.shutdown() {
+            // SAFETY: The id is live and locked; its QP is drained and
+            // nothing posts to it any more.
+            unsafe { bindings::rdma_destroy_qp(self.as_ptr()) };
+        }
+        Ok(())
     }
 }
 
@@ -928,8 +805,9 @@ fn sockaddr_of(storage: &bindings::__kernel_sockaddr_storage) -> Option<SocketAd
 ///
 /// # Safety
 ///
-/// Called by the CM only, for ids created by [`CmId::new`] with `H`, with
-/// the id's handler mutex held.
+/// Called by the CM only, for ids created by [`CmId::new`] with `H` (or
+/// adopted with `H`, or new ids of such a listener, which carry its
+/// context), with the handler mutex of `raw_id` held.
 unsafe extern "C" fn handler_trampoline<H: Handler>(
     raw_id: *mut bindings::rdma_cm_id,
     raw_event: *mut bindings::rdma_cm_event,
@@ -937,58 +815,50 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
     // SAFETY: `raw_id` is live during the callback; its context is an
     // `IdInner<H>` (the listener's, for a connection request) kept alive by
     // the reference the context pointer owns.
-    let (context, qp_type) = unsafe { ((*raw_id).context, (*raw_id).qp_type) };
-    // SAFETY: See above.
-    let inner = unsafe { &*context.cast::<IdInner<H>>() };
-    // SAFETY: `raw_event` is valid for the callback, which outlives `event`.
-    let Some(event) = (unsafe { Event::from_raw(raw_event, qp_type) }) else {
+    let inner = unsafe { &*(*raw_id).context.cast::<IdInner<H>>() };
+    // SAFETY: `raw_event` is valid for the callback, which outlives `event`;
+    // a new id has its listener's QP type.
+    let Some(event) = (unsafe { Event::from_raw(raw_event, inner.qp_type == QpType::Ud) }) else {
         return 0;
     };
-    let previous = inner.enter();
     let _mark = CallbackMark::enter();
-    let mut destroy_new_id = false;
-    if event.kind() == EventType::ConnectRequest {
-        let adopted = core::cell::Cell::new(false);
-        let request_param = event.conn_param().map(|v| v.to_owned()).unwrap_or_default();
-        let listener_raw = inner.raw();
-        if let Some(listener_raw) = NonNull::new(listener_raw) {
-            // INVARIANT: The CM holds the listener's handler mutex too during
-            // a connection request.
-            let listener = LockedId {
-                raw: listener_raw,
-                request_param: None,
-                qp_slot: Some(&inner.qp),
-                _lock: PhantomData,
-            };
-            let request = ConnectRequest {
-                // SAFETY: `raw_id` is non-null: the CM passes a live id.
-                raw: unsafe { NonNull::new_unchecked(raw_id) },
-                adopted: &adopted,
-                request_param,
-                _h: PhantomData,
-            };
-            inner.handler.connect_request(&listener, request, &event);
-        }
-        if adopted.get() {
-            // SAFETY: `adopt` replaced the context with the new id's own.
-            let new_inner = unsafe { &*(*raw_id).context.cast::<IdInner<H>>() };
-            // The callback is over: the new id's mutex is released on return.
-            new_inner.leave(ptr::null_mut());
-        } else {
-            destroy_new_id = true;
-        }
-    } else {
-        // INVARIANT: The CM holds this id's handler mutex during the callback.
-        let id = LockedId {
-            // SAFETY: The CM passes a live id.
-            raw: unsafe { NonNull::new_unchecked(raw_id) },
-            request_param: inner.request_param,
-            qp_slot: Some(&inner.qp),
-            _lock: PhantomData,
-        };
+    if event.kind() != EventType::ConnectRequest {
+        // Events of one id are serialised by its handler mutex: nothing
+        // else sets the marker meanwhile.
+        inner.handler_task.store(current_task(), Ordering::Release);
+        // SAFETY: The CM holds this id's handler mutex during the callback.
+        let id = unsafe { inner.locked(raw_id) };
         inner.handler.event(&id, &event);
+        inner.handler_task.store(ptr::null_mut(), Ordering::Release);
+        return 0;
     }
-    inner.leave(previous);
-    // Non-zero makes the CM destroy `raw_id`: only for a request nobody adopted.
-    i32::from(destroy_new_id)
+    // A connection request: the listener's own mutex may not be held (a
+    // wildcard listener's requests arrive under one of the CM's internal
+    // per-device listeners), and requests from two devices may run at
+    // once, so the listener's marker is left alone and no locked view of
+    // the listener is made.
+    let adopted = core::cell::Cell::new(false);
+    let request_param = event.conn_param().map(|v| v.to_owned()).unwrap_or_default();
+    let request = ConnectRequest {
+        // SAFETY: The CM passes a live id.
+        raw: unsafe { NonNull::new_unchecked(raw_id) },
+        ps: inner.ps,
+        qp_type: inner.qp_type,
+        adopted: &adopted,
+        request_param,
+        _h: PhantomData,
+    };
+    inner.handler.connect_request(request, &event);
+    if adopted.get() {
+        // SAFETY: `adopt` replaced the context with the new id's own.
+        let new_inner = unsafe { &*(*raw_id).context.cast::<IdInner<H>>() };
+        // The callback is over: the new id's mutex is released on return.
+        new_inner
+            .handler_task
+            .store(ptr::null_mut(), Ordering::Release);
+        0
+    } else {
+        // Non-zero makes the CM destroy `raw_id`: nobody adopted it.
+        1
+    }
 }

@@ -101,7 +101,8 @@ impl EventType {
 pub struct Event<'a> {
     raw: &'a bindings::rdma_cm_event,
     kind: EventType,
-    qp_type: u32,
+    /// The id is a UD id: connection events carry `param.ud`.
+    datagram: bool,
 }
 
 impl<'a> Event<'a> {
@@ -110,17 +111,17 @@ impl<'a> Event<'a> {
     /// # Safety
     ///
     /// `raw` must point to a valid event for the duration of `'a`, and
-    /// `qp_type` must be the QP type of the id it was delivered to.
+    /// `datagram` must tell whether the id it was delivered to is a UD id.
     pub(crate) unsafe fn from_raw(
         raw: *const bindings::rdma_cm_event,
-        qp_type: u32,
+        datagram: bool,
     ) -> Option<Self> {
         // SAFETY: By the function's safety requirements.
         let raw = unsafe { &*raw };
         Some(Self {
             kind: EventType::from_raw(raw.event)?,
             raw,
-            qp_type,
+            datagram,
         })
     }
 
@@ -147,7 +148,7 @@ impl<'a> Event<'a> {
 
     /// Connection parameters, for connection events on RC ids.
     pub fn conn_param(&self) -> Option<ConnParamView<'a>> {
-        if self.kind.has_conn_param() && self.qp_type != bindings::ib_qp_type_IB_QPT_UD {
+        if self.kind.has_conn_param() && !self.datagram {
             Some(ConnParamView {
                 // SAFETY: For these event types on connected ids the CM fills
                 // the `conn` member of the union.
@@ -160,7 +161,7 @@ impl<'a> Event<'a> {
 
     /// UD parameters, for SIDR events on UD ids.
     pub fn ud_param(&self) -> Option<UdParamView<'a>> {
-        if self.kind.has_conn_param() && self.qp_type == bindings::ib_qp_type_IB_QPT_UD {
+        if self.kind.has_conn_param() && self.datagram {
             Some(UdParamView {
                 // SAFETY: For these event types on UD ids the CM fills the
                 // `ud` member of the union.

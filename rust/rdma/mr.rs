@@ -1,19 +1,21 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Registered memory regions with remote keys, and RDMA READ/WRITE.
+//! Registered memory regions with remote keys (FRWR).
 //!
 //! Registration uses fast registration work requests (FRWR: `ib_alloc_mr`,
-//! `ib_map_mr_sg`, then `IB_WR_REG_MR` on the QP's send queue), the method
+//! `ib_map_mr_sg`, then `IB_WR_REG_MR` on a QP's send queue), the method
 //! every in-kernel ULP uses (nvme-rdma, NFS/RDMA, SMB Direct): it works on
-//! IB, RoCE and iWARP alike and never hands out an all-of-memory key.
+//! IB, RoCE and iWARP alike and never hands out an all-of-memory key.  The
+//! work requests themselves are posted by [`super::verbs::Qp`].
 //!
 //! # Ownership
 //!
 //! * An [`Mr`] owns a physically contiguous, DMA-mapped buffer and an FRWR
-//!   memory region over it.  It is shared ([`Arc`]): every work request that
-//!   names it (registration, invalidation, RDMA READ/WRITE) holds a
-//!   reference until its completion, so neither the region nor its memory
-//!   can be freed while the device may still use them.
+//!   memory region over it, both on the device of the PD it was made on.
+//!   It is shared ([`Arc`]): every work request that names it
+//!   (registration, invalidation, RDMA READ/WRITE) holds a reference until
+//!   its completion, so neither the region nor its memory can be freed
+//!   while the device may still use them.
 //! * The last reference deregisters the region (`ib_dereg_mr`), after which
 //!   its keys no longer grant any access, and only then unmaps and frees the
 //!   memory.  A peer holding a stale remote key fails with a remote access
@@ -23,14 +25,15 @@
 //!   [`Mr::read`] and [`Mr::write`] copy through C, and the bytes of a copy
 //!   that races with the peer may be torn (the protocol above decides when
 //!   the contents are meaningful, as with any RDMA buffer).
+//! * DMA syncs cover only the bytes a copy or a work request touches, in the
+//!   direction of the transfer: with bounce buffers (swiotlb) a whole-region
+//!   sync for the device would copy stale CPU bytes over what the peer
+//!   wrote elsewhere in the region.
 //! * Each registration gets a fresh key (`ib_update_fast_reg_key`), so a key
 //!   from an earlier registration of the same region stops working once the
 //!   region is invalidated.
 
-use super::{
-    bindings,
-    verbs::{CompletionHandler, Pd, Qp},
-};
+use super::{bindings, device::Device, pd::Pd};
 use core::{alloc::Layout, ptr::NonNull};
 use kernel::{
     alloc::{
@@ -41,7 +44,7 @@ use kernel::{
     new_mutex,
     page::PAGE_SIZE,
     prelude::*,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 fn buffer_layout(capacity: usize) -> Result<Layout> {
@@ -121,35 +124,34 @@ pub fn check_range(offset: usize, len: usize, size: usize) -> Result {
 }
 
 /// The registration state of a region, changed only under [`Mr::reg`].
-struct Registration {
+pub(crate) struct Registration {
     /// A registration is posted and no invalidation after it: the send
     /// queue executes work requests in order, so this is the state the
     /// device will be in for anything posted next.
-    valid: bool,
+    pub(crate) valid: bool,
     /// The key byte of the next registration.
     next_key: u8,
     /// The keys of the current registration.
-    lkey: u32,
-    rkey: u32,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
 }
 
-/// A memory region for fast registration, with its own buffer.
+/// The allocations behind a region.
 ///
 /// # Invariants
 ///
-/// * `raw` is a live FRWR MR of `pd`, deregistered only by `drop`; its keys
-///   and page list change only with `reg` locked.
+/// * `raw` is a live FRWR MR allocated on `pd`'s device, deregistered only
+///   by `drop`; its keys and page list change only with [`Mr::reg`] locked.
 /// * `data` points to `capacity` bytes allocated by `Kmalloc` (physically
 ///   contiguous, page aligned), DMA-mapped bidirectionally at `dma` for
-///   `device` while the object lives; no Rust reference to them exists.
+///   `pd`'s device while the object lives; no Rust reference to them exists.
 struct MrResources {
     raw: NonNull<bindings::ib_mr>,
-    device: *mut bindings::ib_device,
     data: NonNull<u8>,
     capacity: usize,
     dma: u64,
     len: usize,
-    _pd: Arc<Pd>,
+    pd: Arc<Pd>,
 }
 
 /// A memory region for fast registration, with its own buffer: see the
@@ -171,22 +173,18 @@ unsafe impl Sync for MrResources {}
 
 impl Mr {
     /// Allocates a zeroed, DMA-mapped buffer of `len` bytes and an FRWR
-    /// region able to cover it.  `EINVAL` for 0 or more than
-    /// [`MAX_MR_LEN`]; `EOPNOTSUPP` if the device has no fast registration.
+    /// region able to cover it, on `pd`'s device.  `EINVAL` for 0 or more
+    /// than [`MAX_MR_LEN`]; `EOPNOTSUPP` if the device has no fast
+    /// registration.
     pub fn new(pd: &Arc<Pd>, len: usize) -> Result<Arc<Self>> {
         check_range(0, len, MAX_MR_LEN)?;
-        let device = pd.device();
-        // SAFETY: The PD keeps its device alive.
-        let attrs = unsafe { &(*device).attrs };
-        if attrs.device_cap_flags
-            & bindings::ib_device_cap_flags_IB_DEVICE_MEM_MGT_EXTENSIONS as u64
-            == 0
-        {
+        let dev = pd.device();
+        if !dev.has_fast_registration() {
             return Err(EOPNOTSUPP);
         }
         let capacity = len.next_multiple_of(PAGE_SIZE);
         let pages = capacity / PAGE_SIZE;
-        if pages > attrs.max_fast_reg_page_list_len as usize {
+        if pages > dev.max_fast_reg_page_list_len() as usize {
             return Err(EINVAL);
         }
         // Power-of-two kmalloc sizes of a page or more are page aligned;
@@ -199,10 +197,11 @@ impl Mr {
         )?;
         let data: NonNull<u8> = data.cast();
         let mut dma = 0u64;
-        // SAFETY: `data` is `capacity` freshly allocated bytes.
+        // SAFETY: `data` is `capacity` freshly allocated bytes; the device
+        // is valid while `pd` is.
         let mapped = kernel::error::to_result(unsafe {
             bindings::rdma_cm_rs_dma_map_single(
-                device,
+                dev.as_ptr(),
                 data.as_ptr().cast(),
                 capacity,
                 bindings::dma_data_direction::DMA_BIDIRECTIONAL,
@@ -217,15 +216,15 @@ impl Mr {
             free(data);
             return Err(e);
         }
-        // SAFETY: `pd` is live.
+        // SAFETY: `pd` is live; `pages` is within the device's limit.
         let raw = unsafe { bindings::rdma_cm_rs_alloc_mr(pd.as_ptr(), pages as u32) };
         let raw = match kernel::error::from_err_ptr(raw) {
             Ok(raw) => raw,
             Err(e) => {
-                // SAFETY: Mapped above, unmapped once.
+                // SAFETY: Mapped above, unmapped once, before the free.
                 unsafe {
                     bindings::rdma_cm_rs_dma_unmap_single(
-                        device,
+                        dev.as_ptr(),
                         dma,
                         capacity,
                         bindings::dma_data_direction::DMA_BIDIRECTIONAL,
@@ -235,19 +234,18 @@ impl Mr {
                 return Err(e);
             }
         };
-        // SAFETY: A fresh MR.
+        // SAFETY: A fresh MR: its keys are set and nothing changes them yet.
         let (lkey, rkey) = unsafe { ((*raw).lkey, (*raw).rkey) };
         // INVARIANT: All allocated and mapped above.  If the allocation
         // below fails, `res` is dropped with the initialiser and frees all.
         let res = MrResources {
             // SAFETY: `from_err_ptr` returned a valid, non-null pointer.
             raw: unsafe { NonNull::new_unchecked(raw) },
-            device,
             data,
             capacity,
             dma,
             len,
-            _pd: pd.clone(),
+            pd: pd.clone(),
         };
         Arc::pin_init(
             pin_init!(Self {
@@ -273,6 +271,11 @@ impl Mr {
         self.res.len == 0
     }
 
+    /// The device the region lives on.
+    pub fn device(&self) -> &Device {
+        self.res.pd.device()
+    }
+
     /// Whether a registration is posted and no invalidation after it.
     pub fn is_registered(&self) -> bool {
         self.reg.lock().valid
@@ -282,7 +285,7 @@ impl Mr {
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result {
         let res = &self.res;
         check_range(offset, out.len(), res.len)?;
-        res.sync_for_cpu();
+        self.sync_for_cpu(offset, out.len());
         // SAFETY: The range lies within the allocation (checked above);
         // `out` is writable; the copy happens in C, outside of any Rust
         // reference to the region.
@@ -308,37 +311,70 @@ impl Mr {
                 data.len(),
             )
         };
-        res.sync_for_device();
+        self.sync_for_device(offset, data.len());
         Ok(())
     }
 
-    fn as_ptr(&self) -> *mut bindings::ib_mr {
+    pub(crate) fn as_ptr(&self) -> *mut bindings::ib_mr {
         self.res.raw.as_ptr()
     }
-}
 
-impl MrResources {
-    /// Makes what the device wrote visible to the CPU.
-    fn sync_for_cpu(&self) {
-        // SAFETY: Mapped by the type invariants.
+    /// The registration state, locked.
+    pub(crate) fn registration(&self) -> MutexGuard<'_, Registration> {
+        self.reg.lock()
+    }
+
+    /// The DMA address of the byte at `offset` (within the region).
+    pub(crate) fn dma_addr(&self, offset: usize) -> u64 {
+        self.res.dma + offset as u64
+    }
+
+    /// Maps the whole region into the MR's page list under a fresh key and
+    /// returns (iova, lkey, rkey) of the registration to post.
+    pub(crate) fn map_for_registration(&self, reg: &mut Registration) -> Result<(u64, u32, u32)> {
+        let raw = self.as_ptr();
+        // SAFETY: `reg` is the locked registration state of this region
+        // (the caller holds `self.reg`), and no registration is valid, so
+        // nothing else changes or reads the MR's keys and page list (type
+        // invariants).  The buffer is mapped for the MR's device.
+        let mapped = unsafe {
+            bindings::rdma_cm_rs_update_fast_reg_key(raw, reg.next_key);
+            kernel::error::to_result(bindings::rdma_cm_rs_map_mr(
+                raw,
+                self.res.dma,
+                self.res.len as u32,
+            ))
+        };
+        reg.next_key = reg.next_key.wrapping_add(1);
+        mapped?;
+        // SAFETY: Mapped just above, under the lock.
+        Ok(unsafe { ((*raw).iova, (*raw).lkey, (*raw).rkey) })
+    }
+
+    /// Makes what the device wrote to `len` bytes at `offset` visible to
+    /// the CPU.
+    pub(crate) fn sync_for_cpu(&self, offset: usize, len: usize) {
+        // SAFETY: Mapped by the type invariants; the range lies within the
+        // mapping (callers checked it against `len`).
         unsafe {
             bindings::rdma_cm_rs_dma_sync_for_cpu(
-                self.device,
-                self.dma,
-                self.capacity,
+                self.device().as_ptr(),
+                self.dma_addr(offset),
+                len,
                 bindings::dma_data_direction::DMA_BIDIRECTIONAL,
             )
         };
     }
 
-    /// Makes what the CPU wrote visible to the device.
-    fn sync_for_device(&self) {
-        // SAFETY: Mapped by the type invariants.
+    /// Makes what the CPU wrote to `len` bytes at `offset` visible to the
+    /// device.
+    pub(crate) fn sync_for_device(&self, offset: usize, len: usize) {
+        // SAFETY: As in `sync_for_cpu`.
         unsafe {
             bindings::rdma_cm_rs_dma_sync_for_device(
-                self.device,
-                self.dma,
-                self.capacity,
+                self.device().as_ptr(),
+                self.dma_addr(offset),
+                len,
                 bindings::dma_data_direction::DMA_BIDIRECTIONAL,
             )
         };
@@ -354,14 +390,15 @@ impl Drop for MrResources {
         if ret != 0 {
             // The device may still reach the memory: leaking it is the only
             // safe answer.
-            pr_err!("rdma_cm_rs: ib_dereg_mr failed ({ret}), leaking the region\n");
+            pr_err!("ib_dereg_mr failed ({ret}), leaking the region\n");
             return;
         }
         // SAFETY: Mapped and allocated by the type invariants; nothing can
-        // reach them after deregistration.
+        // reach them after deregistration; the PD (and so the device) is
+        // still held by `self.pd`.
         unsafe {
             bindings::rdma_cm_rs_dma_unmap_single(
-                self.device,
+                self.pd.device().as_ptr(),
                 self.dma,
                 self.capacity,
                 bindings::dma_data_direction::DMA_BIDIRECTIONAL,
@@ -371,256 +408,5 @@ impl Drop for MrResources {
                 Layout::from_size_align_unchecked(self.capacity, PAGE_SIZE),
             );
         }
-    }
-}
-
-/// The kinds of memory work requests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WorkOp {
-    /// `IB_WR_REG_MR`.
-    Register,
-    /// `IB_WR_LOCAL_INV`.
-    Invalidate,
-    /// `IB_WR_RDMA_READ`: peer memory into the local region.
-    RdmaRead,
-    /// `IB_WR_RDMA_WRITE`: the local region into peer memory.
-    RdmaWrite,
-}
-
-/// A completed memory work request, handed to
-/// [`CompletionHandler::work_done`].
-pub struct WorkDone {
-    /// What was posted.
-    pub op: WorkOp,
-    /// The consumer's tag from the post.
-    pub tag: u64,
-    /// The region the request named; dropping the last reference
-    /// deregisters it.
-    pub mr: Arc<Mr>,
-}
-
-/// A posted memory work request.
-///
-/// # Invariants
-///
-/// `cqe` is the completion entry of the work request that owns this object.
-#[repr(C)]
-pub(crate) struct Work {
-    cqe: bindings::ib_cqe,
-    done: WorkDone,
-}
-
-impl Work {
-    /// Recovers the work of a completion.
-    ///
-    /// # Safety
-    ///
-    /// `wc` must complete a work request posted with a `Work` leaked by
-    /// `KBox::into_raw` in this module.
-    unsafe fn from_wc(wc: *mut bindings::ib_wc) -> KBox<Self> {
-        // SAFETY: By the safety requirements `wr_cqe` is the `cqe` of a `Work`,
-        // its first field.
-        unsafe { KBox::from_raw((*wc).__bindgen_anon_1.wr_cqe.cast::<Work>()) }
-    }
-}
-
-/// # Safety
-///
-/// Called by the CQ for a work request posted by the methods below on a QP
-/// whose CQ is a `Cq<C>`.
-unsafe extern "C" fn work_done<C: CompletionHandler>(
-    cq: *mut bindings::ib_cq,
-    wc: *mut bindings::ib_wc,
-) {
-    let _mark = super::cm::CallbackMark::enter();
-    // SAFETY: By the safety requirements.
-    let work = unsafe { Work::from_wc(wc) };
-    // SAFETY: `wc` is valid during the callback.
-    let result = super::verbs::wc_result(unsafe { &*wc });
-    let Work { done, .. } = KBox::into_inner(work);
-    match (done.op, &result) {
-        // The region is free again: a failed registration grants nothing.
-        (WorkOp::Register, Err(_)) => done.mr.reg.lock().valid = false,
-        // A failed invalidation may leave the keys valid: refuse to
-        // register again; dropping the region still revokes everything.
-        (WorkOp::Invalidate, Err(_)) => done.mr.reg.lock().valid = true,
-        _ => {}
-    }
-    if matches!(done.op, WorkOp::RdmaRead) && result.is_ok() {
-        done.mr.res.sync_for_cpu();
-    }
-    // SAFETY: The CQ is live during its callback and its context is a `Cq<C>`.
-    let handler = unsafe { super::verbs::handler_of::<C>(cq) };
-    handler.work_done(done, result);
-}
-
-impl<C: CompletionHandler> Qp<C> {
-    fn post_work(
-        &self,
-        done: WorkDone,
-        fill: impl FnOnce(&mut bindings::ib_send_wr) -> *const bindings::ib_send_wr,
-    ) -> Result {
-        let work = KBox::new(
-            Work {
-                cqe: bindings::ib_cqe {
-                    done: Some(work_done::<C>),
-                },
-                done,
-            },
-            GFP_KERNEL,
-        )?;
-        let leaked = KBox::into_raw(work);
-        let ret = self.post_send_raw(|wr| {
-            // SAFETY: `leaked` is live until its completion or the failure below.
-            wr.__bindgen_anon_1.wr_cqe = unsafe { &raw mut (*leaked).cqe };
-            wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
-            fill(wr)
-        });
-        if let Err(e) = ret {
-            // SAFETY: The post failed: nothing else owns the work.
-            drop(unsafe { KBox::from_raw(leaked) });
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Registers `mr` with `access` (`IB_WR_REG_MR`) under a fresh key and
-    /// returns what to advertise to the peer.
-    ///
-    /// The key is usable by the peer once the registration has executed;
-    /// the send queue runs in order, so a SEND posted after this call that
-    /// carries the region is safe to act on.  Completion (or failure) is
-    /// reported to [`CompletionHandler::work_done`] with `tag`.  `EBUSY` if
-    /// the region is registered already.
-    pub fn register(&self, mr: &Arc<Mr>, access: MrAccess, tag: u64) -> Result<RemoteRegion> {
-        let mut reg = mr.reg.lock();
-        if reg.valid {
-            return Err(EBUSY);
-        }
-        let res = &mr.res;
-        // SAFETY: The region is free (no registration uses its keys) and
-        // `reg` is locked, so nothing else changes or reads the MR's keys
-        // and page list (type invariants).  The buffer is mapped for the
-        // MR's device.
-        let mapped = unsafe {
-            bindings::rdma_cm_rs_update_fast_reg_key(mr.as_ptr(), reg.next_key);
-            kernel::error::to_result(bindings::rdma_cm_rs_map_mr(
-                mr.as_ptr(),
-                res.dma,
-                res.len as u32,
-            ))
-        };
-        reg.next_key = reg.next_key.wrapping_add(1);
-        mapped?;
-        // SAFETY: Mapped just above, under the lock.
-        let (addr, lkey, rkey) = unsafe {
-            (
-                (*mr.as_ptr()).iova,
-                (*mr.as_ptr()).lkey,
-                (*mr.as_ptr()).rkey,
-            )
-        };
-        let mut wr_reg: bindings::ib_reg_wr = pin_init::zeroed();
-        self.post_work(
-            WorkDone {
-                op: WorkOp::Register,
-                tag,
-                mr: mr.clone(),
-            },
-            |wr| {
-                wr_reg.wr = *wr;
-                wr_reg.wr.opcode = bindings::ib_wr_opcode_IB_WR_REG_MR;
-                wr_reg.mr = mr.as_ptr();
-                wr_reg.key = rkey;
-                wr_reg.access = access.to_raw();
-                &raw const wr_reg.wr
-            },
-        )?;
-        reg.valid = true;
-        reg.lkey = lkey;
-        reg.rkey = rkey;
-        Ok(RemoteRegion {
-            addr,
-            rkey,
-            len: res.len as u32,
-        })
-    }
-
-    /// Invalidates the region's current registration (`IB_WR_LOCAL_INV`):
-    /// once it has executed, the advertised key grants nothing.  `EINVAL` if
-    /// the region is not registered.
-    pub fn invalidate(&self, mr: &Arc<Mr>, tag: u64) -> Result {
-        let mut reg = mr.reg.lock();
-        if !reg.valid {
-            return Err(EINVAL);
-        }
-        let rkey = reg.rkey;
-        self.post_work(
-            WorkDone {
-                op: WorkOp::Invalidate,
-                tag,
-                mr: mr.clone(),
-            },
-            |wr| {
-                wr.opcode = bindings::ib_wr_opcode_IB_WR_LOCAL_INV;
-                wr.ex.invalidate_rkey = rkey;
-                wr
-            },
-        )?;
-        reg.valid = false;
-        Ok(())
-    }
-
-    /// Posts an RDMA READ (`remote` into `mr` at `offset`) or WRITE (`mr` at
-    /// `offset` into `remote`) of `remote.len` bytes.  The region must be
-    /// registered (its local key is used; on iWARP the sink of a READ must
-    /// be registered with remote write).  `EINVAL` for a range outside the
-    /// region or an operation that is not READ/WRITE.
-    pub fn rdma(
-        &self,
-        op: WorkOp,
-        mr: &Arc<Mr>,
-        offset: usize,
-        remote: RemoteRegion,
-        tag: u64,
-    ) -> Result {
-        let opcode = match op {
-            WorkOp::RdmaRead => bindings::ib_wr_opcode_IB_WR_RDMA_READ,
-            WorkOp::RdmaWrite => bindings::ib_wr_opcode_IB_WR_RDMA_WRITE,
-            _ => return Err(EINVAL),
-        };
-        check_range(offset, remote.len as usize, mr.res.len)?;
-        remote
-            .addr
-            .checked_add(u64::from(remote.len))
-            .ok_or(EINVAL)?;
-        // Held across the post: an invalidation cannot slip in between
-        // reading the key and posting the request that uses it.
-        let reg = mr.reg.lock();
-        if !reg.valid {
-            return Err(EINVAL);
-        }
-        let mut sge = bindings::ib_sge {
-            addr: mr.res.dma + offset as u64,
-            length: remote.len,
-            lkey: reg.lkey,
-        };
-        let mut rdma: bindings::ib_rdma_wr = pin_init::zeroed();
-        self.post_work(
-            WorkDone {
-                op,
-                tag,
-                mr: mr.clone(),
-            },
-            |wr| {
-                rdma.wr = *wr;
-                rdma.wr.opcode = opcode;
-                rdma.wr.sg_list = &raw mut sge;
-                rdma.wr.num_sge = 1;
-                rdma.remote_addr = remote.addr;
-                rdma.rkey = remote.rkey;
-                &raw const rdma.wr
-            },
-        )
     }
 }

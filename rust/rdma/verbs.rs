@@ -1,7 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Verbs for the data path: protection domains, completion queues, the
-//! id's queue pair, and DMA-mapped buffers.
+//! Verbs for the data path: completion queues, reliable connected queue
+//! pairs, DMA-mapped message buffers, and the memory work requests
+//! (registration, invalidation, RDMA READ/WRITE) over [`Mr`]s.
+//!
+//! This level knows nothing of the connection manager: a [`Qp`] is
+//! prepared here ([`Qp::prepare`]), created by whoever owns the QP's
+//! connection (the CM's `rdma_create_qp`), recorded with
+//! [`Qp::set_created`], and shut down ([`QpShutdown`]) before its owner
+//! destroys it.
 //!
 //! # Ownership
 //!
@@ -9,145 +16,62 @@
 //!   into the QP, and its completion hands it back to the
 //!   [`CompletionHandler`] (also when the QP is flushed at teardown).  A
 //!   buffer in flight can therefore be neither freed nor reused.
-//! * The QP belongs to its CM id: it is created through a [`LockedId`] and
-//!   torn down (drained, then `rdma_destroy_qp`) by the id's destruction,
-//!   before `rdma_destroy_id`.  A [`Qp`] handle that outlives the id fails
-//!   its posts with `ENOTCONN`.
-//! * A QP keeps its PD and CQ alive; they are freed after it.
+//! * Every object lives on one [`Device`] and holds a reference to it.  A
+//!   QP is made of a PD and a CQ of its connection's device, and posts only
+//!   buffers and regions of that device: a mix is refused with `EXDEV`
+//!   before any of it reaches the driver.
+//! * A QP keeps its PD and CQ alive; they are freed after it.  Each QP
+//!   reserves room on its CQ for every work request it can have in flight
+//!   plus the two of `ib_drain_qp`, and one more slot in each queue for
+//!   the drain's own requests.
 
 use super::{
     bindings,
-    cm::{CallbackMark, LockedId},
-    mr::WorkDone,
+    callback::CallbackMark,
+    device::Device,
+    mr::{check_range, Mr, MrAccess, RemoteRegion},
+    pd::Pd,
 };
 use core::{
     ptr::{self, NonNull},
-    sync::atomic::{AtomicPtr, Ordering},
+    sync::atomic::{AtomicPtr, AtomicU32, Ordering},
 };
 use kernel::{
     new_mutex,
     prelude::*,
-    sync::{Arc, Mutex},
+    sync::{aref::ARef, Arc, Mutex},
 };
 
-/// A reference that holds a device's unregistration back.
-///
-/// `ib_unregister_device` first removes its clients (the CM sends
-/// DEVICE_REMOVAL and waits for the ids on the device to be destroyed), then
-/// waits until every `ib_device_try_get` reference is put
-/// (`disable_device`), and only then frees the device.  Every object of this
-/// layer that lives on a device (PD, CQ, DMA buffers, and regions through
-/// their PD) holds one, so none can outlive its device: a consumer that
-/// drops them after DEVICE_REMOVAL (as dropping the id's owner does) lets
-/// the removal finish, and none is ever used on a freed device.
-///
-/// # Invariants
-///
-/// `raw` is a device on which this object owns one `ib_device_try_get`
-/// reference.
-pub(crate) struct DeviceRef {
-    raw: NonNull<bindings::ib_device>,
+/// The kinds of memory work requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkOp {
+    /// `IB_WR_REG_MR`.
+    Register,
+    /// `IB_WR_LOCAL_INV`.
+    Invalidate,
+    /// `IB_WR_RDMA_READ`: peer memory into the local region.
+    RdmaRead,
+    /// `IB_WR_RDMA_WRITE`: the local region into peer memory.
+    RdmaWrite,
 }
 
-// SAFETY: The reference may be taken and put on any thread.
-unsafe impl Send for DeviceRef {}
-// SAFETY: `&DeviceRef` only reads the pointer.
-unsafe impl Sync for DeviceRef {}
-
-impl DeviceRef {
-    /// Takes a reference on `dev`; `ENODEV` once its unregistration began.
-    ///
-    /// # Safety
-    ///
-    /// `dev` must be a live device (e.g. the device of a bound, live id).
-    unsafe fn get(dev: *mut bindings::ib_device) -> Result<Arc<Self>> {
-        let raw = NonNull::new(dev).ok_or(EINVAL)?;
-        // SAFETY: `dev` is live by the safety requirements.
-        if !unsafe { bindings::rdma_cm_rs_device_try_get(dev) } {
-            return Err(ENODEV);
-        }
-        // INVARIANT: Referenced just above.
-        let this = Self { raw };
-        Ok(Arc::new(this, GFP_KERNEL)?)
-    }
-
-    pub(crate) fn as_ptr(&self) -> *mut bindings::ib_device {
-        self.raw.as_ptr()
-    }
-}
-
-impl Drop for DeviceRef {
-    fn drop(&mut self) {
-        // SAFETY: Puts the reference this object owns.
-        unsafe { bindings::ib_device_put(self.raw.as_ptr()) };
-    }
-}
-
-/// A protection domain (`ib_alloc_pd`).
-///
-/// # Invariants
-///
-/// `raw` is a live PD allocated by [`Pd::alloc`] on `dev`'s device, freed
-/// only by `drop` (before `dev` is put).
-pub struct Pd {
-    raw: NonNull<bindings::ib_pd>,
-    dev: Arc<DeviceRef>,
-}
-
-// SAFETY: A PD may be used and freed from any thread.
-unsafe impl Send for Pd {}
-// SAFETY: `&Pd` only reads immutable fields.
-unsafe impl Sync for Pd {}
-
-impl Pd {
-    /// Allocates a PD on the device the id is bound to.
-    pub fn alloc(id: &LockedId<'_>) -> Result<Arc<Self>> {
-        // SAFETY: The device of a bound, live (locked) id is live.
-        let dev = unsafe { DeviceRef::get(id.device_ptr().ok_or(EINVAL)?)? };
-        // SAFETY: `dev` is live and referenced.
-        let raw = unsafe { bindings::rdma_cm_rs_alloc_pd(dev.as_ptr(), 0) };
-        let raw = kernel::error::from_err_ptr(raw)?;
-        // INVARIANT: `raw` is a PD just allocated on `dev`.
-        Ok(Arc::new(
-            Self {
-                raw: NonNull::new(raw).ok_or(ENOMEM)?,
-                dev,
-            },
-            GFP_KERNEL,
-        )?)
-    }
-
-    /// The key that gives the device access to all of memory for local use.
-    pub fn local_dma_lkey(&self) -> u32 {
-        // SAFETY: The PD is live (type invariants).
-        unsafe { (*self.raw.as_ptr()).local_dma_lkey }
-    }
-
-    pub(crate) fn device(&self) -> *mut bindings::ib_device {
-        self.dev.as_ptr()
-    }
-
-    pub(crate) fn device_ref(&self) -> Arc<DeviceRef> {
-        self.dev.clone()
-    }
-
-    pub(crate) fn as_ptr(&self) -> *mut bindings::ib_pd {
-        self.raw.as_ptr()
-    }
-}
-
-impl Drop for Pd {
-    fn drop(&mut self) {
-        // SAFETY: The PD is live and, by the type invariants, freed only here.
-        unsafe { bindings::rdma_cm_rs_dealloc_pd(self.raw.as_ptr()) };
-    }
+/// A completed memory work request, handed to
+/// [`CompletionHandler::work_done`].
+pub struct WorkDone {
+    /// What was posted.
+    pub op: WorkOp,
+    /// The consumer's tag from the post.
+    pub tag: u64,
+    /// The region the request named; dropping the last reference
+    /// deregisters it.
+    pub mr: Arc<Mr>,
 }
 
 /// Receives the buffers of completed work requests.
 ///
 /// Runs on the CQ's workqueue (`IB_POLL_WORKQUEUE`, process context).  A
-/// [`super::cm::CmId`] dropped here is destroyed from a workqueue: its QP's
-/// drain could otherwise wait for this very context.
+/// CM id dropped here is destroyed from a workqueue: its QP's drain could
+/// otherwise wait for this very context.
 pub trait CompletionHandler: Send + Sync + 'static {
     /// A receive completed: `Ok(len)` bytes arrived, or the error (ECANCELED
     /// when the QP was flushed).
@@ -156,19 +80,14 @@ pub trait CompletionHandler: Send + Sync + 'static {
     fn send_done(&self, buf: SendBuffer, result: Result);
 
     /// A memory work request (registration, invalidation, RDMA READ or
-    /// WRITE, see [`super::mr`]) completed.  Errors: `EACCES` for a remote
-    /// access error (bad key, range or permission at the peer),
-    /// `EHOSTUNREACH` when the transport's retries ran out, `ECANCELED` when the QP was flushed,
+    /// WRITE) completed.  Errors: `EACCES` for a remote access error (bad
+    /// key, range or permission at the peer), `EHOSTUNREACH` when the
+    /// transport's retries ran out, `ECANCELED` when the QP was flushed,
     /// `EIO` otherwise.  The default logs failures other than flushes.
     fn work_done(&self, done: WorkDone, result: Result) {
         if let Err(e) = result {
             if e != ECANCELED {
-                pr_warn!(
-                    "rdma_cm_rs: {:?} (tag {}) failed: {:?}\n",
-                    done.op,
-                    done.tag,
-                    e
-                );
+                pr_warn!("{:?} (tag {}) failed: {:?}\n", done.op, done.tag, e);
             }
         }
     }
@@ -179,7 +98,7 @@ pub trait CompletionHandler: Send + Sync + 'static {
 /// # Safety
 ///
 /// `cq` must be live, with a `Cq<C>` as its context, for `'a`.
-pub(crate) unsafe fn handler_of<'a, C: CompletionHandler>(cq: *mut bindings::ib_cq) -> &'a C {
+unsafe fn handler_of<'a, C: CompletionHandler>(cq: *mut bindings::ib_cq) -> &'a C {
     // SAFETY: By the safety requirements.
     unsafe { &(*(*cq).cq_context.cast::<Cq<C>>()).handler }
 }
@@ -188,12 +107,15 @@ pub(crate) unsafe fn handler_of<'a, C: CompletionHandler>(cq: *mut bindings::ib_
 ///
 /// # Invariants
 ///
-/// Once allocated, `raw` is a live CQ whose `cq_context` is this object.
+/// Once allocated, `raw` is a live CQ of `entries` entries on `dev`, whose
+/// `cq_context` is this object; `committed` is the sum of the reservations
+/// of the QPs that complete on it, at most `entries`.
 pub struct Cq<C: CompletionHandler> {
     raw: AtomicPtr<bindings::ib_cq>,
+    entries: u32,
+    committed: AtomicU32,
     handler: C,
-    /// Holds the device's unregistration until the CQ is freed.
-    _dev: Arc<DeviceRef>,
+    dev: ARef<Device>,
 }
 
 // SAFETY: A CQ may be used and freed from any thread; `C` is `Send + Sync`.
@@ -202,27 +124,30 @@ unsafe impl<C: CompletionHandler> Send for Cq<C> {}
 unsafe impl<C: CompletionHandler> Sync for Cq<C> {}
 
 impl<C: CompletionHandler> Cq<C> {
-    /// Allocates a CQ of `entries` on the device the id is bound to.
-    pub fn alloc(id: &LockedId<'_>, entries: u32, handler: C) -> Result<Arc<Self>> {
-        // SAFETY: The device of a bound, live (locked) id is live.
-        let dev_ref = unsafe { DeviceRef::get(id.device_ptr().ok_or(EINVAL)?)? };
-        let dev = dev_ref.as_ptr();
+    /// Allocates a CQ of `entries` on `dev`.
+    pub fn alloc(dev: &Device, entries: u32, handler: C) -> Result<Arc<Self>> {
+        let nr_cqe = i32::try_from(entries).map_err(|_| EINVAL)?;
+        if nr_cqe == 0 {
+            return Err(EINVAL);
+        }
         let cq = Arc::new(
             Self {
                 raw: AtomicPtr::new(ptr::null_mut()),
+                entries,
+                committed: AtomicU32::new(0),
                 handler,
-                _dev: dev_ref,
+                dev: dev.into(),
             },
             GFP_KERNEL,
         )?;
         let context: *const Self = &*cq;
-        // SAFETY: `dev` is live; `context` stays valid until `drop` frees the
-        // CQ, because the CQ is freed in this object's `drop`.
+        // SAFETY: `dev` is valid; `context` stays valid until `drop` frees
+        // the CQ, because the CQ is freed in this object's `drop`.
         let raw = unsafe {
             bindings::rdma_cm_rs_alloc_cq(
-                dev,
+                dev.as_ptr(),
                 context.cast_mut().cast(),
-                i32::try_from(entries).map_err(|_| EINVAL)?,
+                nr_cqe,
                 0,
                 bindings::ib_poll_context_IB_POLL_WORKQUEUE,
             )
@@ -238,8 +163,32 @@ impl<C: CompletionHandler> Cq<C> {
         &self.handler
     }
 
+    /// The device the CQ lives on.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// Entries not yet reserved by a QP.
+    pub fn free_entries(&self) -> u32 {
+        self.entries - self.committed.load(Ordering::Acquire)
+    }
+
     fn as_ptr(&self) -> *mut bindings::ib_cq {
         self.raw.load(Ordering::Acquire)
+    }
+
+    /// Reserves `n` entries for a QP; `ENOSPC` if the CQ could overflow.
+    fn reserve(&self, n: u32) -> Result {
+        self.committed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                c.checked_add(n).filter(|&t| t <= self.entries)
+            })
+            .map(|_| ())
+            .map_err(|_| ENOSPC)
+    }
+
+    fn release(&self, n: u32) {
+        self.committed.fetch_sub(n, Ordering::AcqRel);
     }
 }
 
@@ -247,7 +196,8 @@ impl<C: CompletionHandler> Drop for Cq<C> {
     fn drop(&mut self) {
         let raw = self.as_ptr();
         if !raw.is_null() {
-            // SAFETY: Live CQ; its QPs are gone (each QP holds the CQ alive).
+            // SAFETY: Live CQ; its QPs are gone (each QP holds the CQ
+            // alive); `ib_free_cq` waits for a running poll.
             unsafe { bindings::ib_free_cq(raw) };
         }
     }
@@ -257,14 +207,12 @@ impl<C: CompletionHandler> Drop for Cq<C> {
 ///
 /// # Invariants
 ///
-/// `data` is DMA-mapped at `dma` for `device` in `direction` while the
-/// object lives; `cqe` is the completion entry the QP reports it with.
+/// `data` is DMA-mapped at `dma` for `dev` in `direction` while the object
+/// lives; `cqe` is the completion entry the QP reports it with.
 #[repr(C)]
 struct Buffer {
     cqe: bindings::ib_cqe,
-    device: *mut bindings::ib_device,
-    /// Holds the device's unregistration until the buffer is unmapped.
-    _dev: Arc<DeviceRef>,
+    dev: ARef<Device>,
     dma: u64,
     direction: bindings::dma_data_direction,
     lkey: u32,
@@ -272,8 +220,8 @@ struct Buffer {
     data: KVec<u8>,
 }
 
-// SAFETY: `device` is only passed to the DMA API, which may be called from
-// any thread; the data is owned.
+// SAFETY: The device is only passed to the DMA API, which may be called
+// from any thread; the data is owned.
 unsafe impl Send for Buffer {}
 // SAFETY: Shared references only read the data.
 unsafe impl Sync for Buffer {}
@@ -289,25 +237,25 @@ impl Buffer {
         }
         let mut data = KVec::with_capacity(capacity, GFP_KERNEL)?;
         data.resize(capacity, 0, GFP_KERNEL)?;
-        let device = pd.device();
+        let dev = pd.device();
         let mut dma = 0u64;
         // SAFETY: `data` is a live kmalloc'ed region of `capacity` bytes
-        // (physically contiguous), unmapped in `drop`.
+        // (physically contiguous), unmapped in `drop`; `dev` is valid.
         kernel::error::to_result(unsafe {
             bindings::rdma_cm_rs_dma_map_single(
-                device,
+                dev.as_ptr(),
                 data.as_mut_ptr().cast(),
                 capacity,
                 direction,
                 &mut dma,
             )
         })?;
-        // INVARIANT: Mapped just above.
+        // INVARIANT: Mapped just above.  If the box cannot be allocated,
+        // the value is dropped, which unmaps.
         Ok(KBox::new(
             Self {
                 cqe: bindings::ib_cqe { done: None },
-                device,
-                _dev: pd.device_ref(),
+                dev: dev.into(),
                 dma,
                 direction,
                 lkey: pd.local_dma_lkey(),
@@ -326,25 +274,27 @@ impl Buffer {
         }
     }
 
-    fn sync_for_cpu(&self) {
-        // SAFETY: Mapped by the type invariants.
+    /// Makes the first `len` bytes the device wrote visible to the CPU.
+    fn sync_for_cpu(&self, len: usize) {
+        // SAFETY: Mapped by the type invariants; `len` is within it.
         unsafe {
             bindings::rdma_cm_rs_dma_sync_for_cpu(
-                self.device,
+                self.dev.as_ptr(),
                 self.dma,
-                self.data.len(),
+                len.min(self.data.len()),
                 self.direction,
             )
         };
     }
 
-    fn sync_for_device(&self) {
-        // SAFETY: Mapped by the type invariants.
+    /// Hands the first `len` bytes to the device.
+    fn sync_for_device(&self, len: usize) {
+        // SAFETY: Mapped by the type invariants; `len` is within it.
         unsafe {
             bindings::rdma_cm_rs_dma_sync_for_device(
-                self.device,
+                self.dev.as_ptr(),
                 self.dma,
-                self.data.len(),
+                len.min(self.data.len()),
                 self.direction,
             )
         };
@@ -357,14 +307,9 @@ impl Buffer {
     /// `wc` must be the completion of a work request posted with a buffer
     /// leaked by `KBox::into_raw` in this module.
     unsafe fn from_wc(wc: *mut bindings::ib_wc) -> KBox<Self> {
-        // SAFETY: By the safety requirements `wr_cqe` is the `cqe` field of a `Buffer`.
-        unsafe {
-            let cqe = (*wc).__bindgen_anon_1.wr_cqe;
-            let buf = cqe
-                .byte_sub(core::mem::offset_of!(Buffer, cqe))
-                .cast::<Buffer>();
-            KBox::from_raw(buf)
-        }
+        // SAFETY: By the safety requirements `wr_cqe` is the `cqe` field of
+        // a `Buffer`, its first field (`repr(C)`).
+        unsafe { KBox::from_raw((*wc).__bindgen_anon_1.wr_cqe.cast::<Buffer>()) }
     }
 }
 
@@ -373,7 +318,7 @@ impl Drop for Buffer {
         // SAFETY: Mapped by the type invariants, unmapped once here.
         unsafe {
             bindings::rdma_cm_rs_dma_unmap_single(
-                self.device,
+                self.dev.as_ptr(),
                 self.dma,
                 self.data.len(),
                 self.direction,
@@ -440,7 +385,8 @@ impl SendBuffer {
     }
 }
 
-/// Sizes of a QP's queues.
+/// Sizes of a QP's queues: the work requests the consumer keeps in flight.
+/// The layer adds the drain's own slot to each queue.
 #[derive(Clone, Copy)]
 pub struct QpCaps {
     /// Send work requests in flight.
@@ -449,87 +395,127 @@ pub struct QpCaps {
     pub max_recv_wr: u32,
 }
 
-/// Tears a QP down when its id is destroyed.
-pub(crate) trait QpTeardown: Send + Sync {
-    /// Stops posts, flushes outstanding work (handing the buffers back) and
-    /// destroys the QP.  Called once, by the id's destruction.
-    fn teardown(&self, id: *mut bindings::rdma_cm_id);
+impl QpCaps {
+    /// CQ entries a QP of these sizes needs: every request in flight plus
+    /// the drain's two.
+    pub fn cq_entries(&self) -> Result<u32> {
+        self.max_send_wr
+            .checked_add(self.max_recv_wr)
+            .and_then(|n| n.checked_add(2))
+            .ok_or(EINVAL)
+    }
 }
 
-/// The queue pair of a CM id.
+/// Stops a QP on behalf of its owner, whatever its completion handler type.
+pub(crate) trait QpShutdown: Send + Sync {
+    /// Stops posts and flushes every outstanding work request through the
+    /// completion handler (`ib_drain_qp`), handing buffers and regions
+    /// back.  `true` if there was a live QP, which the caller must destroy
+    /// next (and nobody else may use).  Only the first call does anything.
+    fn shutdown(&self) -> bool;
+    /// The QP's number.
+    fn qp_num(&self) -> u32;
+}
+
+/// A reliable connected queue pair.
 ///
 /// # Invariants
 ///
-/// `raw` holds the id's live QP until [`QpTeardown::teardown`] takes it.
-#[pin_data]
+/// * `raw` holds the live QP from [`Qp::set_created`] until
+///   [`QpShutdown::shutdown`] takes it; it was created on `pd` with `cq`
+///   as send and receive CQ.
+/// * The object owns a reservation of `cq_room` entries on `cq`.
+#[pin_data(PinnedDrop)]
 pub struct Qp<C: CompletionHandler> {
     #[pin]
     raw: Mutex<Option<NonNull<bindings::ib_qp>>>,
-    qp_num: u32,
-    _pd: Arc<Pd>,
-    _cq: Arc<Cq<C>>,
+    qp_num: AtomicU32,
+    cq_room: u32,
+    pd: Arc<Pd>,
+    cq: Arc<Cq<C>>,
 }
 
-// SAFETY: Posting is serialised by `raw`'s mutex; the pointers are only
-// used under it.
+// SAFETY: Posting is serialised by `raw`'s mutex; the pointer is only used
+// under it.
 unsafe impl<C: CompletionHandler> Send for Qp<C> {}
 // SAFETY: As above.
 unsafe impl<C: CompletionHandler> Sync for Qp<C> {}
 
 impl<C: CompletionHandler> Qp<C> {
-    pub(crate) fn create(
-        id: &LockedId<'_>,
+    /// Checks that `pd` and `cq` live on `dev` (`EXDEV`) and that `cq` has
+    /// room for `caps` and the drain (`ENOSPC`), reserves that room, and
+    /// returns a QP object not created yet with the attributes to create
+    /// it with (RC, one SGE a request, one extra slot a queue for the
+    /// drain).
+    pub(crate) fn prepare(
+        dev: &Device,
         pd: &Arc<Pd>,
         cq: &Arc<Cq<C>>,
         caps: QpCaps,
-    ) -> Result<Arc<Self>> {
+    ) -> Result<(Arc<Self>, bindings::ib_qp_init_attr)> {
+        dev.check_same(pd.device())?;
+        dev.check_same(cq.device())?;
+        let room = caps.cq_entries()?;
         let mut attr: bindings::ib_qp_init_attr = pin_init::zeroed();
         attr.send_cq = cq.as_ptr();
         attr.recv_cq = cq.as_ptr();
-        attr.qp_type = id.qp_type();
+        attr.qp_type = bindings::ib_qp_type_IB_QPT_RC;
         attr.sq_sig_type = bindings::ib_sig_type_IB_SIGNAL_ALL_WR;
-        attr.cap.max_send_wr = caps.max_send_wr;
-        attr.cap.max_recv_wr = caps.max_recv_wr;
+        attr.cap.max_send_wr = caps.max_send_wr.checked_add(1).ok_or(EINVAL)?;
+        attr.cap.max_recv_wr = caps.max_recv_wr.checked_add(1).ok_or(EINVAL)?;
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
-        // SAFETY: The id is live and locked; `pd` and the CQ are live and
-        // outlive the QP (it holds them).
-        kernel::error::to_result(unsafe {
-            bindings::rdma_create_qp(id.raw(), pd.raw.as_ptr(), &mut attr)
-        })?;
-        // SAFETY: `rdma_create_qp` succeeded, so `qp` is set.
-        let raw = unsafe { (*id.raw()).qp };
-        // SAFETY: `raw` is the live QP just created.
-        let qp_num = unsafe { (*raw).qp_num };
+        cq.reserve(room)?;
+        // INVARIANT: Not created yet; the reservation is owned from here.
         let qp = Arc::pin_init(
             pin_init!(Self {
-                raw <- new_mutex!(NonNull::new(raw)),
-                qp_num,
-                _pd: pd.clone(),
-                _cq: cq.clone(),
+                raw <- new_mutex!(None),
+                qp_num: AtomicU32::new(0),
+                cq_room: room,
+                pd: pd.clone(),
+                cq: cq.clone(),
             }),
             GFP_KERNEL,
         );
         match qp {
-            Ok(qp) => Ok(qp),
+            Ok(qp) => Ok((qp, attr)),
             Err(e) => {
-                // SAFETY: The QP was created above and is unknown to anyone else.
-                unsafe { bindings::rdma_destroy_qp(id.raw()) };
+                cq.release(room);
                 Err(e)
             }
         }
     }
 
+    /// Records the QP its owner created from [`Self::prepare`]'s attributes.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a live QP created from those attributes (on this
+    /// object's PD and CQ), which its owner destroys only after
+    /// [`QpShutdown::shutdown`] returned `true`.
+    pub(crate) unsafe fn set_created(&self, raw: NonNull<bindings::ib_qp>) {
+        // SAFETY: `raw` is live by the safety requirements.
+        let num = unsafe { (*raw.as_ptr()).qp_num };
+        self.qp_num.store(num, Ordering::Release);
+        // INVARIANT: By the safety requirements.
+        *self.raw.lock() = Some(raw);
+    }
+
+    /// The PD's device.
+    pub fn device(&self) -> &Device {
+        self.pd.device()
+    }
+
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
-        self.qp_num
+        self.qp_num.load(Ordering::Acquire)
     }
 
     /// Posts one send-queue work request that `fill` completes from a
     /// zeroed one (returning the request to post, which may embed it) while
     /// the QP is locked.  The caller keeps whatever the request points to
     /// alive until its completion.
-    pub(crate) fn post_send_raw(
+    fn post_send_raw(
         &self,
         fill: impl FnOnce(&mut bindings::ib_send_wr) -> *const bindings::ib_send_wr,
     ) -> Result {
@@ -539,19 +525,27 @@ impl<C: CompletionHandler> Qp<C> {
         };
         let mut wr: bindings::ib_send_wr = pin_init::zeroed();
         let wr = fill(&mut wr);
-        // SAFETY: `raw` is live under the lock; `wr` and what it points to
-        // live across the call (the caller's contract).
+        // SAFETY: `raw` is a live RC QP under the lock; `wr` is an RC send
+        // request (or the `wr` of an RC `ib_rdma_wr`/`ib_reg_wr`) that
+        // lives, with what it points to, across the call (the caller's
+        // contract); the driver copies it before returning.
         kernel::error::to_result(unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr) })
     }
 
     /// Posts a receive of the buffer's full capacity.  On failure the buffer
-    /// comes back with the error.
+    /// comes back with the error (`EXDEV` for a buffer of another device).
     pub fn post_recv(&self, buf: RecvBuffer) -> core::result::Result<(), (Error, RecvBuffer)> {
+        if let Err(e) = self.device().check_same(&buf.0.dev) {
+            return Err((e, buf));
+        }
         let guard = self.raw.lock();
         let Some(raw) = *guard else {
             return Err((ENOTCONN, buf));
         };
         let mut inner = buf.0;
+        // The CPU may have read the buffer since its last use: give it back
+        // to the device before the device writes it.
+        inner.sync_for_device(inner.data.len());
         inner.cqe.done = Some(recv_done::<C>);
         let mut sge = inner.sge(inner.data.len());
         let mut wr: bindings::ib_recv_wr = pin_init::zeroed();
@@ -572,50 +566,232 @@ impl<C: CompletionHandler> Qp<C> {
     }
 
     /// Posts a SEND of the buffer's contents (signaled).  On failure the
-    /// buffer comes back with the error.
+    /// buffer comes back with the error (`EXDEV` for a buffer of another
+    /// device).
     pub fn post_send(&self, buf: SendBuffer) -> core::result::Result<(), (Error, SendBuffer)> {
-        let guard = self.raw.lock();
-        let Some(raw) = *guard else {
-            return Err((ENOTCONN, buf));
-        };
+        if let Err(e) = self.device().check_same(&buf.0.dev) {
+            return Err((e, buf));
+        }
         let mut inner = buf.0;
-        inner.sync_for_device();
+        inner.sync_for_device(inner.len);
         inner.cqe.done = Some(send_done::<C>);
         let mut sge = inner.sge(inner.len);
-        let mut wr: bindings::ib_send_wr = pin_init::zeroed();
-        wr.__bindgen_anon_1.wr_cqe = &mut inner.cqe;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = bindings::ib_wr_opcode_IB_WR_SEND;
-        wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
         let leaked = KBox::into_raw(inner);
-        // SAFETY: As in `post_recv`.
-        let ret = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), &wr) };
-        if ret != 0 {
+        let ret = self.post_send_raw(|wr| {
+            // SAFETY: `leaked` is live until its completion or the failure
+            // below.
+            wr.__bindgen_anon_1.wr_cqe = unsafe { &raw mut (*leaked).cqe };
+            wr.sg_list = &raw mut sge;
+            wr.num_sge = 1;
+            wr.opcode = bindings::ib_wr_opcode_IB_WR_SEND;
+            wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
+            wr
+        });
+        if let Err(e) = ret {
             // SAFETY: The post failed: the QP does not own the buffer.
             let inner = unsafe { KBox::from_raw(leaked) };
-            return Err((Error::from_errno(ret), SendBuffer(inner)));
+            return Err((e, SendBuffer(inner)));
         }
         Ok(())
     }
+
+    fn post_work(
+        &self,
+        done: WorkDone,
+        cpu_sync: Option<(usize, usize)>,
+        fill: impl FnOnce(&mut bindings::ib_send_wr) -> *const bindings::ib_send_wr,
+    ) -> Result {
+        self.device().check_same(done.mr.device())?;
+        let work = KBox::new(
+            Work {
+                cqe: bindings::ib_cqe {
+                    done: Some(work_done::<C>),
+                },
+                cpu_sync,
+                done,
+            },
+            GFP_KERNEL,
+        )?;
+        let leaked = KBox::into_raw(work);
+        let ret = self.post_send_raw(|wr| {
+            // SAFETY: `leaked` is live until its completion or the failure
+            // below.
+            wr.__bindgen_anon_1.wr_cqe = unsafe { &raw mut (*leaked).cqe };
+            wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
+            fill(wr)
+        });
+        if let Err(e) = ret {
+            // SAFETY: The post failed: nothing else owns the work.
+            drop(unsafe { KBox::from_raw(leaked) });
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Registers `mr` with `access` (`IB_WR_REG_MR`) under a fresh key and
+    /// returns what to advertise to the peer.
+    ///
+    /// The key is usable by the peer once the registration has executed;
+    /// the send queue runs in order, so a SEND posted after this call that
+    /// carries the region is safe to act on.  Completion (or failure) is
+    /// reported to [`CompletionHandler::work_done`] with `tag`.  `EBUSY` if
+    /// the region is registered already, `EXDEV` if it lives on another
+    /// device.
+    pub fn register(&self, mr: &Arc<Mr>, access: MrAccess, tag: u64) -> Result<RemoteRegion> {
+        self.device().check_same(mr.device())?;
+        let mut reg = mr.registration();
+        if reg.valid {
+            return Err(EBUSY);
+        }
+        let (addr, lkey, rkey) = mr.map_for_registration(&mut reg)?;
+        let mut wr_reg: bindings::ib_reg_wr = pin_init::zeroed();
+        self.post_work(
+            WorkDone {
+                op: WorkOp::Register,
+                tag,
+                mr: mr.clone(),
+            },
+            None,
+            |wr| {
+                wr_reg.wr = *wr;
+                wr_reg.wr.opcode = bindings::ib_wr_opcode_IB_WR_REG_MR;
+                wr_reg.mr = mr.as_ptr();
+                wr_reg.key = rkey;
+                wr_reg.access = access.to_raw();
+                &raw const wr_reg.wr
+            },
+        )?;
+        reg.valid = true;
+        reg.lkey = lkey;
+        reg.rkey = rkey;
+        Ok(RemoteRegion {
+            addr,
+            rkey,
+            len: mr.len() as u32,
+        })
+    }
+
+    /// Invalidates the region's current registration (`IB_WR_LOCAL_INV`):
+    /// once it has executed, the advertised key grants nothing.  `EINVAL` if
+    /// the region is not registered.
+    pub fn invalidate(&self, mr: &Arc<Mr>, tag: u64) -> Result {
+        self.device().check_same(mr.device())?;
+        let mut reg = mr.registration();
+        if !reg.valid {
+            return Err(EINVAL);
+        }
+        let rkey = reg.rkey;
+        self.post_work(
+            WorkDone {
+                op: WorkOp::Invalidate,
+                tag,
+                mr: mr.clone(),
+            },
+            None,
+            |wr| {
+                wr.opcode = bindings::ib_wr_opcode_IB_WR_LOCAL_INV;
+                wr.ex.invalidate_rkey = rkey;
+                wr
+            },
+        )?;
+        reg.valid = false;
+        Ok(())
+    }
+
+    /// Posts an RDMA READ (`remote` into `mr` at `offset`) or WRITE (`mr` at
+    /// `offset` into `remote`) of `remote.len` bytes.  The region must be
+    /// registered (its local key is used; on iWARP the sink of a READ must
+    /// be registered with remote write).  `EINVAL` for a range outside the
+    /// region or an operation that is not READ/WRITE.
+    pub fn rdma(
+        &self,
+        op: WorkOp,
+        mr: &Arc<Mr>,
+        offset: usize,
+        remote: RemoteRegion,
+        tag: u64,
+    ) -> Result {
+        let opcode = match op {
+            WorkOp::RdmaRead => bindings::ib_wr_opcode_IB_WR_RDMA_READ,
+            WorkOp::RdmaWrite => bindings::ib_wr_opcode_IB_WR_RDMA_WRITE,
+            _ => return Err(EINVAL),
+        };
+        self.device().check_same(mr.device())?;
+        let len = remote.len as usize;
+        check_range(offset, len, mr.len())?;
+        remote
+            .addr
+            .checked_add(u64::from(remote.len))
+            .ok_or(EINVAL)?;
+        // Held across the post: an invalidation cannot slip in between
+        // reading the key and posting the request that uses it.
+        let reg = mr.registration();
+        if !reg.valid {
+            return Err(EINVAL);
+        }
+        let mut sge = bindings::ib_sge {
+            addr: mr.dma_addr(offset),
+            length: remote.len,
+            lkey: reg.lkey,
+        };
+        // A READ lands in `len` bytes at `offset`: the CPU sees them once
+        // it completed.  A WRITE's source was synced by `Mr::write`.
+        let cpu_sync = (op == WorkOp::RdmaRead).then_some((offset, len));
+        let mut rdma: bindings::ib_rdma_wr = pin_init::zeroed();
+        self.post_work(
+            WorkDone {
+                op,
+                tag,
+                mr: mr.clone(),
+            },
+            cpu_sync,
+            |wr| {
+                rdma.wr = *wr;
+                rdma.wr.opcode = opcode;
+                rdma.wr.sg_list = &raw mut sge;
+                rdma.wr.num_sge = 1;
+                rdma.remote_addr = remote.addr;
+                rdma.rkey = remote.rkey;
+                &raw const rdma.wr
+            },
+        )
+    }
 }
 
-impl<C: CompletionHandler> QpTeardown for Qp<C> {
-    fn teardown(&self, id: *mut bindings::rdma_cm_id) {
-        // Stop new posts first, outside of the drain that waits for completions.
+impl<C: CompletionHandler> QpShutdown for Qp<C> {
+    fn shutdown(&self) -> bool {
+        // Stop new posts first, outside of the drain that waits for
+        // completions.
         let raw = self.raw.lock().take();
-        if let Some(raw) = raw {
-            // SAFETY: The QP is live; draining flushes every outstanding work
-            // request through the completion handler, returning its buffer.
-            unsafe { bindings::ib_drain_qp(raw.as_ptr()) };
-            // SAFETY: `id` is the live id owning this QP (the caller's contract).
-            unsafe { bindings::rdma_destroy_qp(id) };
-        }
+        let Some(raw) = raw else {
+            return false;
+        };
+        // SAFETY: The QP is live (type invariants) and an RC QP, for which
+        // `ib_drain_qp` is valid; it posts into the slot each queue kept
+        // free and flushes every outstanding request through the
+        // completion handler, handing its buffer or region back.  The
+        // caller is not a completion of this CQ (the CM defers such
+        // destructions), so the drain cannot wait on itself.
+        unsafe { bindings::ib_drain_qp(raw.as_ptr()) };
+        true
+    }
+
+    fn qp_num(&self) -> u32 {
+        Qp::qp_num(self)
+    }
+}
+
+#[pinned_drop]
+impl<C: CompletionHandler> PinnedDrop for Qp<C> {
+    fn drop(self: Pin<&mut Self>) {
+        // The QP itself is destroyed by its owner after `shutdown`; the CQ
+        // room goes with this object.
+        self.cq.release(self.cq_room);
     }
 }
 
 /// A work completion's status as a result.
-pub(crate) fn wc_result(wc: &bindings::ib_wc) -> Result {
+fn wc_result(wc: &bindings::ib_wc) -> Result {
     match wc.status {
         bindings::ib_wc_status_IB_WC_SUCCESS => Ok(()),
         bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR => Err(ECANCELED),
@@ -642,8 +818,8 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
     // SAFETY: `wc` is valid during the callback.
     let wc = unsafe { &*wc };
     let result = wc_result(wc).map(|()| {
-        buf.sync_for_cpu();
         buf.len = (wc.byte_len as usize).min(buf.data.len());
+        buf.sync_for_cpu(buf.len);
         buf.len
     });
     handler.recv_done(RecvBuffer(buf), result);
@@ -665,4 +841,61 @@ unsafe extern "C" fn send_done<C: CompletionHandler>(
     // SAFETY: `wc` is valid during the callback.
     let result = wc_result(unsafe { &*wc });
     handler.send_done(SendBuffer(buf), result);
+}
+
+/// A posted memory work request.
+///
+/// # Invariants
+///
+/// `cqe` is the completion entry of the work request that owns this object.
+#[repr(C)]
+struct Work {
+    cqe: bindings::ib_cqe,
+    /// The range of the region to sync for the CPU on success.
+    cpu_sync: Option<(usize, usize)>,
+    done: WorkDone,
+}
+
+impl Work {
+    /// Recovers the work of a completion.
+    ///
+    /// # Safety
+    ///
+    /// `wc` must complete a work request posted with a `Work` leaked by
+    /// `KBox::into_raw` in this module.
+    unsafe fn from_wc(wc: *mut bindings::ib_wc) -> KBox<Self> {
+        // SAFETY: By the safety requirements `wr_cqe` is the `cqe` of a
+        // `Work`, its first field (`repr(C)`).
+        unsafe { KBox::from_raw((*wc).__bindgen_anon_1.wr_cqe.cast::<Work>()) }
+    }
+}
+
+/// # Safety
+///
+/// Called by the CQ for a work request posted by [`Qp::post_work`] on a QP
+/// whose CQ is a `Cq<C>`.
+unsafe extern "C" fn work_done<C: CompletionHandler>(
+    cq: *mut bindings::ib_cq,
+    wc: *mut bindings::ib_wc,
+) {
+    let _mark = CallbackMark::enter();
+    // SAFETY: By the safety requirements.
+    let work = unsafe { Work::from_wc(wc) };
+    // SAFETY: `wc` is valid during the callback.
+    let result = wc_result(unsafe { &*wc });
+    let Work { done, cpu_sync, .. } = KBox::into_inner(work);
+    match (done.op, &result) {
+        // The region is free again: a failed registration grants nothing.
+        (WorkOp::Register, Err(_)) => done.mr.registration().valid = false,
+        // A failed invalidation may leave the keys valid: refuse to
+        // register again; dropping the region still revokes everything.
+        (WorkOp::Invalidate, Err(_)) => done.mr.registration().valid = true,
+        _ => {}
+    }
+    if let (Some((offset, len)), Ok(())) = (cpu_sync, &result) {
+        done.mr.sync_for_cpu(offset, len);
+    }
+    // SAFETY: The CQ is live during its callback and its context is a `Cq<C>`.
+    let handler = unsafe { handler_of::<C>(cq) };
+    handler.work_done(done, result);
 }

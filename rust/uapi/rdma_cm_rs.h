@@ -9,10 +9,9 @@
  *    explicit and named "reserved";
  *  - reserved fields and unused bytes of an address must be zero, else the
  *    command fails with -EINVAL, so that they can be given meaning later;
- *  - a command number encodes its structure's size; the kernel accepts a
- *    shorter structure from an older header (missing fields read as zero) and
- *    a longer one whose extra bytes are zero (else -E2BIG), like
- *    copy_struct_from_user();
+ *  - a command number encodes its structure's size, and the kernel matches
+ *    numbers exactly: the same number with another size or direction is an
+ *    unknown command;
  *  - unknown commands fail with -ENOTTY, bad user pointers with -EFAULT.
  */
 #ifndef _UAPI_RDMA_CM_RS_H

@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Which tasks are inside one of this layer's callbacks.
+//!
+//! Destroying an id from any callback of the layer is a deadlock or a
+//! lockdep report waiting to happen: `rdma_destroy_id` takes the id's
+//! handler mutex (the lock class the CM holds during every event), and a
+//! QP's teardown drains completions that may be queued behind the running
+//! one.  The CM's and the verbs' trampolines mark the running task here;
+//! the CM level defers destructions and refuses to take another id's
+//! handler mutex while the mark is set.
+
+use super::bindings;
+use core::{
+    ptr,
+    sync::atomic::{AtomicPtr, AtomicUsize, Ordering},
+};
+
+/// Tasks running a callback.  The table is small and fixed; when it is full,
+/// [`UNLISTED`] counts the extra callbacks and every task is treated as
+/// being in one until they return, which is always safe.
+static TASKS: [AtomicPtr<bindings::task_struct>; 64] =
+    [const { AtomicPtr::new(ptr::null_mut()) }; 64];
+static UNLISTED: AtomicUsize = AtomicUsize::new(0);
+
+/// Lists the current task in [`TASKS`] while it lives.
+pub(crate) struct CallbackMark(Option<usize>);
+
+impl CallbackMark {
+    /// Marks the current task as running a callback.
+    pub(crate) fn enter() -> Self {
+        let me = current_task();
+        for (i, slot) in TASKS.iter().enumerate() {
+            if slot
+                .compare_exchange(ptr::null_mut(), me, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Self(Some(i));
+            }
+        }
+        UNLISTED.fetch_add(1, Ordering::AcqRel);
+        Self(None)
+    }
+}
+
+impl Drop for CallbackMark {
+    fn drop(&mut self) {
+        match self.0 {
+            Some(i) => TASKS[i].store(ptr::null_mut(), Ordering::Release),
+            None => {
+                UNLISTED.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// Whether the current task may be inside one of this layer's callbacks.
+pub(crate) fn in_any_callback() -> bool {
+    if UNLISTED.load(Ordering::Acquire) != 0 {
+        return true;
+    }
+    let me = current_task();
+    TASKS.iter().any(|slot| slot.load(Ordering::Acquire) == me)
+}
+
+/// The current task, as an identity to compare (never dereferenced).
+pub(crate) fn current_task() -> *mut bindings::task_struct {
+    // SAFETY: Reads `current`, valid in any context this layer runs in.
+    unsafe { bindings::rdma_cm_rs_current_task() }
+}

@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Destructions deferred to a workqueue the module owns.
+//!
+//! An id dropped inside one of the layer's callbacks cannot be destroyed
+//! there (see [`super::callback`]); it is destroyed from a work item
+//! instead.  The work item runs the module's code, so the module must not
+//! be unloaded while one is queued or running: the queue is owned by a
+//! [`DestroyQueue`] that the module keeps for as long as it has ids, and
+//! whose drop drains and destroys the queue (`destroy_workqueue`), as
+//! nvmet-rdma does with its release work.  No timeout, and nothing for a
+//! consumer to call by hand.
+
+use super::bindings;
+use core::{
+    ptr,
+    sync::atomic::{AtomicPtr, AtomicUsize, Ordering},
+};
+use kernel::{prelude::*, sync::Arc, workqueue};
+
+/// An object whose destruction may be deferred.
+pub(crate) trait DeferredDestroy: Send + Sync {
+    /// Destroys it; runs in process context outside every callback.
+    fn destroy(&self);
+}
+
+/// The module's queue, while a [`DestroyQueue`] owns it.
+static QUEUE: AtomicPtr<bindings::workqueue_struct> = AtomicPtr::new(ptr::null_mut());
+/// Enqueuers between reading [`QUEUE`] and enqueueing: the queue is not
+/// destroyed under them.
+static ENQUEUERS: AtomicUsize = AtomicUsize::new(0);
+
+/// The module's queue of deferred destructions.
+///
+/// A module that creates ids holds one for as long as any id can exist
+/// (make it the last field of the module's state, so it drops after the
+/// ids): [`super::cm::CmId::new`] refuses to create ids without it.
+///
+/// # Invariants
+///
+/// While the object lives, [`QUEUE`] holds the workqueue it allocated.
+pub struct DestroyQueue {
+    _private: (),
+}
+
+impl DestroyQueue {
+    /// Allocates the queue (unbound: destructions sleep in
+    /// `rdma_destroy_id`).  `EBUSY` if the module has one already.
+    pub fn new() -> Result<Self> {
+        // SAFETY: Allocates a workqueue named after the module.
+        let wq = unsafe { bindings::rdma_cm_rs_alloc_destroy_wq() };
+        if wq.is_null() {
+            return Err(ENOMEM);
+        }
+        if QUEUE
+            .compare_exchange(ptr::null_mut(), wq, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            // SAFETY: Allocated above and never published.
+            unsafe { bindings::rdma_cm_rs_destroy_wq(wq) };
+            return Err(EBUSY);
+        }
+        // INVARIANT: Published above.
+        Ok(Self { _private: () })
+    }
+
+    /// Waits until every destruction queued so far has finished.
+    pub fn flush(&self) {
+        let wq = QUEUE.load(Ordering::SeqCst);
+        // SAFETY: `wq` is the live queue this object owns (type invariants).
+        unsafe { bindings::rdma_cm_rs_flush_wq(wq) };
+    }
+}
+
+impl Drop for DestroyQueue {
+    fn drop(&mut self) {
+        let wq = QUEUE.swap(ptr::null_mut(), Ordering::SeqCst);
+        // An enqueuer that read the queue before the swap is counted (it
+        // increments before reading): let it finish enqueueing.
+        while ENQUEUERS.load(Ordering::SeqCst) != 0 {
+            // An enqueue takes no time; a flush may take a while.
+            kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
+        }
+        // SAFETY: `wq` is the queue this object owned; nothing can reach it
+        // any more.  `destroy_workqueue` drains it first: every queued
+        // destruction, and any it queues in turn, has run when it returns.
+        unsafe { bindings::rdma_cm_rs_destroy_wq(wq) };
+    }
+}
+
+/// Waits until every destruction queued so far has finished (for tests
+/// and callers that do not own the [`DestroyQueue`]); nothing to wait for
+/// without a queue.
+pub fn flush_deferred_destroys() {
+    ENQUEUERS.fetch_add(1, Ordering::SeqCst);
+    let wq = QUEUE.load(Ordering::SeqCst);
+    if !wq.is_null() {
+        // SAFETY: `wq` stays live until `ENQUEUERS` drops back (see
+        // `DestroyQueue::drop`); flushing may sleep, which the drop's
+        // wait tolerates.
+        unsafe { bindings::rdma_cm_rs_flush_wq(wq) };
+    }
+    ENQUEUERS.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Whether a [`DestroyQueue`] exists.
+pub(crate) fn available() -> bool {
+    !QUEUE.load(Ordering::SeqCst).is_null()
+}
+
+/// The work item of a deferred destruction.
+///
+/// Not generic on purpose: `new_work!` makes one lockdep class (a static
+/// key and a name) per call site, and a generic call site would give every
+/// monomorphization its own copy of the name for the one shared key, which
+/// lockdep reports ("found a different class with the same key").
+#[pin_data]
+struct DestroyWork {
+    #[pin]
+    work: workqueue::Work<DestroyWork>,
+    victim: Arc<dyn DeferredDestroy>,
+}
+
+kernel::impl_has_work! {
+    impl HasWork<Self> for DestroyWork { self.work }
+}
+
+impl workqueue::WorkItem for DestroyWork {
+    type Pointer = Pin<KBox<Self>>;
+
+    fn run(this: Pin<KBox<Self>>) {
+        this.victim.destroy();
+    }
+}
+
+/// Queues the destruction of `victim`; gives it back if there is no queue
+/// or no memory for the work item.
+pub(crate) fn spawn(
+    victim: Arc<dyn DeferredDestroy>,
+) -> core::result::Result<(), Arc<dyn DeferredDestroy>> {
+    let queued = victim.clone();
+    let work = match KBox::pin_init(
+        pin_init!(DestroyWork {
+            work <- kernel::new_work!("rdma_cm_rs::deferred_destroy"),
+            victim: queued,
+        }),
+        GFP_KERNEL,
+    ) {
+        Ok(work) => work,
+        Err(_) => return Err(victim),
+    };
+    ENQUEUERS.fetch_add(1, Ordering::SeqCst);
+    let wq = QUEUE.load(Ordering::SeqCst);
+    let result = if wq.is_null() {
+        Err(victim)
+    } else {
+        // SAFETY: `wq` stays live until `ENQUEUERS` drops back (see
+        // `DestroyQueue::drop`).
+        let queue = unsafe { workqueue::Queue::from_raw(wq) };
+        // A fresh box cannot be queued already: enqueueing cannot fail.
+        queue.enqueue(work);
+        Ok(())
+    };
+    ENQUEUERS.fetch_sub(1, Ordering::SeqCst);
+    result
+}

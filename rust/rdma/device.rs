@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! RDMA devices (`struct ib_device`).
+//!
+//! C header: [`include/rdma/ib_verbs.h`](srctree/include/rdma/ib_verbs.h).
+//!
+//! A [`Device`] is only ever reached through an [`ARef<Device>`], which owns
+//! one count of the device's `refcount` (`ib_device_try_get` to take the
+//! first, `ib_device_put` to drop it).  Unregistration first removes the
+//! device's clients (the CM sends DEVICE_REMOVAL and waits for the ids on it
+//! to be destroyed), then waits in `disable_device` until that count drops
+//! to zero, and only then frees the device.  Every object of this layer that
+//! lives on a device (PD, CQ, QP, DMA buffers, regions) holds such a
+//! reference: none can outlive its device, and objects of two devices are
+//! told apart by comparing theirs ([`Device::same`]).
+
+use super::bindings;
+use core::ptr::NonNull;
+use kernel::{
+    prelude::*,
+    sync::aref::{ARef, AlwaysRefCounted},
+    types::Opaque,
+};
+
+/// An RDMA device.
+///
+/// # Invariants
+///
+/// A `&Device` is a registered or unregistering `ib_device` on which the
+/// holder of the reference (an [`ARef`]) owns one `refcount` count, so its
+/// memory stays valid while the reference lives.
+#[repr(transparent)]
+pub struct Device(Opaque<bindings::ib_device>);
+
+// SAFETY: `ib_device_put` may be called from any thread, and an owned count
+// may move between threads.
+unsafe impl Send for Device {}
+// SAFETY: Shared access only reads fields the driver fixed at registration
+// (attributes, the transport) or copies the name.
+unsafe impl Sync for Device {}
+
+// SAFETY: A counted reference keeps the device's memory valid
+// (`disable_device` waits for the count before the device is freed).
+unsafe impl AlwaysRefCounted for Device {
+    fn inc_ref(&self) {
+        // SAFETY: `&self` exists, so some holder owns a count: the count is
+        // not zero and `refcount_inc` is valid on it.
+        unsafe { bindings::rdma_cm_rs_device_get(self.as_ptr()) };
+    }
+
+    unsafe fn dec_ref(obj: NonNull<Self>) {
+        // SAFETY: The caller owns one count, which `ib_device_put` drops.
+        unsafe { bindings::ib_device_put(obj.as_ptr().cast()) };
+    }
+}
+
+/// The name of a device, copied (a device can be renamed while in use).
+#[derive(Clone, Copy)]
+pub struct DeviceName {
+    bytes: [u8; bindings::IB_DEVICE_NAME_MAX as usize],
+    len: usize,
+}
+
+impl DeviceName {
+    /// The name's bytes, without the terminating NUL.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl Device {
+    /// Takes a counted reference on `raw`; `ENODEV` once its unregistration
+    /// has begun (the count reached zero).
+    ///
+    /// # Safety
+    ///
+    /// `raw` must point to a device whose memory is valid for the call, e.g.
+    /// the device of a live, bound `rdma_cm_id` (the CM holds the id's
+    /// device until the id is destroyed).
+    pub(crate) unsafe fn try_get(raw: *mut bindings::ib_device) -> Result<ARef<Self>> {
+        let raw = NonNull::new(raw).ok_or(ENODEV)?;
+        // SAFETY: `raw` is valid by the safety requirements;
+        // `ib_device_try_get` increments a non-zero count only.
+        if !unsafe { bindings::rdma_cm_rs_device_try_get(raw.as_ptr()) } {
+            return Err(ENODEV);
+        }
+        // SAFETY: The count taken above is owned by the new `ARef`;
+        // `Device` is a transparent wrapper of `ib_device`.
+        Ok(unsafe { ARef::from_raw(raw.cast()) })
+    }
+
+    /// The raw device.
+    pub(crate) fn as_ptr(&self) -> *mut bindings::ib_device {
+        self.0.get()
+    }
+
+    fn attrs(&self) -> &bindings::ib_device_attr {
+        // SAFETY: The device is valid (type invariants); drivers fill `attrs`
+        // before registration and never change it afterwards.
+        unsafe { &(*self.as_ptr()).attrs }
+    }
+
+    /// Whether `self` and `other` are the same device.
+    pub fn same(&self, other: &Device) -> bool {
+        core::ptr::eq(self, other)
+    }
+
+    /// `EXDEV` unless `self` and `other` are the same device: objects of
+    /// two devices never meet in one work request or QP.
+    pub(crate) fn check_same(&self, other: &Device) -> Result {
+        if self.same(other) {
+            Ok(())
+        } else {
+            Err(EXDEV)
+        }
+    }
+
+    /// A copy of the device's name (`rxe0`, `siw0`, ...).
+    pub fn name(&self) -> DeviceName {
+        let mut out = DeviceName {
+            bytes: [0; bindings::IB_DEVICE_NAME_MAX as usize],
+            len: 0,
+        };
+        // SAFETY: The device is valid; `name` is a fixed array inside it.
+        let raw = unsafe { &(*self.as_ptr()).name };
+        for (dst, &src) in out.bytes.iter_mut().zip(raw.iter()) {
+            // A rename may be writing concurrently: stop at the first NUL
+            // seen, and never past the array.
+            if src == 0 {
+                break;
+            }
+            *dst = src;
+            out.len += 1;
+        }
+        out.len = out.len.min(out.bytes.len() - 1);
+        out
+    }
+
+    /// RDMA reads and atomics the device accepts per QP as a responder.
+    pub fn max_qp_rd_atom(&self) -> u32 {
+        self.attrs().max_qp_rd_atom
+    }
+
+    /// RDMA reads and atomics the device issues per QP as an initiator.
+    pub fn max_qp_init_rd_atom(&self) -> u32 {
+        self.attrs().max_qp_init_rd_atom
+    }
+
+    /// Whether the device supports fast registration (FRWR).
+    pub fn has_fast_registration(&self) -> bool {
+        // The flag enum is a `usize` to bindgen; the field a `u64`.
+        let flag = bindings::ib_device_cap_flags_IB_DEVICE_MEM_MGT_EXTENSIONS as u64;
+        self.attrs().device_cap_flags & flag != 0
+    }
+
+    /// The longest page list one fast registration maps.
+    pub fn max_fast_reg_page_list_len(&self) -> u32 {
+        self.attrs().max_fast_reg_page_list_len
+    }
+}
