@@ -4,7 +4,7 @@
 # `make check`: every test of the project, one summary line.
 #
 #   static   rustfmt, the module built with CLIPPY=1 and no warnings allowed,
-#            no `unsafe` outside the abstraction layer
+#            no `unsafe` in the char device (rust/ctl) or the samples
 #   host     cargo fmt/clippy/test of the userspace tool
 #   vm       one VM (rxe on a dummy netdev): KUnit suites at insmod, the
 #            userspace suite against the module, the sample echo module,
@@ -122,13 +122,13 @@ step "rustfmt --check (module and samples)" "$logs/rustfmt.log" \
 	rustfmt --edition 2021 --config-path "$rustfmt_cfg" --check \
 	rust/rdma_cm_rs.rs samples/rdma_cm_rs_echo.rs samples/rdma_cm_rs_rping.rs
 
-# No `unsafe` outside the abstraction layer: the char device forbids it,
+# No `unsafe` in the layer's consumers: the char device forbids it,
 # the samples deny it; this catches an `allow` slipping in.
 unsafe_outside() {
 	! grep -rnE '\bunsafe\b' --include='*.rs' rust/ctl samples | grep -vE '^\S+:\s*//' |
 		grep -vE 'deny\(unsafe_code\)|forbid\(unsafe_code\)|allow\(dead_code, unsafe_code\)|unsafe_code` is denied|no `unsafe`|owns no `unsafe`'
 }
-step "no unsafe outside rust/rdma" "$logs/unsafe.log" unsafe_outside
+step "no unsafe in rust/ctl and samples" "$logs/unsafe.log" unsafe_outside
 
 # --- host ------------------------------------------------------------------
 # Cargo reads tools/userspace-test/.cargo/config.toml (the libclang that

@@ -138,6 +138,20 @@ for ((i = 0; i < 100; i++)); do
 done
 gids_ready || setup_failed "rxe0 has no GIDs $GID4 and $GID6 after 10 s"
 log "rxe0 is up on $netdev"
+if [ -z "$NIC_MAC" ]; then
+	# A second device, of another transport: siw0 on a dummy netdev of its
+	# own (TEST-NET-3), for the KUnit cases that mix objects of two devices.
+	ip link add rxenet1 type dummy || setup_failed "ip link add rxenet1 type dummy"
+	ip addr add 203.0.113.1/24 dev rxenet1 || setup_failed "ip addr add 203.0.113.1/24"
+	ip link set rxenet1 up || setup_failed "ip link set rxenet1 up"
+	rdma link add siw0 type siw netdev rxenet1 || setup_failed "rdma link add siw0 on rxenet1"
+	for ((i = 0; i < 300; i++)); do
+		[ -e /sys/class/infiniband/siw0 ] && break
+		sleep 0.1
+	done
+	[ -e /sys/class/infiniband/siw0 ] || setup_failed "siw0 did not appear in 30 s"
+	log "siw0 is up on rxenet1"
+fi
 export RDMA_CM_RS_IN_VM=1 RDMA_CM_RS_NETDEV=$netdev RDMA_CM_RS_RDMA_DEV=rxe0
 export RDMA_CM_RS_LOCAL_IP=$LOCAL_IP RDMA_CM_RS_PEER_IP=$PEER_IP
 export RDMA_CM_RS_LOCAL_IP6=$LOCAL_IP6 RDMA_CM_RS_PEER_IP6=$PEER_IP6
