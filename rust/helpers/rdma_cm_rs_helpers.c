@@ -7,6 +7,7 @@
 #include <linux/scatterlist.h>
 #include <linux/sched.h>
 #include <linux/string.h>
+#include <linux/module.h>
 #include <linux/workqueue.h>
 #include <net/net_namespace.h>
 #include "rdma_cm_rs_helpers.h"
@@ -73,6 +74,17 @@ struct workqueue_struct *rdma_cm_rs_alloc_destroy_wq(void)
 void rdma_cm_rs_flush_wq(struct workqueue_struct *wq)
 {
 	flush_workqueue(wq);
+}
+
+void rdma_cm_rs_drain_wq(struct workqueue_struct *wq)
+{
+	drain_workqueue(wq);
+}
+
+/* For a leak that leaves module code reachable: the module never goes. */
+void rdma_cm_rs_pin_module(void)
+{
+	__module_get(THIS_MODULE);
 }
 
 void rdma_cm_rs_destroy_wq(struct workqueue_struct *wq)

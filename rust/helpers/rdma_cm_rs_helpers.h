@@ -30,6 +30,8 @@ bool rdma_cm_rs_device_try_get(struct ib_device *dev);
 void rdma_cm_rs_device_get(struct ib_device *dev);
 struct workqueue_struct *rdma_cm_rs_alloc_destroy_wq(void);
 void rdma_cm_rs_flush_wq(struct workqueue_struct *wq);
+void rdma_cm_rs_drain_wq(struct workqueue_struct *wq);
+void rdma_cm_rs_pin_module(void);
 void rdma_cm_rs_destroy_wq(struct workqueue_struct *wq);
 struct ib_pd *rdma_cm_rs_alloc_pd(struct ib_device *device, unsigned int flags);
 void rdma_cm_rs_dealloc_pd(struct ib_pd *pd);

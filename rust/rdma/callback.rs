@@ -18,7 +18,9 @@ use core::{
 
 /// Tasks running a callback.  The table is small and fixed; when it is full,
 /// [`UNLISTED`] counts the extra callbacks and every task is treated as
-/// being in one until they return, which is always safe.
+/// being in one until they return: nothing deadlocks, but meanwhile every
+/// `CmId` drop is deferred and `with_lock` on an id outside its own
+/// callback fails with `EDEADLK`.
 static TASKS: [AtomicPtr<bindings::task_struct>; 64] =
     [const { AtomicPtr::new(ptr::null_mut()) }; 64];
 static UNLISTED: AtomicUsize = AtomicUsize::new(0);

@@ -134,9 +134,10 @@ pub trait Handler: Send + Sync + Sized + 'static {
     fn event(&self, id: &LockedId<'_>, event: &Event<'_>);
 
     /// A connection request on a listener.  `request` owns the new id (whose
-    /// `handler_mutex` is held): adopt it to keep it, accept or reject it
-    /// through [`ConnectRequest::id`]; dropping it unadopted makes the CM
-    /// destroy the new id (the peer's connect fails).
+    /// `handler_mutex` is held): reject or query it through
+    /// [`ConnectRequest::id`], or adopt it to keep it (and to give it the QP
+    /// an accept needs); dropping it unadopted makes the CM destroy the new
+    /// id (the peer's connect fails).
     fn connect_request(&self, request: ConnectRequest<'_, Self>, event: &Event<'_>) {
         // Dropping the request unadopted makes the CM destroy the new id.
         let _ = (request, event);
@@ -306,9 +307,22 @@ impl<H: Handler> CmId<H> {
             return Err(EDEADLK);
         }
         // SAFETY: `raw` is live; the mutex is not held by this task (not in
-        // its callback, nor in any other).
+        // its callback, nor in any other, nor in another `with_lock`).
         unsafe { bindings::rdma_lock_handler(raw) };
+        // Inside `f` the task counts as in this id's callback: a nested
+        // `with_lock` on this id runs directly, one on another id is
+        // refused, and a `CmId` dropped there is destroyed later, exactly
+        // as inside the CM's callbacks (the mutex is held the same way).
+        // No callback of this id runs meanwhile: the marker is ours.
+        self.inner
+            .handler_task
+            .store(current_task(), Ordering::Release);
+        let mark = CallbackMark::enter();
         let result = f(&locked);
+        drop(mark);
+        self.inner
+            .handler_task
+            .store(ptr::null_mut(), Ordering::Release);
         // SAFETY: Taken just above.
         unsafe { bindings::rdma_unlock_handler(raw) };
         result
@@ -329,20 +343,26 @@ fn destroy_now<H: Handler>(inner: &IdInner<H>) {
         return;
     }
     // SAFETY: `raw` is live (type invariants) and now unreachable from the
-    // owner; the current task holds no handler mutex (not in a callback).
+    // owner; the current task holds no handler mutex (not in a callback of
+    // the layer, nor in `with_lock`: both defer destructions).
     unsafe { bindings::rdma_lock_handler(raw) };
     // A callback that was running has returned, and any later one sees the
     // id dying: no QP can appear after this.
     let slot = core::mem::replace(&mut *inner.qp.lock(), QpSlot::Dying);
-    // SAFETY: Taken just above.
-    unsafe { bindings::rdma_unlock_handler(raw) };
+    // The QP goes with the mutex still held, as every CM call on the id
+    // runs: a callback cannot hand the QP to the CM (an iWARP connect
+    // passes its number to `iw_get_qp`) while it is destroyed.  The drain
+    // waits only for completions, whose callbacks never take this mutex
+    // (`with_lock` refuses there).
     if let QpSlot::Live(qp) = slot {
         if qp.shutdown() {
-            // SAFETY: The id is live and its QP drained; nothing posts to it
-            // any more (`shutdown` took it).
+            // SAFETY: The id is live and locked, its QP drained; nothing
+            // posts to it any more (`shutdown` took it).
             unsafe { bindings::rdma_destroy_qp(raw) };
         }
     }
+    // SAFETY: Taken above.
+    unsafe { bindings::rdma_unlock_handler(raw) };
     // SAFETY: The id is live; `rdma_destroy_id` waits for a running
     // callback, and none starts after it.  Then the CM no longer uses
     // `context`, whose reference is released.
@@ -362,9 +382,13 @@ impl<H: Handler> Drop for CmId<H> {
             let victim: Arc<dyn DeferredDestroy> = self.inner.clone();
             if deferred::spawn(victim).is_err() {
                 // No queue or no memory: destroying here could deadlock,
-                // so the id leaks, loudly.
+                // so the id leaks, loudly.  The C id keeps calling this
+                // module's trampoline: the module must never go.
                 pr_err!("cannot defer the destruction of a cm_id, leaking it\n");
                 core::mem::forget(self.inner.clone());
+                // SAFETY: Takes a reference on this module, which is live
+                // (its code is running).
+                unsafe { bindings::rdma_cm_rs_pin_module() };
             }
         } else {
             destroy_now(&self.inner);
@@ -389,8 +413,8 @@ pub struct ConnectRequest<'a, H: Handler> {
 }
 
 impl<'a, H: Handler> ConnectRequest<'a, H> {
-    /// The new id, locked for the duration of the callback: accept, reject
-    /// or query it here.
+    /// The new id, locked for the duration of the callback: reject or query
+    /// it here.  Accepting needs the id's QP, which only an adopted id has.
     pub fn id(&self) -> LockedId<'_> {
         // INVARIANT: The CM holds the new id's handler mutex during the callback.
         LockedId {
@@ -404,8 +428,12 @@ impl<'a, H: Handler> ConnectRequest<'a, H> {
         }
     }
 
-    /// Takes ownership of the new id with its own handler.
+    /// Takes ownership of the new id with its own handler.  `ENXIO` if the
+    /// module holds no [`DestroyQueue`] (see [`CmId::new`]).
     pub fn adopt(self, handler: H) -> Result<CmId<H>> {
+        if !deferred::available() {
+            return Err(ENXIO);
+        }
         // The CM holds this id's handler mutex until the listener's
         // callback returns: treat that as being in its handler.
         let inner = IdInner::new(
@@ -463,10 +491,13 @@ impl LockedId<'_> {
         self.raw.as_ptr()
     }
 
-    fn id(&self) -> &bindings::rdma_cm_id {
-        // SAFETY: By the type invariants the id is live while `self` is,
-        // and its fields change only under the handler mutex we hold.
-        unsafe { self.raw.as_ref() }
+    /// Reads a field of the id that C may write meanwhile (the address
+    /// resolver fills `route`, the CM sets `device` and `port_num` when it
+    /// binds): a volatile copy, as C's `READ_ONCE`, never a reference.
+    fn read<T: Copy>(&self, field: impl FnOnce(*mut bindings::rdma_cm_id) -> *const T) -> T {
+        // SAFETY: By the type invariants the id is live while `self` is;
+        // `field` projects to one of its fields, which is plain data.
+        unsafe { ptr::read_volatile(field(self.as_ptr())) }
     }
 
     /// The port space.
@@ -481,7 +512,13 @@ impl LockedId<'_> {
 
     /// The port the id is bound to, 0 if none.
     pub fn port_num(&self) -> u32 {
-        self.id().port_num
+        // SAFETY: A field of the live id.
+        self.read(|id| unsafe { &raw const (*id).port_num })
+    }
+
+    fn device_ptr(&self) -> *mut bindings::ib_device {
+        // SAFETY: A field of the live id.
+        self.read(|id| unsafe { &raw const (*id).device })
     }
 
     /// The number of the id's QP, if it has one.
@@ -497,12 +534,13 @@ impl LockedId<'_> {
     pub fn device(&self) -> Result<ARef<Device>> {
         // SAFETY: A bound id's device stays valid until the id is destroyed
         // (the CM holds it); the id is live.
-        unsafe { Device::try_get(self.id().device) }
+        unsafe { Device::try_get(self.device_ptr()) }
     }
 
     /// The source address (`rdma_get_local_addr`), if set.
     pub fn src_addr(&self) -> Option<SocketAddr> {
-        sockaddr_of(&self.id().route.addr.src_addr)
+        // SAFETY: A field of the live id.
+        sockaddr_of(&self.read(|id| unsafe { &raw const (*id).route.addr.src_addr }))
     }
 
     /// The destination address (`rdma_get_peer_addr`), if set.
@@ -510,7 +548,9 @@ impl LockedId<'_> {
     /// Binding fills the destination's family with a wildcard address and
     /// port 0; that is reported as no destination.
     pub fn dst_addr(&self) -> Option<SocketAddr> {
-        sockaddr_of(&self.id().route.addr.dst_addr).filter(|a| !(a.is_any() && a.port() == 0))
+        // SAFETY: A field of the live id.
+        let dst = self.read(|id| unsafe { &raw const (*id).route.addr.dst_addr });
+        sockaddr_of(&dst).filter(|a| !(a.is_any() && a.port() == 0))
     }
 
     /// Binds to a local address (`rdma_bind_addr`); port 0 picks one.
@@ -581,13 +621,27 @@ impl LockedId<'_> {
         param.check(usage, dev.max_qp_rd_atom(), dev.max_qp_init_rd_atom())
     }
 
+    /// Whether the id's own QP is live: the CM connects that one and no
+    /// other (a QP number passed to it would be looked up device-wide by
+    /// the iWARP CM, whoever owns that QP).
+    fn has_live_qp(&self) -> bool {
+        self.qp_slot
+            .is_some_and(|slot| matches!(*slot.lock(), QpSlot::Live(_)))
+    }
+
     /// Connects (`rdma_connect_locked`): after ROUTE_RESOLVED.  On a UD id
     /// this is the SIDR lookup of the remote QP (up to 180 bytes of private
-    /// data), on an RC id a connection request (up to 56).
+    /// data), on an RC id a connection request (up to 56) for the id's QP,
+    /// which must exist (`ENOTCONN` otherwise, see [`Self::create_qp`]).
     pub fn connect(&self, param: &ConnParam) -> Result {
         let usage = match self.qp_type {
             QpType::Ud => PrivateDataUse::ConnectUd,
-            QpType::Rc => PrivateDataUse::ConnectRc,
+            QpType::Rc => {
+                if !self.has_live_qp() {
+                    return Err(ENOTCONN);
+                }
+                PrivateDataUse::ConnectRc
+            }
         };
         self.check_param(param, usage)?;
         let mut raw = param.as_raw();
@@ -615,9 +669,17 @@ impl LockedId<'_> {
             .rnr_retry_count(MAX_RETRY_COUNT)
     }
 
-    /// Accepts a connection request (`rdma_accept`); `None` uses
-    /// [`Self::request_accept_param`].
+    /// Accepts a connection request (`rdma_accept`) with the id's QP, which
+    /// must exist (`ENOTCONN`: adopt the request's id and create it first);
+    /// `None` uses [`Self::request_accept_param`].  `EOPNOTSUPP` on UD ids,
+    /// whose SIDR reply would name a UD QP this layer does not provide yet.
     pub fn accept(&self, param: Option<&ConnParam>) -> Result {
+        if self.qp_type != QpType::Rc {
+            return Err(EOPNOTSUPP);
+        }
+        if !self.has_live_qp() {
+            return Err(ENOTCONN);
+        }
         let defaults;
         let param = match param {
             Some(p) => p,
@@ -626,11 +688,7 @@ impl LockedId<'_> {
                 &defaults
             }
         };
-        let usage = match self.qp_type {
-            QpType::Ud => PrivateDataUse::AcceptUd,
-            QpType::Rc => PrivateDataUse::AcceptRc,
-        };
-        self.check_param(param, usage)?;
+        self.check_param(param, PrivateDataUse::AcceptRc)?;
         let mut raw = param.as_raw();
         // SAFETY: The handler mutex is held (type invariants), as
         // `rdma_accept` asserts; `raw` outlives the call.
@@ -669,8 +727,7 @@ impl LockedId<'_> {
     /// `None` on an id bound to no device port (unbound, or a wildcard
     /// listener), where the transport, and so the text, is unknown.
     pub fn reject_msg(&self, reason: i32) -> Option<&'static CStr> {
-        let id = self.id();
-        if id.device.is_null() || id.port_num == 0 {
+        if self.device_ptr().is_null() || self.port_num() == 0 {
             return None;
         }
         // SAFETY: The id is live with a device and a port, which

@@ -130,6 +130,11 @@ impl PrivateData {
 
 /// Connection parameters for `connect` and `accept`.
 ///
+/// There is no QP number or SRQ flag to set: the CM is always given the
+/// id's own QP (a number would be looked up device-wide by the iWARP CM,
+/// whoever owns that QP).  Copies of a peer's parameters
+/// ([`ConnParamView::to_owned`]) carry the peer's values for reading.
+///
 /// # Invariants
 ///
 /// `retry_count` and `rnr_retry_count` are at most [`MAX_RETRY_COUNT`];
@@ -196,20 +201,14 @@ impl ConnParam {
         Ok(self)
     }
 
-    /// Whether the QP uses a shared receive queue (ignored when the CM id owns the QP).
-    pub fn srq(mut self, value: bool) -> Self {
-        self.srq = value;
-        self
+    /// The peer's QP number, in a copy of its parameters (0 otherwise).
+    pub fn peer_qp_num(&self) -> u32 {
+        self.qp_num
     }
 
-    /// QP number (24 bits; ignored when the CM id owns the QP); `EINVAL` otherwise.
-    pub fn qp_num(mut self, value: u32) -> Result<Self> {
-        if value > MAX_QP_NUM {
-            return Err(EINVAL);
-        }
-        // INVARIANT: checked above.
-        self.qp_num = value;
-        Ok(self)
+    /// Whether the peer uses an SRQ, in a copy of its parameters.
+    pub fn peer_srq(&self) -> bool {
+        self.srq
     }
 
     /// (`responder_resources`, `initiator_depth`).
@@ -250,8 +249,9 @@ impl ConnParam {
             flow_control: u8::from(self.flow_control),
             retry_count: self.retry_count,
             rnr_retry_count: self.rnr_retry_count,
-            srq: u8::from(self.srq),
-            qp_num: self.qp_num,
+            // The CM uses the id's own QP: never a number from here.
+            srq: 0,
+            qp_num: 0,
             qkey: 0,
         }
     }
@@ -320,8 +320,8 @@ impl<'a> ConnParamView<'a> {
         let mut param = ConnParam::new()
             .responder_resources(self.responder_resources())
             .initiator_depth(self.initiator_depth())
-            .flow_control(self.flow_control())
-            .srq(self.srq());
+            .flow_control(self.flow_control());
+        param.srq = self.srq();
         // The CM's values come off the wire: clamp to the fields' widths
         // rather than fail, so that a copy always succeeds.
         param.retry_count = self.retry_count().min(MAX_RETRY_COUNT);

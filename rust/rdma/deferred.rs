@@ -11,7 +11,10 @@
 //! nvmet-rdma does with its release work.  No timeout, and nothing for a
 //! consumer to call by hand.
 
-use super::bindings;
+use super::{
+    bindings,
+    callback::{in_any_callback, CallbackMark},
+};
 use core::{
     ptr,
     sync::atomic::{AtomicPtr, AtomicUsize, Ordering},
@@ -65,33 +68,43 @@ impl DestroyQueue {
     }
 
     /// Waits until every destruction queued so far has finished.
-    pub fn flush(&self) {
-        let wq = QUEUE.load(Ordering::SeqCst);
-        // SAFETY: `wq` is the live queue this object owns (type invariants).
-        unsafe { bindings::rdma_cm_rs_flush_wq(wq) };
+    /// `EDEADLK` inside a callback of the layer (or a deferred destruction),
+    /// where a queued destruction may wait for the caller.
+    pub fn flush(&self) -> Result {
+        flush_deferred_destroys()
     }
 }
 
 impl Drop for DestroyQueue {
     fn drop(&mut self) {
-        let wq = QUEUE.swap(ptr::null_mut(), Ordering::SeqCst);
-        // An enqueuer that read the queue before the swap is counted (it
-        // increments before reading): let it finish enqueueing.
+        let wq = QUEUE.load(Ordering::SeqCst);
+        // Still published: a destruction that defers another one (dropping
+        // the last reference to an id's owner) queues it as chained work,
+        // which `drain_workqueue` waits for too.
+        // SAFETY: `wq` is the live queue this object owns.
+        unsafe { bindings::rdma_cm_rs_drain_wq(wq) };
+        QUEUE.store(ptr::null_mut(), Ordering::SeqCst);
+        // An enqueuer that read the queue before it was unpublished is
+        // counted (it increments before reading): let it finish.
         while ENQUEUERS.load(Ordering::SeqCst) != 0 {
             // An enqueue takes no time; a flush may take a while.
             kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
         }
         // SAFETY: `wq` is the queue this object owned; nothing can reach it
-        // any more.  `destroy_workqueue` drains it first: every queued
-        // destruction, and any it queues in turn, has run when it returns.
+        // any more.  `destroy_workqueue` drains it once more before freeing.
         unsafe { bindings::rdma_cm_rs_destroy_wq(wq) };
     }
 }
 
 /// Waits until every destruction queued so far has finished (for tests
 /// and callers that do not own the [`DestroyQueue`]); nothing to wait for
-/// without a queue.
-pub fn flush_deferred_destroys() {
+/// without a queue.  `EDEADLK` inside a callback of the layer (or a
+/// deferred destruction): a queued destruction may wait for the mutex the
+/// caller holds, or for the worker the caller runs on.
+pub fn flush_deferred_destroys() -> Result {
+    if in_any_callback() {
+        return Err(EDEADLK);
+    }
     ENQUEUERS.fetch_add(1, Ordering::SeqCst);
     let wq = QUEUE.load(Ordering::SeqCst);
     if !wq.is_null() {
@@ -101,6 +114,7 @@ pub fn flush_deferred_destroys() {
         unsafe { bindings::rdma_cm_rs_flush_wq(wq) };
     }
     ENQUEUERS.fetch_sub(1, Ordering::SeqCst);
+    Ok(())
 }
 
 /// Whether a [`DestroyQueue`] exists.
@@ -129,6 +143,10 @@ impl workqueue::WorkItem for DestroyWork {
     type Pointer = Pin<KBox<Self>>;
 
     fn run(this: Pin<KBox<Self>>) {
+        // Counts as a callback: what the destruction drops (the handler, and
+        // with it maybe the last reference to other ids) is deferred in turn
+        // rather than flushing or destroying on this queue's own worker.
+        let _mark = CallbackMark::enter();
         this.victim.destroy();
     }
 }

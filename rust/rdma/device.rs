@@ -15,7 +15,7 @@
 //! told apart by comparing theirs ([`Device::same`]).
 
 use super::bindings;
-use core::ptr::NonNull;
+use core::ptr::{self, NonNull};
 use kernel::{
     prelude::*,
     sync::aref::{ARef, AlwaysRefCounted},
@@ -36,7 +36,8 @@ pub struct Device(Opaque<bindings::ib_device>);
 // may move between threads.
 unsafe impl Send for Device {}
 // SAFETY: Shared access only reads fields the driver fixed at registration
-// (attributes, the transport) or copies the name.
+// (attributes), or copies the name with volatile reads (a rename may
+// rewrite it concurrently).
 unsafe impl Sync for Device {}
 
 // SAFETY: A counted reference keeps the device's memory valid
@@ -69,8 +70,10 @@ impl DeviceName {
 }
 
 impl Device {
-    /// Takes a counted reference on `raw`; `ENODEV` once its unregistration
-    /// has begun (the count reached zero).
+    /// Takes a counted reference on `raw`; `ENODEV` once the count reached
+    /// zero, i.e. once unregistration removed every client and waits for
+    /// the last references (during DEVICE_REMOVAL it still succeeds, and
+    /// the reference then holds the unregistration until it is dropped).
     ///
     /// # Safety
     ///
@@ -122,10 +125,13 @@ impl Device {
             len: 0,
         };
         // SAFETY: The device is valid; `name` is a fixed array inside it.
-        let raw = unsafe { &(*self.as_ptr()).name };
-        for (dst, &src) in out.bytes.iter_mut().zip(raw.iter()) {
-            // A rename may be writing concurrently: stop at the first NUL
-            // seen, and never past the array.
+        let raw = unsafe { &raw const (*self.as_ptr()).name };
+        for (i, dst) in out.bytes.iter_mut().enumerate() {
+            // A rename (`ib_device_rename`) may be writing concurrently:
+            // byte by byte, volatile, up to the first NUL seen, never past
+            // the array.
+            // SAFETY: `i` is within the array (same length as `out.bytes`).
+            let src = unsafe { ptr::read_volatile(raw.cast::<u8>().add(i)) };
             if src == 0 {
                 break;
             }

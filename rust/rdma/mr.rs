@@ -34,7 +34,7 @@
 //!   region is invalidated.
 
 use super::{bindings, device::Device, pd::Pd};
-use core::{alloc::Layout, ptr::NonNull};
+use core::{alloc::Layout, mem::ManuallyDrop, ptr::NonNull};
 use kernel::{
     alloc::{
         allocator::Kmalloc,
@@ -151,7 +151,9 @@ struct MrResources {
     capacity: usize,
     dma: u64,
     len: usize,
-    pd: Arc<Pd>,
+    /// Dropped only once the MR is deregistered: a PD with a live MR must
+    /// not be freed (nor its device released).
+    pd: ManuallyDrop<Arc<Pd>>,
 }
 
 /// A memory region for fast registration, with its own buffer: see the
@@ -245,7 +247,7 @@ impl Mr {
             capacity,
             dma,
             len,
-            pd: pd.clone(),
+            pd: ManuallyDrop::new(pd.clone()),
         };
         Arc::pin_init(
             pin_init!(Self {
@@ -274,6 +276,11 @@ impl Mr {
     /// The device the region lives on.
     pub fn device(&self) -> &Device {
         self.res.pd.device()
+    }
+
+    /// The PD the region is in.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.res.pd
     }
 
     /// Whether a registration is posted and no invalidation after it.
@@ -334,9 +341,13 @@ impl Mr {
     pub(crate) fn map_for_registration(&self, reg: &mut Registration) -> Result<(u64, u32, u32)> {
         let raw = self.as_ptr();
         // SAFETY: `reg` is the locked registration state of this region
-        // (the caller holds `self.reg`), and no registration is valid, so
-        // nothing else changes or reads the MR's keys and page list (type
-        // invariants).  The buffer is mapped for the MR's device.
+        // (the caller holds `self.reg`), so nothing else changes the MR's
+        // keys or page list (type invariants).  A request posted earlier
+        // (an invalidation, a failed registration) may still be executing
+        // on the device: the page list it reads gets the same single
+        // mapping of this buffer again, and the key byte is only read when
+        // the next REG_MR is posted.  The buffer is mapped for the MR's
+        // device.
         let mapped = unsafe {
             bindings::rdma_cm_rs_update_fast_reg_key(raw, reg.next_key);
             kernel::error::to_result(bindings::rdma_cm_rs_map_mr(
@@ -388,8 +399,8 @@ impl Drop for MrResources {
         // SAFETY: Live MR, deregistered once, here.
         let ret = unsafe { bindings::rdma_cm_rs_dereg_mr(self.raw.as_ptr()) };
         if ret != 0 {
-            // The device may still reach the memory: leaking it is the only
-            // safe answer.
+            // The device may still reach the memory: leaking it, and the PD
+            // and device reference the MR needs, is the only safe answer.
             pr_err!("ib_dereg_mr failed ({ret}), leaking the region\n");
             return;
         }
@@ -408,5 +419,7 @@ impl Drop for MrResources {
                 Layout::from_size_align_unchecked(self.capacity, PAGE_SIZE),
             );
         }
+        // SAFETY: Dropped once, here, after the MR is gone; never used again.
+        unsafe { ManuallyDrop::drop(&mut self.pd) };
     }
 }

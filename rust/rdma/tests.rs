@@ -159,9 +159,10 @@ mod conn_param_tests {
     }
 
     #[test]
-    fn qp_num_is_24_bits() {
-        assert!(ConnParam::new().qp_num(0xff_ffff).is_ok());
-        assert!(ConnParam::new().qp_num(0x100_0000).is_err());
+    fn no_qp_number_reaches_the_cm() {
+        let raw = ConnParam::new().as_raw();
+        assert_eq!((raw.qp_num, raw.srq), (0, 0));
+        assert_eq!(ConnParam::new().peer_qp_num(), 0);
     }
 
     #[test]
@@ -483,14 +484,22 @@ mod id_tests {
         assert_eq!(small_free, 9);
         assert_eq!(busy, Some(EBUSY));
         assert_eq!(cq.free_entries(), 0);
-        // Destroying the id shuts the QP down; the room goes with the QP.
+        // No more requests in flight than the caps: the CQ cannot overflow.
+        for _ in 0..4 {
+            let posted = qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap());
+            assert!(posted.is_ok());
+        }
+        let fifth = qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap());
+        assert_eq!(fifth.err().map(|(e, _)| e), Some(ENOSPC));
+        // A buffer of another PD (its local key is that PD's) is refused.
+        let other_pd = Pd::alloc(qp.device()).unwrap();
+        let foreign = qp.post_recv(RecvBuffer::new(&other_pd, 8).unwrap());
+        assert_eq!(foreign.err().map(|(e, _)| e), Some(EINVAL));
+        // Destroying the id shuts the QP down, flushing the four receives;
+        // the room goes with the QP.
         drop(id);
-        assert_eq!(
-            qp.post_recv(RecvBuffer::new(&Pd::alloc(qp.device()).unwrap(), 8).unwrap())
-                .err()
-                .map(|(e, _)| e),
-            Some(ENOTCONN)
-        );
+        let late = qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap());
+        assert_eq!(late.err().map(|(e, _)| e), Some(ENOTCONN));
         drop(qp);
         assert_eq!(cq.free_entries(), 10);
     }
@@ -654,8 +663,7 @@ mod id_tests {
         let qp = made.qp.lock().take();
         assert!(qp.is_some());
         let Some(qp) = qp else { return };
-        let pd = Pd::alloc(qp.device()).unwrap();
-        let posted = qp.post_recv(RecvBuffer::new(&pd, 8).unwrap());
+        let posted = qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap());
         assert_eq!(posted.err().map(|(e, _)| e), Some(ENOTCONN));
     }
 
@@ -717,8 +725,33 @@ mod id_tests {
         assert!(id.handler().fired.load(Ordering::Acquire));
         assert!(id.handler().victim.lock().is_none());
         assert_eq!(*id.handler().locked.lock(), Some(Err(EDEADLK)));
-        flush_deferred_destroys();
+        assert_eq!(flush_deferred_destroys(), Ok(()));
         drop(id);
+    }
+
+    /// `with_lock` holds the mutex as a callback does: nested on the same
+    /// id it runs directly (a second `rdma_lock_handler` would hang), on
+    /// another id it is refused (two handler mutexes of one lock class),
+    /// and a flush there is refused (a queued destruction may wait for it).
+    #[test]
+    fn nested_with_lock() {
+        let a = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let b = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let (same, other, flush) = a
+            .with_lock(|_| {
+                Ok((
+                    a.with_lock(|_| Ok(())),
+                    b.with_lock(|_| Ok(())),
+                    flush_deferred_destroys(),
+                ))
+            })
+            .unwrap();
+        assert_eq!(same, Ok(()));
+        assert_eq!(other, Err(EDEADLK));
+        assert_eq!(flush, Err(EDEADLK));
+        // Outside, both lock again.
+        assert_eq!(b.with_lock(|_| Ok(())), Ok(()));
+        assert_eq!(a.with_lock(|_| Ok(())), Ok(()));
     }
 
     #[test]

@@ -18,12 +18,15 @@
 //!   buffer in flight can therefore be neither freed nor reused.
 //! * Every object lives on one [`Device`] and holds a reference to it.  A
 //!   QP is made of a PD and a CQ of its connection's device, and posts only
-//!   buffers and regions of that device: a mix is refused with `EXDEV`
-//!   before any of it reaches the driver.
-//! * A QP keeps its PD and CQ alive; they are freed after it.  Each QP
-//!   reserves room on its CQ for every work request it can have in flight
-//!   plus the two of `ib_drain_qp`, and one more slot in each queue for
-//!   the drain's own requests.
+//!   buffers and regions of that device (`EXDEV` otherwise) and of its own
+//!   PD (`EINVAL` otherwise), before any of it reaches the driver.  A
+//!   buffer holds its PD: the local key it is posted with is the PD's.
+//! * A QP keeps its PD and CQ alive; they are freed after it.  A QP takes
+//!   no more work requests than its [`QpCaps`] (`ENOSPC`), counted from
+//!   post to completion; it reserves room on its CQ for all of them plus
+//!   the two of `ib_drain_qp`, and one more slot in each queue for the
+//!   drain's own requests.  No completion can be lost to a full CQ, and the
+//!   drain always finds its slots.
 
 use super::{
     bindings,
@@ -212,7 +215,10 @@ impl<C: CompletionHandler> Drop for Cq<C> {
 #[repr(C)]
 struct Buffer {
     cqe: bindings::ib_cqe,
-    dev: ARef<Device>,
+    /// The PD whose local key `lkey` is (and, through it, the device).
+    pd: Arc<Pd>,
+    /// Held from post to completion: the QP's count of requests in flight.
+    credit: Option<Credit>,
     dma: u64,
     direction: bindings::dma_data_direction,
     lkey: u32,
@@ -228,7 +234,7 @@ unsafe impl Sync for Buffer {}
 
 impl Buffer {
     fn new(
-        pd: &Pd,
+        pd: &Arc<Pd>,
         capacity: usize,
         direction: bindings::dma_data_direction,
     ) -> Result<KBox<Self>> {
@@ -255,7 +261,8 @@ impl Buffer {
         Ok(KBox::new(
             Self {
                 cqe: bindings::ib_cqe { done: None },
-                dev: dev.into(),
+                pd: pd.clone(),
+                credit: None,
                 dma,
                 direction,
                 lkey: pd.local_dma_lkey(),
@@ -264,6 +271,10 @@ impl Buffer {
             },
             GFP_KERNEL,
         )?)
+    }
+
+    fn dev(&self) -> &Device {
+        self.pd.device()
     }
 
     fn sge(&self, len: usize) -> bindings::ib_sge {
@@ -279,7 +290,7 @@ impl Buffer {
         // SAFETY: Mapped by the type invariants; `len` is within it.
         unsafe {
             bindings::rdma_cm_rs_dma_sync_for_cpu(
-                self.dev.as_ptr(),
+                self.dev().as_ptr(),
                 self.dma,
                 len.min(self.data.len()),
                 self.direction,
@@ -292,7 +303,7 @@ impl Buffer {
         // SAFETY: Mapped by the type invariants; `len` is within it.
         unsafe {
             bindings::rdma_cm_rs_dma_sync_for_device(
-                self.dev.as_ptr(),
+                self.dev().as_ptr(),
                 self.dma,
                 len.min(self.data.len()),
                 self.direction,
@@ -318,7 +329,7 @@ impl Drop for Buffer {
         // SAFETY: Mapped by the type invariants, unmapped once here.
         unsafe {
             bindings::rdma_cm_rs_dma_unmap_single(
-                self.dev.as_ptr(),
+                self.dev().as_ptr(),
                 self.dma,
                 self.data.len(),
                 self.direction,
@@ -331,8 +342,8 @@ impl Drop for Buffer {
 pub struct RecvBuffer(KBox<Buffer>);
 
 impl RecvBuffer {
-    /// A buffer of `capacity` bytes for the PD's device.
-    pub fn new(pd: &Pd, capacity: usize) -> Result<Self> {
+    /// A buffer of `capacity` bytes for the PD.
+    pub fn new(pd: &Arc<Pd>, capacity: usize) -> Result<Self> {
         Ok(Self(Buffer::new(
             pd,
             capacity,
@@ -355,8 +366,8 @@ impl RecvBuffer {
 pub struct SendBuffer(KBox<Buffer>);
 
 impl SendBuffer {
-    /// A buffer of `capacity` bytes for the PD's device.
-    pub fn new(pd: &Pd, capacity: usize) -> Result<Self> {
+    /// A buffer of `capacity` bytes for the PD.
+    pub fn new(pd: &Arc<Pd>, capacity: usize) -> Result<Self> {
         Ok(Self(Buffer::new(
             pd,
             capacity,
@@ -406,6 +417,57 @@ impl QpCaps {
     }
 }
 
+/// A QP's work request queues, as its completions see them.
+#[derive(Clone, Copy)]
+enum WrQueue {
+    Send,
+    Recv,
+}
+
+/// Work requests a QP has in flight, bounded by its [`QpCaps`].
+struct WrCredits {
+    send: AtomicU32,
+    recv: AtomicU32,
+    caps: QpCaps,
+}
+
+impl WrCredits {
+    /// One request more on `queue`: `ENOSPC` when the QP has as many in
+    /// flight as its caps allow.
+    fn take(self: &Arc<Self>, queue: WrQueue) -> Result<Credit> {
+        let (count, max) = match queue {
+            WrQueue::Send => (&self.send, self.caps.max_send_wr),
+            WrQueue::Recv => (&self.recv, self.caps.max_recv_wr),
+        };
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map_err(|_| ENOSPC)?;
+        Ok(Credit {
+            credits: self.clone(),
+            queue,
+        })
+    }
+}
+
+/// One request in flight; returned when dropped (at its completion, or when
+/// its post failed).
+struct Credit {
+    credits: Arc<WrCredits>,
+    queue: WrQueue,
+}
+
+impl Drop for Credit {
+    fn drop(&mut self) {
+        let count = match self.queue {
+            WrQueue::Send => &self.credits.send,
+            WrQueue::Recv => &self.credits.recv,
+        };
+        count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Stops a QP on behalf of its owner, whatever its completion handler type.
 pub(crate) trait QpShutdown: Send + Sync {
     /// Stops posts and flushes every outstanding work request through the
@@ -431,6 +493,7 @@ pub struct Qp<C: CompletionHandler> {
     raw: Mutex<Option<NonNull<bindings::ib_qp>>>,
     qp_num: AtomicU32,
     cq_room: u32,
+    credits: Arc<WrCredits>,
     pd: Arc<Pd>,
     cq: Arc<Cq<C>>,
 }
@@ -465,6 +528,14 @@ impl<C: CompletionHandler> Qp<C> {
         attr.cap.max_recv_wr = caps.max_recv_wr.checked_add(1).ok_or(EINVAL)?;
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
+        let credits = Arc::new(
+            WrCredits {
+                send: AtomicU32::new(0),
+                recv: AtomicU32::new(0),
+                caps,
+            },
+            GFP_KERNEL,
+        )?;
         cq.reserve(room)?;
         // INVARIANT: Not created yet; the reservation is owned from here.
         let qp = Arc::pin_init(
@@ -472,6 +543,7 @@ impl<C: CompletionHandler> Qp<C> {
                 raw <- new_mutex!(None),
                 qp_num: AtomicU32::new(0),
                 cq_room: room,
+                credits,
                 pd: pd.clone(),
                 cq: cq.clone(),
             }),
@@ -506,6 +578,22 @@ impl<C: CompletionHandler> Qp<C> {
         self.pd.device()
     }
 
+    /// The QP's PD: buffers and regions posted to it must be of this one.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    /// `EXDEV` for a PD of another device, `EINVAL` for another PD of the
+    /// same device.
+    fn check_pd(&self, pd: &Arc<Pd>) -> Result {
+        self.device().check_same(pd.device())?;
+        if Arc::ptr_eq(&self.pd, pd) {
+            Ok(())
+        } else {
+            Err(EINVAL)
+        }
+    }
+
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
         self.qp_num.load(Ordering::Acquire)
@@ -533,46 +621,61 @@ impl<C: CompletionHandler> Qp<C> {
     }
 
     /// Posts a receive of the buffer's full capacity.  On failure the buffer
-    /// comes back with the error (`EXDEV` for a buffer of another device).
+    /// comes back with the error: `EXDEV`/`EINVAL` for a buffer of another
+    /// device or PD, `ENOSPC` with `max_recv_wr` receives in flight,
+    /// `ENOTCONN` once the QP is shut down.
     pub fn post_recv(&self, buf: RecvBuffer) -> core::result::Result<(), (Error, RecvBuffer)> {
-        if let Err(e) = self.device().check_same(&buf.0.dev) {
+        if let Err(e) = self.check_pd(&buf.0.pd) {
             return Err((e, buf));
         }
         let guard = self.raw.lock();
         let Some(raw) = *guard else {
             return Err((ENOTCONN, buf));
         };
+        let credit = match self.credits.take(WrQueue::Recv) {
+            Ok(credit) => credit,
+            Err(e) => return Err((e, buf)),
+        };
         let mut inner = buf.0;
+        inner.credit = Some(credit);
         // The CPU may have read the buffer since its last use: give it back
         // to the device before the device writes it.
         inner.sync_for_device(inner.data.len());
         inner.cqe.done = Some(recv_done::<C>);
         let mut sge = inner.sge(inner.data.len());
+        let leaked = KBox::into_raw(inner);
         let mut wr: bindings::ib_recv_wr = pin_init::zeroed();
-        wr.__bindgen_anon_1.wr_cqe = &mut inner.cqe;
+        // SAFETY: `leaked` is live until its completion or the failure below.
+        wr.__bindgen_anon_1.wr_cqe = unsafe { &raw mut (*leaked).cqe };
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
-        let leaked = KBox::into_raw(inner);
         // SAFETY: `raw` is live under the lock; `wr` and `sge` live across
         // the call; the buffer stays allocated and mapped until its
         // completion recovers it.
         let ret = unsafe { bindings::rdma_cm_rs_post_recv(raw.as_ptr(), &wr) };
         if ret != 0 {
             // SAFETY: The post failed: the QP does not own the buffer.
-            let inner = unsafe { KBox::from_raw(leaked) };
+            let mut inner = unsafe { KBox::from_raw(leaked) };
+            inner.credit = None;
             return Err((Error::from_errno(ret), RecvBuffer(inner)));
         }
         Ok(())
     }
 
     /// Posts a SEND of the buffer's contents (signaled).  On failure the
-    /// buffer comes back with the error (`EXDEV` for a buffer of another
-    /// device).
+    /// buffer comes back with the error: `EXDEV`/`EINVAL` for a buffer of
+    /// another device or PD, `ENOSPC` with `max_send_wr` requests in
+    /// flight, `ENOTCONN` once the QP is shut down.
     pub fn post_send(&self, buf: SendBuffer) -> core::result::Result<(), (Error, SendBuffer)> {
-        if let Err(e) = self.device().check_same(&buf.0.dev) {
+        if let Err(e) = self.check_pd(&buf.0.pd) {
             return Err((e, buf));
         }
+        let credit = match self.credits.take(WrQueue::Send) {
+            Ok(credit) => credit,
+            Err(e) => return Err((e, buf)),
+        };
         let mut inner = buf.0;
+        inner.credit = Some(credit);
         inner.sync_for_device(inner.len);
         inner.cqe.done = Some(send_done::<C>);
         let mut sge = inner.sge(inner.len);
@@ -589,7 +692,8 @@ impl<C: CompletionHandler> Qp<C> {
         });
         if let Err(e) = ret {
             // SAFETY: The post failed: the QP does not own the buffer.
-            let inner = unsafe { KBox::from_raw(leaked) };
+            let mut inner = unsafe { KBox::from_raw(leaked) };
+            inner.credit = None;
             return Err((e, SendBuffer(inner)));
         }
         Ok(())
@@ -601,13 +705,15 @@ impl<C: CompletionHandler> Qp<C> {
         cpu_sync: Option<(usize, usize)>,
         fill: impl FnOnce(&mut bindings::ib_send_wr) -> *const bindings::ib_send_wr,
     ) -> Result {
-        self.device().check_same(done.mr.device())?;
+        self.check_pd(done.mr.pd())?;
+        let credit = self.credits.take(WrQueue::Send)?;
         let work = KBox::new(
             Work {
                 cqe: bindings::ib_cqe {
                     done: Some(work_done::<C>),
                 },
                 cpu_sync,
+                _credit: credit,
                 done,
             },
             GFP_KERNEL,
@@ -636,9 +742,9 @@ impl<C: CompletionHandler> Qp<C> {
     /// carries the region is safe to act on.  Completion (or failure) is
     /// reported to [`CompletionHandler::work_done`] with `tag`.  `EBUSY` if
     /// the region is registered already, `EXDEV` if it lives on another
-    /// device.
+    /// device, `EINVAL` in another PD.
     pub fn register(&self, mr: &Arc<Mr>, access: MrAccess, tag: u64) -> Result<RemoteRegion> {
-        self.device().check_same(mr.device())?;
+        self.check_pd(mr.pd())?;
         let mut reg = mr.registration();
         if reg.valid {
             return Err(EBUSY);
@@ -675,7 +781,7 @@ impl<C: CompletionHandler> Qp<C> {
     /// once it has executed, the advertised key grants nothing.  `EINVAL` if
     /// the region is not registered.
     pub fn invalidate(&self, mr: &Arc<Mr>, tag: u64) -> Result {
-        self.device().check_same(mr.device())?;
+        self.check_pd(mr.pd())?;
         let mut reg = mr.registration();
         if !reg.valid {
             return Err(EINVAL);
@@ -716,7 +822,7 @@ impl<C: CompletionHandler> Qp<C> {
             WorkOp::RdmaWrite => bindings::ib_wr_opcode_IB_WR_RDMA_WRITE,
             _ => return Err(EINVAL),
         };
-        self.device().check_same(mr.device())?;
+        self.check_pd(mr.pd())?;
         let len = remote.len as usize;
         check_range(offset, len, mr.len())?;
         remote
@@ -813,10 +919,13 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
     let _mark = CallbackMark::enter();
     // SAFETY: By the safety requirements.
     let mut buf = unsafe { Buffer::from_wc(wc) };
+    buf.credit = None;
     // SAFETY: The CQ is live during its callback; its context is the `Cq<C>`.
     let handler = unsafe { handler_of::<C>(cq) };
     // SAFETY: `wc` is valid during the callback.
     let wc = unsafe { &*wc };
+    // Nothing arrived on an error: no stale bytes from an earlier use.
+    buf.len = 0;
     let result = wc_result(wc).map(|()| {
         buf.len = (wc.byte_len as usize).min(buf.data.len());
         buf.sync_for_cpu(buf.len);
@@ -835,7 +944,8 @@ unsafe extern "C" fn send_done<C: CompletionHandler>(
 ) {
     let _mark = CallbackMark::enter();
     // SAFETY: By the safety requirements.
-    let buf = unsafe { Buffer::from_wc(wc) };
+    let mut buf = unsafe { Buffer::from_wc(wc) };
+    buf.credit = None;
     // SAFETY: As in `recv_done`.
     let handler = unsafe { handler_of::<C>(cq) };
     // SAFETY: `wc` is valid during the callback.
@@ -853,6 +963,8 @@ struct Work {
     cqe: bindings::ib_cqe,
     /// The range of the region to sync for the CPU on success.
     cpu_sync: Option<(usize, usize)>,
+    /// Returned when the work is taken apart at its completion.
+    _credit: Credit,
     done: WorkDone,
 }
 
