@@ -10,6 +10,7 @@
 //!         [rdma=LEN [rdmamode=full|victim]]   (see `rdma_peer`)
 //!   connect addr=A data=HEX [rr= id= retry= rnr=] [msg=HEX] [disc=self|peer|none]
 //!   multi addr=A count=N      (then the suite sends "close")
+//!   burst addr=A count=N data=HEX   (then the suite sends "go"; see `burst`)
 
 use crate::cm::{self, Channel, Conn, Param, RdmaOp};
 use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex};
@@ -95,6 +96,7 @@ fn handle(stream: TcpStream) -> Result<()> {
         "serve" => serve(&req, &mut out),
         "connect" => connect(&req),
         "multi" => multi(&req, &mut out, &mut input),
+        "burst" => burst(&req, &mut out, &mut input),
         _ => Err(anyhow!("unknown request {verb:?}")),
     };
     match result {
@@ -267,6 +269,33 @@ fn multi(req: &Req, out: &mut TcpStream, input: &mut BufReader<TcpStream>) -> Re
     }
     drop(conns);
     Ok(format!("closed={disconnected}"))
+}
+
+/// `count` connection requests back to back, for a listener that is
+/// destroyed while they arrive: every id is resolved and has its QP before
+/// `ready`; on the suite's next line all connect at once, and the first
+/// event of each is reported in order of arrival, `events=NAME,NAME,...`.
+fn burst(req: &Req, out: &mut TcpStream, input: &mut BufReader<TcpStream>) -> Result<String> {
+    let ch = Channel::new()?;
+    let addr = req.addr()?;
+    let param = Param::with_data(&req.bytes("data")?);
+    let mut conns = Vec::new();
+    for _ in 0..req.num("count", 1)? {
+        let id = cm::resolve(&ch, &addr, Duration::from_secs(5))?;
+        conns.push(Conn::new(id)?);
+    }
+    writeln!(out, "ready")?;
+    let mut line = String::new();
+    input.read_line(&mut line)?;
+    for c in &conns {
+        c.start_connect(&param)?;
+    }
+    let mut events = Vec::new();
+    for _ in 0..conns.len() {
+        events.push(ch.next(T)?.name());
+    }
+    drop(conns);
+    Ok(format!("events={}", events.join(",")))
 }
 
 /// The suite's side of one request.

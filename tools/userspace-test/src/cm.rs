@@ -424,10 +424,15 @@ impl Conn {
 
     /// `rdma_connect`, then the answer (ESTABLISHED, REJECTED, ...).
     pub fn connect(&self, param: &Param, ch: &Channel, timeout: Duration) -> Result<CmEvent> {
+        self.start_connect(param)?;
+        ch.next(timeout)
+    }
+
+    /// `rdma_connect` alone: the answer comes on the id's channel.
+    pub fn start_connect(&self, param: &Param) -> Result<()> {
         let mut raw = param.raw();
         // SAFETY: Live id with a resolved route; `raw` outlives the call.
-        check(unsafe { rdma_connect(self.id, &mut raw) }, "rdma_connect")?;
-        ch.next(timeout)
+        check(unsafe { rdma_connect(self.id, &mut raw) }, "rdma_connect")
     }
 
     pub fn accept(&self, param: &Param) -> Result<()> {
