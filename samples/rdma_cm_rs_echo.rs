@@ -253,10 +253,8 @@ impl kernel::Module for EchoModule {
             QpType::Rc,
         )?;
         let addr = SocketAddr::any(AF_INET, port)?;
-        listener.with_lock(|l| {
-            l.bind(&addr)?;
-            l.listen(64)
-        })?;
+        listener.with_lock(|l| l.bind(&addr))?;
+        listener.listen(64)?;
         pr_info!("listening on {}\n", addr);
         Ok(Self {
             service,

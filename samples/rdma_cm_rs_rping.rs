@@ -447,10 +447,8 @@ impl kernel::Module for RpingModule {
             QpType::Rc,
         )?;
         let addr = SocketAddr::any(AF_INET, port)?;
-        listener.with_lock(|l| {
-            l.bind(&addr)?;
-            l.listen(64)
-        })?;
+        listener.with_lock(|l| l.bind(&addr))?;
+        listener.listen(64)?;
         pr_info!(
             "rping server listening on {}, pings up to {} bytes\n",
             addr,

@@ -6,11 +6,12 @@
 #   static   rustfmt, the module built with CLIPPY=1 and no warnings allowed,
 #            no `unsafe` in the char device (rust/ctl) or the samples
 #   host     cargo fmt/clippy/test of the userspace tool
-#   vm       one VM (rxe on a dummy netdev): KUnit suites at insmod, the
-#            userspace suite against the module, the sample echo module,
-#            the sample rping server against unmodified rping and the
-#            module's own rping client, then device removal (last: it
-#            deletes and re-adds rxe0);
+#   vm       one VM (rxe on a dummy netdev, siw beside it): KUnit suites at
+#            insmod, the userspace suite against the module, the sample
+#            echo module, the sample rping server against unmodified rping
+#            and the module's own rping client, a 45 s round of the seeded
+#            ioctl fuzzer (seed 1), then device removal (last: it deletes
+#            and re-adds rxe0);
 #            two VMs (rxe over a QEMU socket link): the userspace suite with
 #            the librdmacm peer in the other VM.  Each VM run is gated on a
 #            clean dmesg (tools/vm/dmesg-gate).
@@ -153,10 +154,10 @@ tool=$tool_dir/target/release/userspace-test
 
 # --- one VM ----------------------------------------------------------------
 vm_one="$logs/vm-one"
-step "VM (one, rxe loopback): KUnit + userspace suite + echo and rping samples, clean dmesg" "$logs/vm-one.log" \
+step "VM (one, rxe loopback): KUnit + userspace suite + echo and rping samples + 45 s ioctl fuzz, clean dmesg" "$logs/vm-one.log" \
 	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" \
 	--module "$PWD/rdma_cm_rs.ko" -- \
-	"$tool suite; s=\$?; tools/echo-test.sh || s=1; tools/rping-test.sh || s=1; tools/removal-test.sh || s=1; exit \$s"
+	"$tool suite; s=\$?; tools/echo-test.sh || s=1; tools/rping-test.sh || s=1; $tool fuzz --seed 1 --seconds 45 --shrink-secs 0 || s=1; tools/removal-test.sh || s=1; exit \$s"
 if [ -f "$vm_one/dmesg" ]; then
 	count_ktap "$vm_one/dmesg" "KUnit"
 else

@@ -481,11 +481,19 @@ impl CtlFile {
             }
             st.backlog = Some(backlog);
         }
-        let listening = Self::locked_then_state(&id, abi::state::LISTEN, |l| l.listen(c.backlog));
-        if listening.is_err() {
-            shared.state.lock().backlog = None;
+        // Not under the handler mutex (see `CmId::listen`); a listener's
+        // events (requests) do not change its state, so setting it after
+        // the call loses nothing.
+        match id.listen(c.backlog) {
+            Ok(()) => {
+                shared.state.lock().state = abi::state::LISTEN;
+                Ok(())
+            }
+            Err(e) => {
+                shared.state.lock().backlog = None;
+                Err(e)
+            }
         }
-        listening
     }
 
     fn connect(&self, arg: usize) -> Result {

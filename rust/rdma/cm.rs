@@ -9,9 +9,14 @@
 //! * A [`CmId`] owns one `rdma_cm_id`.  Dropping it destroys the id: after
 //!   the drop returns no callback runs any more.  There is no other way to
 //!   destroy an id, so double destroy and use after destroy do not compile.
-//! * Every call into the CM on an id runs with the id's `handler_mutex`
-//!   held: inside the id's callback the CM holds it, and [`CmId::with_lock`]
-//!   takes it (`rdma_lock_handler`) outside.  Both hand out a [`LockedId`],
+//! * Every call into the CM on an id but `rdma_listen` runs with the id's
+//!   `handler_mutex` held: inside the id's callback the CM holds it, and
+//!   [`CmId::with_lock`] takes it (`rdma_lock_handler`) outside.
+//!   [`CmId::listen`] runs without it, as ucma calls it: on a wildcard
+//!   listener's error path `rdma_listen` destroys the internal per-device
+//!   listeners it made, taking their handler mutexes (one lock class with
+//!   the id's).  Outside callbacks, every call on an id, `listen`
+//!   included, is serialised by a mutex of the layer's own (`calls`).  Both hand out a [`LockedId`],
 //!   the only type with CM operations on it.  This serialises the id's
 //!   operations with each other and with its events ("the rdma_cm must be
 //!   used single threaded", ucma.c), makes `rdma_accept`'s lockdep
@@ -174,6 +179,10 @@ struct IdInner<H: Handler> {
     request_param: Option<ConnParam>,
     #[pin]
     qp: Mutex<QpSlot>,
+    /// Serialises the owner's calls on the id: `with_lock` (outside the
+    /// id's callbacks) and `listen`.  Taken before the handler mutex.
+    #[pin]
+    calls: Mutex<()>,
     handler: H,
 }
 
@@ -194,6 +203,7 @@ impl<H: Handler> IdInner<H> {
                 handler_task: AtomicPtr::new(handler_task),
                 request_param,
                 qp <- new_mutex!(QpSlot::Empty),
+                calls <- new_mutex!(()),
                 handler,
             }),
             GFP_KERNEL,
@@ -306,6 +316,7 @@ impl<H: Handler> CmId<H> {
         if in_any_callback() {
             return Err(EDEADLK);
         }
+        let _calls = self.inner.calls.lock();
         // SAFETY: `raw` is live; the mutex is not held by this task (not in
         // its callback, nor in any other, nor in another `with_lock`).
         unsafe { bindings::rdma_lock_handler(raw) };
@@ -326,6 +337,30 @@ impl<H: Handler> CmId<H> {
         // SAFETY: Taken just above.
         unsafe { bindings::rdma_unlock_handler(raw) };
         result
+    }
+}
+
+impl<H: Handler> CmId<H> {
+    /// Listens (`rdma_listen`); an unbound id listens on the wildcard.
+    ///
+    /// The backlog (1 or more) is honoured by the CM only on iWARP: on
+    /// IB/RoCE the consumer enforces its own.  Called without the id's
+    /// handler mutex (see the module documentation), so not from inside any
+    /// callback of the layer or `with_lock` (`EDEADLK`).
+    pub fn listen(&self, backlog: u32) -> Result {
+        let backlog = i32::try_from(backlog).map_err(|_| EINVAL)?;
+        if backlog <= 0 {
+            return Err(EINVAL);
+        }
+        if in_any_callback() {
+            return Err(EDEADLK);
+        }
+        let _calls = self.inner.calls.lock();
+        // SAFETY: The id is live (type invariants); `rdma_listen` needs no
+        // lock of the caller's and may take the handler mutexes of the
+        // internal listeners it destroys on failure, none of which this
+        // task holds.
+        to_result(unsafe { bindings::rdma_listen(self.inner.raw(), backlog) })
     }
 }
 
@@ -602,19 +637,6 @@ impl LockedId<'_> {
         to_result(unsafe { bindings::rdma_resolve_route(self.as_ptr(), timeout_ms) })
     }
 
-    /// Listens (`rdma_listen`); an unbound id listens on the wildcard.
-    ///
-    /// The backlog (1 or more) is honoured by the CM only on iWARP: on
-    /// IB/RoCE the consumer enforces its own.
-    pub fn listen(&self, backlog: u32) -> Result {
-        let backlog = i32::try_from(backlog).map_err(|_| EINVAL)?;
-        if backlog <= 0 {
-            return Err(EINVAL);
-        }
-        // SAFETY: The id is live.
-        to_result(unsafe { bindings::rdma_listen(self.as_ptr(), backlog) })
-    }
-
     /// Checks `param` for `usage` against the bound device's limits.
     pub fn check_param(&self, param: &ConnParam, usage: PrivateDataUse) -> Result {
         let dev = self.device().map_err(|_| EINVAL)?;
@@ -772,9 +794,11 @@ impl LockedId<'_> {
         to_result(unsafe { bindings::rdma_set_ack_timeout(self.as_ptr(), timeout) })
     }
 
-    /// `rdma_set_min_rnr_timer`: the 5-bit IB encoding, RC ids only.
+    /// `rdma_set_min_rnr_timer`: the 5-bit IB encoding, RC ids only
+    /// (`EINVAL` otherwise: the CM checks the QP type with a `WARN_ON`,
+    /// which must never be reachable from here).
     pub fn set_min_rnr_timer(&self, timer: u8) -> Result {
-        if timer > 31 {
+        if timer > 31 || self.qp_type != QpType::Rc {
             return Err(EINVAL);
         }
         // SAFETY: The id is live.

@@ -364,7 +364,7 @@ mod id_tests {
     #[test]
     fn create_and_destroy_ids() {
         let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
-        let (port, qp, src, ack32, rnr32, ack14, reuse, route0, listen0, dev) = id
+        let (port, qp, src, ack32, rnr32, ack14, reuse, route0, listen_locked, dev) = id
             .with_lock(|l| {
                 Ok((
                     l.port_num(),
@@ -375,7 +375,8 @@ mod id_tests {
                     l.set_ack_timeout(14),
                     l.set_reuseaddr(true),
                     l.resolve_route(ms(0)),
-                    l.listen(0),
+                    // `rdma_listen` runs without the handler mutex.
+                    id.listen(1),
                     l.device().err(),
                 ))
             })
@@ -391,11 +392,15 @@ mod id_tests {
         assert!(ack14.is_ok());
         assert!(reuse.is_ok());
         assert!(route0.is_err());
-        assert!(listen0.is_err());
+        assert_eq!(listen_locked, Err(EDEADLK));
+        assert_eq!(id.listen(0), Err(EINVAL));
         drop(id);
         let ns = NetNs::current().unwrap();
         assert!(CmId::new(Nop, &ns, PortSpace::Tcp, QpType::Ud).is_err());
         let ud = CmId::new(Nop, &ns, PortSpace::Udp, QpType::Ud).unwrap();
+        // RC only; the CM would WARN on a UD id (found by the fuzzer).
+        let rnr = ud.with_lock(|l| Ok(l.set_min_rnr_timer(12))).unwrap();
+        assert_eq!(rnr, Err(EINVAL));
         drop(ud);
     }
 
@@ -408,13 +413,9 @@ mod id_tests {
         let unbound = id.with_lock(|l| Ok(l.reject_msg(28))).unwrap();
         assert!(unbound.is_none());
         let wildcard = SocketAddr::any(crate::rdma::addr::AF_INET, 0).unwrap();
-        let listening = id
-            .with_lock(|l| {
-                l.bind(&wildcard)?;
-                l.listen(1)?;
-                Ok(l.reject_msg(28))
-            })
-            .unwrap();
+        id.with_lock(|l| l.bind(&wildcard)).unwrap();
+        id.listen(1).unwrap();
+        let listening = id.with_lock(|l| Ok(l.reject_msg(28))).unwrap();
         assert!(listening.is_none());
         drop(id);
         let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
@@ -775,18 +776,19 @@ mod id_tests {
     fn bind_to_wildcard_any_port() {
         let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let any = SocketAddr::any(crate::rdma::addr::AF_INET, 0).unwrap();
-        let (first, src, second, afonly_bound, listen, afonly_listening, reuse_listening) = id
+        let (first, src, second, afonly_bound) = id
             .with_lock(|l| {
                 Ok((
                     l.bind(&any),
                     l.src_addr(),
                     l.bind(&any),
                     l.set_afonly(false),
-                    l.listen(1),
-                    l.set_afonly(true),
-                    l.set_reuseaddr(true),
                 ))
             })
+            .unwrap();
+        let listen = id.listen(1);
+        let (afonly_listening, reuse_listening) = id
+            .with_lock(|l| Ok((l.set_afonly(true), l.set_reuseaddr(true))))
             .unwrap();
         assert!(first.is_ok());
         // The CM picked a port; binding again fails.

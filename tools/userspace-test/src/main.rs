@@ -6,9 +6,11 @@
 //!   userspace-test peer ...     a plain librdmacm client or server
 //!   userspace-test suite        the KTAP scenarios (module + librdmacm peer)
 //!   userspace-test agent        the librdmacm side of the suite, for another VM
+//!   userspace-test fuzz         a seeded, replayable ioctl fuzzer
 
 mod agent;
 mod cm;
+mod fuzz;
 mod payload;
 mod report;
 mod shell;
@@ -66,6 +68,41 @@ enum Cmd {
     Agent {
         #[arg(long, default_value = "0.0.0.0:7999")]
         listen: String,
+    },
+    /// A seeded, replayable ioctl fuzzer over every command of the ABI.
+    Fuzz {
+        /// PRNG seed (default: from the clock; printed either way).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Wall-clock bound of the run.
+        #[arg(long, default_value_t = 45)]
+        seconds: u64,
+        /// Stop after this many operations (over all threads).
+        #[arg(long)]
+        ops: Option<u64>,
+        #[arg(long, default_value_t = 3)]
+        threads: u32,
+        /// Open files a thread keeps.
+        #[arg(long, default_value_t = 3)]
+        files: u32,
+        /// Run a trace file (from --trace) again instead of generating.
+        #[arg(long)]
+        replay: Option<String>,
+        /// Write every operation to FILE, one line each.
+        #[arg(long)]
+        trace: Option<String>,
+        /// Do not stop at the first finding.
+        #[arg(long)]
+        keep_going: bool,
+        /// A call running longer than this is a hang.
+        #[arg(long, default_value_t = 30)]
+        hang_secs: u64,
+        /// Time the shrink (replays of trace prefixes) may take; 0: none.
+        #[arg(long, default_value_t = 120)]
+        shrink_secs: u64,
+        /// First of the 12 ports the fuzzer listens on and connects to.
+        #[arg(long, default_value_t = 7600)]
+        port_base: u16,
     },
 }
 
@@ -717,6 +754,43 @@ fn main() -> Result<()> {
             eprintln!("agent: serving on {}", l.local_addr()?);
             agent::serve_forever(l);
         }
+        Cmd::Fuzz {
+            seed,
+            seconds,
+            ops,
+            threads,
+            files,
+            replay,
+            trace,
+            keep_going,
+            hang_secs,
+            shrink_secs,
+            port_base,
+        } => {
+            let local = match env_ip("RDMA_CM_RS_LOCAL_IP", [192, 0, 2, 1].into())? {
+                IpAddr::V4(a) => a,
+                IpAddr::V6(a) => bail!("RDMA_CM_RS_LOCAL_IP must be IPv4, not {a}"),
+            };
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+            fuzz::run(fuzz::Options {
+                seed,
+                seconds,
+                ops,
+                threads: threads.max(1),
+                files: files.max(1),
+                replay,
+                trace,
+                keep_going,
+                hang_secs: hang_secs.max(1),
+                shrink_secs,
+                local,
+                port_base,
+            })?;
+        }
         Cmd::Suite { filter, peer, list } => {
             if list {
                 for name in suite::names() {
@@ -816,6 +890,15 @@ mod tests {
             _ => panic!("suite"),
         }
         assert!(matches!(parse("agent"), Cmd::Agent { .. }));
+        assert!(matches!(
+            parse("fuzz --seed 7 --seconds 5 --threads 2 --replay t.txt"),
+            Cmd::Fuzz {
+                seed: Some(7),
+                seconds: 5,
+                threads: 2,
+                ..
+            }
+        ));
         assert!(Cli::try_parse_from(["u", "ctl", "connect", "192.0.2.1"]).is_err());
         assert!(Cli::try_parse_from(["u", "peer", "client", "x:1"]).is_err());
     }
