@@ -2017,7 +2017,8 @@ fn run_once(
         let now = sh.t0.elapsed().as_millis() as u64 + 1;
         for (t, (start, line)) in sh.busy.iter().enumerate() {
             let s = start.load(Ordering::SeqCst);
-            if s != 0 && now - s > hang_ms {
+            // A call may have started after `now` was read: no underflow.
+            if s != 0 && now.saturating_sub(s) > hang_ms {
                 let line = line.lock().unwrap().clone();
                 sh.finding(format!(
                     "HANG: thread {t} has been in one call for more than {} s: [{line}]",

@@ -292,7 +292,10 @@ fn module_connects(ctx: &mut Ctx) -> Result<()> {
     let (req_data, acc_data) = (pattern(56, 3), pattern(196, 4));
     let mut call = Call::start(
         &ctx.agent,
-        &format!("serve addr={addr} count=1 accept={} echo=1", hex(&acc_data)),
+        &format!(
+            "serve addr={addr} count=1 accept={} echo=1 disc=self",
+            hex(&acc_data)
+        ),
     )?;
     call.ready()?;
     let id = resolve(&dev, addr)?;
@@ -320,8 +323,12 @@ fn module_connects(ctx: &mut Ctx) -> Result<()> {
         &msg,
         &dev.recv(id, 4096, T).context("module recv")?,
     )?;
-    dev.disconnect(id)?;
+    // The peer, which sent last, disconnects: rxe's responder reports a
+    // receive before it sends the ACK, so a module disconnecting at once
+    // (its QP moved to error) can drop the ACK of the echo, and the peer's
+    // SEND would complete only after its transport retries (about 7 s).
     wait(&dev, EV_DISCONNECTED)?;
+    dev.disconnect(id)?;
     let r = call.result()?;
     verify(
         "librdmacm: CONNECT_REQUEST private data",
