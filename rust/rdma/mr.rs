@@ -340,14 +340,14 @@ impl Mr {
     /// returns (iova, lkey, rkey) of the registration to post.
     pub(crate) fn map_for_registration(&self, reg: &mut Registration) -> Result<(u64, u32, u32)> {
         let raw = self.as_ptr();
+        // A request posted earlier (an invalidation, a failed registration)
+        // may still be executing on the device: the page list it reads gets
+        // the same single mapping of this buffer again, and the key byte is
+        // only read when the next REG_MR is posted.
         // SAFETY: `reg` is the locked registration state of this region
         // (the caller holds `self.reg`), so nothing else changes the MR's
-        // keys or page list (type invariants).  A request posted earlier
-        // (an invalidation, a failed registration) may still be executing
-        // on the device: the page list it reads gets the same single
-        // mapping of this buffer again, and the key byte is only read when
-        // the next REG_MR is posted.  The buffer is mapped for the MR's
-        // device.
+        // keys or page list (type invariants); the buffer is mapped for the
+        // MR's device.
         let mapped = unsafe {
             bindings::rdma_cm_rs_update_fast_reg_key(raw, reg.next_key);
             kernel::error::to_result(bindings::rdma_cm_rs_map_mr(

@@ -872,12 +872,12 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         let Some(raw) = raw else {
             return false;
         };
+        // The drain posts into the slot each queue kept free and flushes
+        // every outstanding request through the completion handler,
+        // handing its buffer or region back.  The caller is not a
+        // completion of this CQ (the CM defers such destructions).
         // SAFETY: The QP is live (type invariants) and an RC QP, for which
-        // `ib_drain_qp` is valid; it posts into the slot each queue kept
-        // free and flushes every outstanding request through the
-        // completion handler, handing its buffer or region back.  The
-        // caller is not a completion of this CQ (the CM defers such
-        // destructions), so the drain cannot wait on itself.
+        // `ib_drain_qp` is valid; the drain cannot wait on itself.
         unsafe { bindings::ib_drain_qp(raw.as_ptr()) };
         true
     }
