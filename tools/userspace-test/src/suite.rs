@@ -316,28 +316,41 @@ fn module_connects(ctx: &mut Ctx) -> Result<()> {
         "dst {:?}",
         parse_sockaddr(&q.dst)
     );
-    let msg = b"hello from the kernel".to_vec();
-    dev.send(id, &msg)?;
+    echo_then_peer_disconnects(&dev, id, call, &req_data, b"hello from the kernel")
+}
+
+/// The module sends `msg` and receives the peer's echo (`serve ... echo=1
+/// disc=self`); the peer, which sent last, disconnects; its report must show
+/// the request's `req_data`, the message and the disconnect.
+///
+/// The peer disconnects, not the module: rxe's responder reports a receive
+/// before it sends the ACK, so a module disconnecting at once (its QP moved
+/// to error) can drop the ACK of the echo, and the peer's SEND would
+/// complete only after its transport retries (about 7 s).
+fn echo_then_peer_disconnects(
+    dev: &Device,
+    id: u32,
+    call: Call,
+    req_data: &[u8],
+    msg: &[u8],
+) -> Result<()> {
+    dev.send(id, msg).context("module send")?;
     verify(
         "module: received echo",
-        &msg,
+        msg,
         &dev.recv(id, 4096, T).context("module recv")?,
     )?;
-    // The peer, which sent last, disconnects: rxe's responder reports a
-    // receive before it sends the ACK, so a module disconnecting at once
-    // (its QP moved to error) can drop the ACK of the echo, and the peer's
-    // SEND would complete only after its transport retries (about 7 s).
-    wait(&dev, EV_DISCONNECTED)?;
+    wait(dev, EV_DISCONNECTED)?;
     dev.disconnect(id)?;
     let r = call.result()?;
     verify(
         "librdmacm: CONNECT_REQUEST private data",
-        &req_data,
+        req_data,
         &unhex(field(&r, "req0")?)?,
     )?;
     verify(
         "librdmacm: received message",
-        &msg,
+        msg,
         &unhex(field(&r, "msg0")?)?,
     )?;
     ensure!(field(&r, "disc0")? == "DISCONNECTED", "peer: {r:?}");
@@ -1442,7 +1455,10 @@ fn failed_connect_leaves_id_usable(ctx: &mut Ctx) -> Result<()> {
     let (req_data, acc_data) = (pattern(56, 12), pattern(196, 13));
     let mut call = Call::start(
         &ctx.agent,
-        &format!("serve addr={addr} count=1 accept={} echo=1", hex(&acc_data)),
+        &format!(
+            "serve addr={addr} count=1 accept={} echo=1 disc=self",
+            hex(&acc_data)
+        ),
     )?;
     call.ready()?;
     let id = dev.create_id(1)?;
@@ -1464,28 +1480,13 @@ fn failed_connect_leaves_id_usable(ctx: &mut Ctx) -> Result<()> {
         &acc_data,
         &est.private_data,
     )?;
-    let msg = b"connected at the second attempt".to_vec();
-    dev.send(id, &msg).context("module send")?;
-    verify(
-        "module: received echo",
-        &msg,
-        &dev.recv(id, 4096, T).context("module recv")?,
-    )?;
-    dev.disconnect(id)?;
-    wait(&dev, EV_DISCONNECTED)?;
-    let r = call.result()?;
-    verify(
-        "librdmacm: CONNECT_REQUEST private data",
+    echo_then_peer_disconnects(
+        &dev,
+        id,
+        call,
         &req_data,
-        &unhex(field(&r, "req0")?)?,
-    )?;
-    verify(
-        "librdmacm: received message",
-        &msg,
-        &unhex(field(&r, "msg0")?)?,
-    )?;
-    ensure!(field(&r, "disc0")? == "DISCONNECTED", "peer: {r:?}");
-    Ok(())
+        b"connected at the second attempt",
+    )
 }
 
 /// Polls `cond` every `every_ms` (0: as fast as it goes) until it holds or
