@@ -9,11 +9,14 @@
 //! * `misc_poll`: a misc device with `poll`, which 7.3's
 //!   `kernel::miscdevice` lacks.
 //! * `abi`: the char device's ABI, generated from `rust/uapi/rdma_cm_rs.h`.
+//! * `capability`: capability checks, which 7.3's `kernel::cred` lacks.
 //! * `ctl`: the char device, written against the safe APIs only.
 //!
-//! The `unsafe` code is in `rdma`, `misc_poll` and `abi`; `ctl` forbids it.
+//! The `unsafe` code is in `rdma`, `misc_poll`, `capability` and `abi`; `ctl`
+//! forbids it.
 
 pub mod abi;
+pub mod capability;
 mod ctl;
 pub mod misc_poll;
 pub mod rdma;

@@ -23,6 +23,7 @@ mod wait;
 
 use crate::{
     abi,
+    capability::{capable_in_init_ns, Capability},
     misc_poll::{PollMiscDevice, POLL_READABLE},
     rdma::{
         addr::SocketAddr,
@@ -65,7 +66,13 @@ pub(crate) struct Ctl;
 impl PollMiscDevice for Ctl {
     type Ptr = Arc<CtlFile>;
 
+    /// Only a task with `CAP_NET_ADMIN` in the initial user namespace may
+    /// open the device (`Documentation/rdma_cm_rs/ioctl-abi.rst`, "Who may
+    /// use the device"): the file is then the authority for every ioctl.
     fn open(_file: &File) -> Result<Arc<CtlFile>> {
+        if !capable_in_init_ns(Capability::NetAdmin) {
+            return Err(EPERM);
+        }
         CtlFile::new()
     }
 
