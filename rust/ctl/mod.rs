@@ -724,6 +724,25 @@ impl CtlFile {
         st.conn.clone().ok_or(ENOTCONN)
     }
 
+    /// [`Self::conn_of`] for work that needs the peer (SEND, MR_REG,
+    /// RDMA): `ENOTCONN` also once the connection ended (a DISCONNECTED,
+    /// REJECTED, UNREACHABLE, CONNECT_ERROR or DEVICE_REMOVAL event).  The
+    /// kernel CM leaves the QP ready to send after the peer's disconnect
+    /// until the id disconnects too: a SEND then would only retry into the
+    /// void until its timeout.  Receiving (what arrived before) and the
+    /// regions' own calls still work.
+    fn live_conn_of(&self, handle: u32) -> Result<Arc<conn::Conn>> {
+        let id = self.get(handle)?;
+        let st = Self::shared(&id).state.lock();
+        if st.qp_type != QpType::Rc {
+            return Err(EOPNOTSUPP);
+        }
+        if st.state == abi::state::DISCONNECT || st.state == abi::state::DEVICE_REMOVAL {
+            return Err(ENOTCONN);
+        }
+        st.conn.clone().ok_or(ENOTCONN)
+    }
+
     fn send(&self, arg: usize) -> Result {
         let c: abi::Send = read_arg(arg)?;
         require_zero(&[c.reserved])?;
@@ -731,7 +750,7 @@ impl CtlFile {
         if len == 0 || len > abi::MAX_MESSAGE {
             return Err(EINVAL);
         }
-        let conn = self.conn_of(c.id)?;
+        let conn = self.live_conn_of(c.id)?;
         let mut data = KVec::new();
         UserSlice::new(UserPtr::from_addr(c.buf as usize), len).read_all(&mut data, GFP_KERNEL)?;
         conn.send(&data, c.timeout_ms)
@@ -764,7 +783,7 @@ impl CtlFile {
             remote_read: c.access & abi::ACCESS_REMOTE_READ != 0,
             remote_write: c.access & abi::ACCESS_REMOTE_WRITE != 0,
         };
-        let conn = self.conn_of(c.id)?;
+        let conn = self.live_conn_of(c.id)?;
         let (handle, remote) = conn.register(c.length as usize, access, c.timeout_ms)?;
         c.mr = handle;
         c.addr = remote.addr;
@@ -819,7 +838,7 @@ impl CtlFile {
         if c.len == 0 {
             return Err(EINVAL);
         }
-        self.conn_of(c.id)?
+        self.live_conn_of(c.id)?
             .rdma(op, c.mr, c.offset as usize, remote, c.timeout_ms)
     }
 }
