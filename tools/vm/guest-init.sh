@@ -155,6 +155,8 @@ fi
 export RDMA_CM_RS_IN_VM=1 RDMA_CM_RS_NETDEV=$netdev RDMA_CM_RS_RDMA_DEV=rxe0
 export RDMA_CM_RS_LOCAL_IP=$LOCAL_IP RDMA_CM_RS_PEER_IP=$PEER_IP
 export RDMA_CM_RS_LOCAL_IP6=$LOCAL_IP6 RDMA_CM_RS_PEER_IP6=$PEER_IP6
+# VM A of two may have the host kill VM B (tools/vm/run).
+[ "$TWO_VMS" = 1 ] && [ "$PEER" = 0 ] && export RDMA_CM_RS_KILL_PEER=$R/kill-peer
 
 if [ "$TWO_VMS" = 1 ]; then
 	# Start together: the host answers `go` once both VMs are ready.
