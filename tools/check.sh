@@ -10,11 +10,13 @@
 #            insmod, the userspace suite against the module, the sample
 #            echo module, the sample rping server against unmodified rping
 #            and the module's own rping client, a 45 s round of the seeded
-#            ioctl fuzzer (seed 1), then device removal (last: it deletes
-#            and re-adds rxe0);
+#            ioctl fuzzer (seed 1), the fault scenarios (rmmod while open,
+#            injected allocation failures), then device removal under 101
+#            connections (last: it deletes and re-adds rxe0);
 #            two VMs (rxe over a QEMU socket link): the userspace suite with
-#            the librdmacm peer in the other VM.  Each VM run is gated on a
-#            clean dmesg (tools/vm/dmesg-gate).
+#            the librdmacm peer in the other VM, then the peer VM killed by
+#            the host mid-transfer.  Every guest runs with panic_on_warn=1
+#            and each VM run is gated on a clean dmesg (tools/vm/dmesg-gate).
 #
 # Every KUnit case, every KTAP case of the userspace suite, every cargo test
 # and every gate counts once in "N passed, N failed".  Exit status is
@@ -154,10 +156,10 @@ tool=$tool_dir/target/release/userspace-test
 
 # --- one VM ----------------------------------------------------------------
 vm_one="$logs/vm-one"
-step "VM (one, rxe loopback): KUnit + userspace suite + echo and rping samples + 45 s ioctl fuzz, clean dmesg" "$logs/vm-one.log" \
+step "VM (one, rxe loopback): KUnit + userspace suite + echo and rping samples + 45 s ioctl fuzz + fault scenarios, clean dmesg" "$logs/vm-one.log" \
 	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" \
 	--module "$PWD/rdma_cm_rs.ko" -- \
-	"$tool suite; s=\$?; tools/echo-test.sh || s=1; tools/rping-test.sh || s=1; $tool fuzz --seed 1 --seconds 45 --shrink-secs 0 || s=1; tools/removal-test.sh || s=1; exit \$s"
+	"$tool suite; s=\$?; tools/echo-test.sh || s=1; tools/rping-test.sh || s=1; $tool fuzz --seed 1 --seconds 45 --shrink-secs 0 || s=1; tools/fault-test.sh || s=1; tools/removal-test.sh || s=1; exit \$s"
 if [ -f "$vm_one/dmesg" ]; then
 	count_ktap "$vm_one/dmesg" "KUnit"
 else
@@ -167,11 +169,11 @@ count_flat_ktap "$logs/vm-one.log" "suite, one VM"
 
 # --- two VMs ---------------------------------------------------------------
 vm_two="$logs/vm-two"
-step "VMs (two, socket link): userspace suite across the wire, clean dmesg" "$logs/vm-two.log" \
+step "VMs (two, socket link): userspace suite across the wire, then the peer VM killed mid-transfer, clean dmesg" "$logs/vm-two.log" \
 	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
 	--module "$PWD/rdma_cm_rs.ko" --two-vms \
 	--peer-cmd "$tool agent --listen 0.0.0.0:7999" -- \
-	"$tool suite --peer \$RDMA_CM_RS_PEER_IP:7999"
+	"$tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; $tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s"
 count_flat_ktap "$logs/vm-two.log" "suite, two VMs"
 
 finish

@@ -2,11 +2,12 @@
 # SPDX-License-Identifier: GPL-2.0
 #
 # Device removal, run inside the test VM after everything else (it deletes
-# and re-adds the rxe device): with rdma_cm_rs.ko's ids, QPs and registered
-# regions on the device, and a kernel-to-kernel rping session of the sample
-# open,
-# `rdma link delete` must complete, every id must get DEVICE_REMOVAL, and
-# the device must work again once re-added.  Runs the module's side in a
+# and re-adds the rxe device): with 101 established connections of
+# rdma_cm_rs.ko (203 ids, QPs, registered regions, 100 ESTABLISHED events
+# and 100 messages not yet read) and a kernel-to-kernel rping session of the
+# sample on the device, `rdma link delete` must complete within 10 s, every
+# id must get DEVICE_REMOVAL, nothing of the module may stay on the device,
+# and the device must work again once re-added.  Runs the module's side in a
 # process that never opened librdmacm (rxe cannot take a device from under
 # open user verbs contexts).  Prints flat KTAP; exits non-zero on failure.
 set -uo pipefail
@@ -17,14 +18,15 @@ ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
 
 insmod ./rdma_cm_rs_rping.ko port=7174
 result $? "device removal: insmod rdma_cm_rs_rping"
-# A kernel-to-kernel rping session runs during the removal.
-$tool ctl rping "$ip:7174" --count 100000000 --size 64 >/dev/null 2>&1 &
+# A kernel-to-kernel rping session runs during the removal (a ping every
+# 50 ms: in flight, not a CPU hog competing with the teardown).
+$tool ctl rping "$ip:7174" --count 100000000 --size 64 --interval-ms 50 >/dev/null 2>&1 &
 pinger=$!
 sleep 2
-out=$($tool ctl device-removal "$ip:7610" 2>&1)
+out=$($tool ctl device-removal "$ip:7610" --connections 100 --bound-ms 10000 2>&1)
 rc=$?
-echo "$out" | grep -E "removed|added back|Error|error" | sed 's/^/# /' | cut -c1-200
-result $rc "device removal: rdma link delete with ids, QPs, regions and an rping session on the device"
+echo "$out" | grep -E "established in|link delete returned|removed|added back|Error|error" | sed 's/^/# /' | cut -c1-400
+result $rc "device removal: rdma link delete within 10 s under 101 connections with unread events and messages, and an rping session"
 # The pinging client fails once its device is gone (bounded: 30 s).
 for _ in $(seq 300); do kill -0 $pinger 2>/dev/null || break; sleep 0.1; done
 if kill -0 $pinger 2>/dev/null; then

@@ -11,6 +11,9 @@
 //!   connect addr=A data=HEX [rr= id= retry= rnr=] [msg=HEX] [disc=self|peer|none]
 //!   multi addr=A count=N      (then the suite sends "close")
 //!   burst addr=A count=N data=HEX   (then the suite sends "go"; see `burst`)
+//!   hold addr=A               connects, `ready` once established, then
+//!                             sends every 20 ms until it fails or the
+//!                             machine dies (see `hold`)
 
 use crate::cm::{self, Channel, Conn, Param, RdmaOp};
 use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex};
@@ -97,6 +100,7 @@ fn handle(stream: TcpStream) -> Result<()> {
         "connect" => connect(&req),
         "multi" => multi(&req, &mut out, &mut input),
         "burst" => burst(&req, &mut out, &mut input),
+        "hold" => hold(&req, &mut out),
         _ => Err(anyhow!("unknown request {verb:?}")),
     };
     match result {
@@ -296,6 +300,23 @@ fn burst(req: &Req, out: &mut TcpStream, input: &mut BufReader<TcpStream>) -> Re
     }
     drop(conns);
     Ok(format!("events={}", events.join(",")))
+}
+
+/// A connection that keeps sending, for a peer machine killed mid-transfer:
+/// the suite kills this VM while it runs.
+fn hold(req: &Req, out: &mut TcpStream) -> Result<String> {
+    let ch = Channel::new()?;
+    let id = cm::resolve(&ch, &req.addr()?, Duration::from_secs(5))?;
+    let mut conn = Conn::new(id)?;
+    let ev = conn.connect(&Param::with_data(b"hold"), &ch, T)?;
+    ev.must_be(EV_ESTABLISHED)?;
+    writeln!(out, "ready")?;
+    let mut sent = 0u64;
+    while conn.send(format!("hold {sent}").as_bytes()).is_ok() {
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(format!("sent={sent}"))
 }
 
 /// The suite's side of one request.

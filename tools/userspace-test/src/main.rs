@@ -10,6 +10,7 @@
 
 mod agent;
 mod cm;
+mod faults;
 mod fuzz;
 mod payload;
 mod report;
@@ -25,12 +26,9 @@ use std::{
     collections::HashMap,
     io::{BufRead, Write},
     net::{IpAddr, SocketAddr, TcpListener},
-    time::{Duration, Instant},
+    time::Duration,
 };
-use uapi::{
-    Device, Param, RDMA_CM_RS_ACCESS_REMOTE_READ, RDMA_CM_RS_ACCESS_REMOTE_WRITE,
-    RDMA_CM_RS_RDMA_WRITE,
-};
+use uapi::{Device, Param, RDMA_CM_RS_ACCESS_REMOTE_READ, RDMA_CM_RS_ACCESS_REMOTE_WRITE};
 
 #[derive(Parser)]
 #[command(
@@ -149,6 +147,9 @@ enum Ctl {
         /// Bytes a ping (rping's -S).
         #[arg(long, default_value_t = 64)]
         size: u32,
+        /// Pause between pings (0: none).
+        #[arg(long, default_value_t = 0)]
+        interval_ms: u64,
     },
     /// Device removal with the module's ids and regions on the device:
     /// `rdma link delete` must finish (the module destroys its ids from a
@@ -159,6 +160,44 @@ enum Ctl {
         /// The module's address on the device, with a free port.
         #[arg(value_parser = shell::parse_addr)]
         addr: SocketAddr,
+        /// Established connections on the device besides the first.
+        #[arg(long, default_value_t = 100)]
+        connections: usize,
+        /// The removal must be over (device gone, every id told) within
+        /// this many milliseconds.
+        #[arg(long, default_value_t = 10_000)]
+        bound_ms: u64,
+    },
+    /// Two VMs: the peer VM's agent sends to the module, the host kills
+    /// the peer VM, the module must notice within the bound; prints KTAP.
+    PeerVmKilled {
+        /// The module's address, with a free port.
+        #[arg(value_parser = shell::parse_addr)]
+        addr: SocketAddr,
+        /// The agent in the peer VM, HOST:PORT.
+        #[arg(long)]
+        peer: String,
+        /// The module's send must fail within this many milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        bound_ms: u64,
+    },
+    /// Allocation and user-copy failures injected at every fault point of
+    /// open, create, listen, connect, accept, send and MR_REG in turn
+    /// (`/proc/thread-self/fail-nth`); prints KTAP lines.  Needs debugfs
+    /// and a kernel with FAILSLAB, FAIL_PAGE_ALLOC and
+    /// FAULT_INJECTION_USERCOPY.
+    FailNth {
+        /// The module's address, with two free ports from this one.
+        #[arg(value_parser = shell::parse_addr)]
+        addr: SocketAddr,
+    },
+    /// Whether this process may use the device: opens it (or takes the
+    /// open file descriptor FD it inherited), creates and destroys an id,
+    /// and prints `open: ok|ERRNO` and `ioctl: ok|ERRNO`.  Exits 0 either
+    /// way: the suite judges the lines.
+    Access {
+        #[arg(long)]
+        fd: Option<i32>,
     },
     /// Raw commands from standard input, one a line (`help` lists them).
     Shell,
@@ -166,6 +205,19 @@ enum Ctl {
 
 #[derive(Subcommand)]
 enum Peer {
+    /// Connect, print `established`, then send a message every 20 ms until
+    /// killed (a peer that dies mid-transfer).
+    Hold {
+        #[arg(value_parser = shell::parse_addr)]
+        addr: SocketAddr,
+    },
+    /// Listen, print `request` on the first connection request, then
+    /// neither accept nor reject until killed (a peer that dies
+    /// mid-connection).
+    HoldRequest {
+        #[arg(value_parser = shell::parse_addr)]
+        addr: SocketAddr,
+    },
     /// Connect, send a message, print the reply, disconnect.
     Client {
         #[arg(value_parser = shell::parse_addr)]
@@ -194,19 +246,41 @@ enum Peer {
     },
 }
 
+fn ctl_access(fd: Option<i32>) {
+    let errno = |e: &std::io::Error| e.raw_os_error().map_or(e.to_string(), fuzz::errno_name);
+    let dev = match fd {
+        Some(fd) => Device::from_inherited_fd(fd),
+        None => Device::open(),
+    };
+    match dev {
+        Err(e) => say(&format!("open: {}", errno(&e))),
+        Ok(dev) => {
+            say("open: ok");
+            let r = dev
+                .info()
+                .and_then(|_| dev.create_id(0))
+                .and_then(|id| dev.destroy(id));
+            say(&format!(
+                "ioctl: {}",
+                r.map_or_else(|e| errno(&e), |()| "ok".to_string())
+            ));
+        }
+    }
+}
+
 /// Bounded waits of the by-hand modes, for everything after the first
 /// request (people take their time to start the other side).
 const WAIT_MS: u32 = 15_000;
 const WAIT: Duration = Duration::from_millis(WAIT_MS as u64);
 
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
 }
 
 /// The module's next event (printed), which must be `want`.
-fn module_expect(dev: &Device, want: u32) -> Result<uapi::Event> {
+pub(crate) fn module_expect(dev: &Device, want: u32) -> Result<uapi::Event> {
     let e = dev
         .get_event(WAIT_MS)
         .with_context(|| format!("module: waiting for {}", event_name(want)))?;
@@ -335,7 +409,7 @@ fn ctl_connect(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
 /// (NUL-terminated), SEND its advert, wait for the go-ahead (the server has
 /// READ it), SEND the sink region's advert, wait for the go-ahead (the
 /// server has WRITTEN it), compare.
-fn ctl_rping(addr: SocketAddr, count: u32, size: u32) -> Result<()> {
+fn ctl_rping(addr: SocketAddr, count: u32, size: u32, interval: Duration) -> Result<()> {
     // rping's minimum holds "rdma-ping-%d: " for any int.
     ensure!((24..=65536).contains(&size), "size must be 24..=65536");
     let dev = Device::open()?;
@@ -370,6 +444,7 @@ fn ctl_rping(addr: SocketAddr, count: u32, size: u32) -> Result<()> {
             .context("go-ahead after WRITE")?;
         let back = dev.mr_read(id, sink, 0, size as usize)?;
         payload::verify(&format!("ping {ping}"), &text, &back)?;
+        std::thread::sleep(interval);
     }
     say(&format!(
         "module: rping {count} pings of {size} bytes verified"
@@ -384,28 +459,7 @@ fn ctl_rping(addr: SocketAddr, count: u32, size: u32) -> Result<()> {
 
 /// Waits (bounded) until `dev` delivered DEVICE_REMOVAL for every id in
 /// `ids`; other events (DISCONNECTED of the connection) are passed over.
-fn expect_removal(dev: &Device, ids: &[u32]) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut left: Vec<u32> = ids.to_vec();
-    while !left.is_empty() {
-        ensure!(
-            Instant::now() < deadline,
-            "no DEVICE_REMOVAL for ids {left:?}"
-        );
-        let e = match dev.get_event(1000) {
-            Ok(e) => e,
-            Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => continue,
-            Err(e) => return Err(e).context("GET_EVENT"),
-        };
-        say(&e.line("module"));
-        if e.event == EV_DEVICE_REMOVAL {
-            left.retain(|&id| id != e.id);
-        }
-    }
-    Ok(())
-}
-
-fn rdma_cmd(args: &[&str]) -> Result<String> {
+pub(crate) fn rdma_cmd(args: &[&str]) -> Result<String> {
     let out = std::process::Command::new("timeout")
         .arg("30")
         .arg("rdma")
@@ -420,78 +474,6 @@ fn rdma_cmd(args: &[&str]) -> Result<String> {
         String::from_utf8_lossy(&out.stderr).trim()
     );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn ctl_device_removal(addr: SocketAddr) -> Result<()> {
-    let server = Device::open()?;
-    let client = Device::open()?;
-    let listener = server.create_id(1)?;
-    server.bind(listener, &addr).context("bind")?;
-    server.listen(listener, 4).context("listen")?;
-    let conn = client.create_id(2)?;
-    client
-        .resolve_addr(conn, &addr, 2000)
-        .context("resolve_addr")?;
-    module_expect(&client, EV_ADDR_RESOLVED)?;
-    client.resolve_route(conn, 2000).context("resolve_route")?;
-    module_expect(&client, EV_ROUTE_RESOLVED)?;
-    client.connect(conn, &Param::with_data(b"removal"))?;
-    let accepted = module_expect(&server, EV_CONNECT_REQUEST)?.new_id;
-    server.accept(accepted, None)?;
-    module_expect(&server, EV_ESTABLISHED)?;
-    module_expect(&client, EV_ESTABLISHED)?;
-    // Every kind of device resource exists: QPs, CQs, PDs, regions, and a
-    // completed RDMA WRITE proves the data path.
-    let (sink, saddr, skey) = server.mr_reg(accepted, 4096, RDMA_CM_RS_ACCESS_REMOTE_WRITE)?;
-    let (source, _, _) = client.mr_reg(conn, 4096, 0)?;
-    client.mr_write(conn, source, 0, b"before removal")?;
-    client.rdma(conn, RDMA_CM_RS_RDMA_WRITE, source, 0, 14, saddr, skey)?;
-    ensure!(server.mr_read(accepted, sink, 0, 14)? == b"before removal");
-    let device = uapi::device_name(&client.query(conn)?);
-    let link = rdma_cmd(&["link", "show", &format!("{device}/1")])?;
-    let netdev = link
-        .split_whitespace()
-        .skip_while(|w| *w != "netdev")
-        .nth(1)
-        .context("no netdev in `rdma link show`")?
-        .to_string();
-    let start = Instant::now();
-    rdma_cmd(&["link", "delete", &device])?;
-    expect_removal(&server, &[listener, accepted])?;
-    expect_removal(&client, &[conn])?;
-    // Unregistration is queued: the device must actually go.
-    while rdma_cmd(&["link", "show", &format!("{device}/1")]).is_ok() {
-        ensure!(
-            start.elapsed() < Duration::from_secs(30),
-            "{device} still there after 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let took = start.elapsed();
-    for (dev, id) in [(&server, listener), (&server, accepted), (&client, conn)] {
-        match dev.query(id) {
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            other => bail!("id {id} after DEVICE_REMOVAL: {other:?}"),
-        }
-    }
-    say(&format!(
-        "module: {device} removed in {} ms with 3 ids and 2 regions on it; all ids got DEVICE_REMOVAL",
-        took.as_millis()
-    ));
-    rdma_cmd(&["link", "add", &device, "type", "rxe", "netdev", &netdev])?;
-    // Back in service once an id binds to the address again.
-    let probe = Device::open()?;
-    let id = probe.create_id(3)?;
-    let bind_to = SocketAddr::new(addr.ip(), 0);
-    while probe.bind(id, &bind_to).is_err() {
-        ensure!(
-            start.elapsed() < Duration::from_secs(60),
-            "{device} not usable again after re-adding it on {netdev}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    say(&format!("module: {device} added back on {netdev}"));
-    Ok(())
 }
 
 fn ok_or_errno(r: uapi::Result<()>) -> String {
@@ -592,6 +574,32 @@ fn ctl_shell() -> Result<()> {
 fn stdin_is_terminal() -> bool {
     use std::io::IsTerminal;
     std::io::stdin().is_terminal()
+}
+
+fn peer_hold(addr: SocketAddr) -> Result<()> {
+    let ch = cm::Channel::new()?;
+    let id = cm::resolve(&ch, &addr, Duration::from_secs(5))?;
+    let mut conn = cm::Conn::new(id)?;
+    let ev = conn.connect(&cm::Param::with_data(b"hold"), &ch, WAIT)?;
+    ensure!(ev.event == EV_ESTABLISHED, "not established: {}", ev.name());
+    say("established");
+    for n in 0u64.. {
+        conn.send(format!("hold {n}").as_bytes())?;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn peer_hold_request(addr: SocketAddr) -> Result<()> {
+    let ch = cm::Channel::new()?;
+    let _listener = cm::listen(&ch, &addr, 4)?;
+    say("listening");
+    // Neither accepted nor rejected: the request's id stays as it is.
+    let _request = ch.expect(EV_CONNECT_REQUEST, Duration::from_secs(60))?;
+    say("request");
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
 }
 
 fn peer_client(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
@@ -734,9 +742,36 @@ fn main() -> Result<()> {
             data,
             message,
         }) => ctl_connect(addr, &data, &message)?,
-        Cmd::Ctl(Ctl::Rping { addr, count, size }) => ctl_rping(addr, count, size)?,
-        Cmd::Ctl(Ctl::DeviceRemoval { addr }) => ctl_device_removal(addr)?,
+        Cmd::Ctl(Ctl::Rping {
+            addr,
+            count,
+            size,
+            interval_ms,
+        }) => ctl_rping(addr, count, size, Duration::from_millis(interval_ms))?,
+        Cmd::Ctl(Ctl::DeviceRemoval {
+            addr,
+            connections,
+            bound_ms,
+        }) => faults::device_removal(addr, connections, Duration::from_millis(bound_ms))?,
+        Cmd::Ctl(Ctl::PeerVmKilled {
+            addr,
+            peer,
+            bound_ms,
+        }) => {
+            let agent = shell::resolve_host(&peer)?;
+            if !faults::peer_vm_killed(addr, agent, Duration::from_millis(bound_ms))? {
+                std::process::exit(1);
+            }
+        }
+        Cmd::Ctl(Ctl::FailNth { addr }) => {
+            if !faults::fail_nth(addr, 1)? {
+                std::process::exit(1);
+            }
+        }
+        Cmd::Ctl(Ctl::Access { fd }) => ctl_access(fd),
         Cmd::Ctl(Ctl::Shell) => ctl_shell()?,
+        Cmd::Peer(Peer::Hold { addr }) => peer_hold(addr)?,
+        Cmd::Peer(Peer::HoldRequest { addr }) => peer_hold_request(addr)?,
         Cmd::Peer(Peer::Client {
             addr,
             data,

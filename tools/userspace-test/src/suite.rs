@@ -4,7 +4,7 @@
 
 use crate::agent::{Call, SEED_PEER_REGION, SEED_PEER_WRITES};
 use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex, verify, verify_padded};
-use crate::report::Ktap;
+use crate::report::{Ktap, EV_CONNECT_ERROR};
 use crate::uapi::*;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use std::{
@@ -88,6 +88,9 @@ const TESTS: &[(&str, Test)] = &[
         "destroy_listener_with_requests_pending",
         destroy_listener_pending,
     ),
+    ("access_control", access_control),
+    ("librdmacm_peer_killed", librdmacm_peer_killed),
+    ("backlog_overflow_burst", backlog_overflow_burst),
 ];
 
 pub fn names() -> impl Iterator<Item = &'static str> {
@@ -1630,6 +1633,355 @@ fn destroy_listener_round(ctx: &mut Ctx, round: u32) -> Result<()> {
     }
     // Nothing came meanwhile, neither for the listener nor for the ids.
     no_event(&dev, 0, "event after the peers were refused")?;
+    Ok(())
+}
+
+/// The access rules of `ioctl-abi.rst` ("Who may use the device"), each
+/// tried from a process of its own through `ctl access`: opening takes
+/// `CAP_NET_ADMIN` in the initial user namespace, checked by the module
+/// whatever the node's mode; an open file keeps working in the hands of a
+/// less privileged process.
+fn access_control(_ctx: &mut Ctx) -> Result<()> {
+    const NODE: &str = "/dev/rdma_cm_rs";
+    const NOBODY: &[&str] = &["--reuid", "65534", "--regid", "65534", "--clear-groups"];
+    // A copy any user may run: the checkout's path may be closed to nobody.
+    let exe = "/tmp/rdma-cm-rs-access-probe";
+    std::fs::copy(std::env::current_exe()?, exe).context("copy the tool to /tmp")?;
+    std::fs::set_permissions(exe, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let probe = |wrapper: &[&str], fd: Option<&str>| -> Result<(String, String)> {
+        let mut argv: Vec<String> = wrapper.iter().map(|s| s.to_string()).collect();
+        argv.extend([exe, "ctl", "access"].map(String::from));
+        if let Some(fd) = fd {
+            argv.extend(["--fd".to_string(), fd.to_string()]);
+        }
+        let cmd = match fd {
+            // The shell opens the node as root; the wrapper inherits it.
+            Some(fd) => format!("exec {fd}<>{NODE}; exec {}", argv.join(" ")),
+            None => format!("exec {}", argv.join(" ")),
+        };
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&cmd)
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .unwrap_or("-")
+                .trim()
+                .to_string()
+        };
+        ensure!(
+            out.status.success(),
+            "{cmd}: {} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok((line("open:"), line("ioctl:")))
+    };
+    let expect = |what: &str, got: (String, String), open: &str, ioctl: &str| -> Result<()> {
+        ensure!(
+            got.0 == open && got.1 == ioctl,
+            "{what}: open {} ioctl {}, expected open {open} ioctl {ioctl}",
+            got.0,
+            got.1
+        );
+        Ok(())
+    };
+    let with_mode = |mode: u32| {
+        std::fs::set_permissions(NODE, std::os::unix::fs::PermissionsExt::from_mode(mode))
+    };
+    let setpriv = |extra: &[&'static str]| [&["setpriv"], extra].concat();
+
+    expect("root", probe(&[], None)?, "ok", "ok")?;
+    expect(
+        "nobody, node 0600",
+        probe(&setpriv(NOBODY), None)?,
+        "EACCES",
+        "-",
+    )?;
+    // The module's own check, with the file permissions out of the way.
+    with_mode(0o666)?;
+    let opened = probe(&setpriv(NOBODY), None);
+    with_mode(0o600)?;
+    expect("nobody, node 0666", opened?, "EPERM", "-")?;
+    expect(
+        "root without CAP_NET_ADMIN",
+        probe(&setpriv(&["--bounding-set", "-net_admin"]), None)?,
+        "EPERM",
+        "-",
+    )?;
+    expect(
+        "root of a user namespace (unshare -Ur)",
+        probe(&["unshare", "-Ur"], None)?,
+        "EPERM",
+        "-",
+    )?;
+    expect(
+        "root of a user and network namespace (unshare -Urn)",
+        probe(&["unshare", "-Urn"], None)?,
+        "EPERM",
+        "-",
+    )?;
+    // Delegation: a file root opened, used by nobody.
+    expect(
+        "nobody with a file root opened",
+        probe(&setpriv(NOBODY), Some("3"))?,
+        "ok",
+        "ok",
+    )?;
+    std::fs::remove_file(exe)?;
+    Ok(())
+}
+
+/// A librdmacm peer process of this machine, killed with SIGKILL.
+struct KilledPeer {
+    child: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl KilledPeer {
+    fn spawn(args: &[&str]) -> Result<Self> {
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let out = child.stdout.take().context("peer stdout")?;
+        Ok(Self {
+            child,
+            lines: io::BufRead::lines(io::BufReader::new(out)),
+        })
+    }
+
+    /// Waits for the peer to print `line`.
+    fn expect(&mut self, line: &str) -> Result<()> {
+        for l in self.lines.by_ref() {
+            if l? == line {
+                return Ok(());
+            }
+        }
+        bail!("the peer ended before printing {line:?}")
+    }
+
+    fn kill(mut self) -> Result<Instant> {
+        self.child.kill()?;
+        let killed = Instant::now();
+        self.child.wait()?;
+        Ok(killed)
+    }
+}
+
+impl Drop for KilledPeer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A diagnostic line in the KTAP output.
+fn note(line: &str) {
+    println!("# {line}");
+}
+
+/// The bound within which the module must learn of a killed peer.
+const KILLED_PEER_BOUND: Duration = Duration::from_secs(10);
+
+/// The next event of `id` among those in `want`, within the bound after
+/// `since`; other ids' events are an error.
+fn event_of_within(dev: &Device, id: u32, want: &[u32], since: Instant) -> Result<(u32, Duration)> {
+    loop {
+        let left = KILLED_PEER_BOUND.saturating_sub(since.elapsed());
+        ensure!(
+            !left.is_zero(),
+            "no event of id {id} within {KILLED_PEER_BOUND:?}"
+        );
+        let e = match dev.get_event(left.as_millis().max(1) as u32) {
+            Ok(e) => e,
+            Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => continue,
+            Err(e) => return Err(e).context("GET_EVENT"),
+        };
+        if e.event == EV_TIMEWAIT_EXIT {
+            continue;
+        }
+        ensure!(e.id == id, "event of another id: {}", e.line("module"));
+        if want.contains(&e.event) {
+            return Ok((e.event, since.elapsed()));
+        }
+        bail!("unexpected {}", e.line("module"));
+    }
+}
+
+/// The librdmacm peer, a process of its own, is SIGKILLed mid-transfer
+/// (sending every 20 ms to the module), mid-connection as the active side
+/// (its request not yet answered) and as the passive side (the module's
+/// request not yet answered).  The process's end destroys its ids (the
+/// kernel's ucma does on close): within [`KILLED_PEER_BOUND`] the module's
+/// id gets DISCONNECTED, REJECTED or an error event, its calls fail with
+/// an errno, and destroying it and serving again work.
+fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    let l = listen(&dev, addr, 4, 0)?;
+    let addr_arg = addr.to_string();
+
+    // Mid-transfer.
+    let mut peer = KilledPeer::spawn(&["peer", "hold", &addr_arg])?;
+    let r = wait(&dev, EV_CONNECT_REQUEST)?;
+    dev.accept(r.new_id, None)?;
+    wait(&dev, EV_ESTABLISHED)?;
+    peer.expect("established")?;
+    for _ in 0..3 {
+        dev.recv(r.new_id, 4096, 5000)
+            .context("a message of the peer")?;
+    }
+    let killed = peer.kill()?;
+    // Messages already sent may still be read; then the disconnect.
+    while dev.recv(r.new_id, 4096, 100).is_ok() {
+        ensure!(killed.elapsed() < KILLED_PEER_BOUND, "still receiving");
+    }
+    let (_, took) = event_of_within(&dev, r.new_id, &[EV_DISCONNECTED], killed)?;
+    note(&format!(
+        "killed mid-transfer: DISCONNECTED after {} ms",
+        took.as_millis()
+    ));
+    expect_errno(
+        "SEND after the peer died",
+        dev.send(r.new_id, b"x"),
+        libc::ENOTCONN,
+    )?;
+    dev.destroy(r.new_id)?;
+
+    // Mid-connection, the peer active: its request waits for the module.
+    let peer = KilledPeer::spawn(&["peer", "hold", &addr_arg])?;
+    let r = wait(&dev, EV_CONNECT_REQUEST)?;
+    let killed = peer.kill()?;
+    // The peer's end rejects the request (its CM id, destroyed in
+    // REQ_SENT, sends a REJ): the module's id learns it by an event, and
+    // an accept made meanwhile fails or is undone.
+    let accepted = dev.accept(r.new_id, None);
+    let want = [
+        EV_REJECTED,
+        EV_CONNECT_ERROR,
+        EV_UNREACHABLE,
+        EV_ESTABLISHED,
+        EV_DISCONNECTED,
+    ];
+    let (ev, took) = event_of_within(&dev, r.new_id, &want, killed)?;
+    let (ev, took) = if ev == EV_ESTABLISHED {
+        event_of_within(&dev, r.new_id, &[EV_DISCONNECTED], killed)?
+    } else {
+        (ev, took)
+    };
+    note(&format!(
+        "killed with its request pending: accept {}, then {} after {} ms",
+        accepted
+            .as_ref()
+            .map_or_else(|e| e.to_string(), |()| "ok".into()),
+        event_name(ev),
+        took.as_millis()
+    ));
+    dev.destroy(r.new_id)?;
+
+    // Mid-connection, the peer passive: the module's request waits for it.
+    let paddr = SocketAddr::new(ctx.local4, ctx.port());
+    let mut peer = KilledPeer::spawn(&["peer", "hold-request", &paddr.to_string()])?;
+    peer.expect("listening")?;
+    let id = resolve(&dev, paddr)?;
+    dev.connect(id, &Param::with_data(b"to a peer that dies"))?;
+    peer.expect("request")?;
+    let killed = peer.kill()?;
+    let (ev, took) = event_of_within(
+        &dev,
+        id,
+        &[EV_REJECTED, EV_CONNECT_ERROR, EV_UNREACHABLE],
+        killed,
+    )?;
+    note(&format!(
+        "killed before answering the module's request: {} after {} ms",
+        event_name(ev),
+        took.as_millis()
+    ));
+    dev.destroy(id)?;
+
+    // The listener still serves.
+    let call = Call::start(
+        &ctx.agent,
+        &format!("connect addr={addr} data=6f6b disc=peer"),
+    )?;
+    let r = wait(&dev, EV_CONNECT_REQUEST)?;
+    dev.accept(r.new_id, None)?;
+    wait(&dev, EV_ESTABLISHED)?;
+    disconnect_and_wait(&dev, r.new_id)?;
+    ensure!(field(&call.result()?, "event")? == "ESTABLISHED");
+    dev.destroy(r.new_id)?;
+    dev.destroy(l)?;
+    Ok(())
+}
+
+/// Thirty-two connection requests at once at a listener with a backlog of
+/// four that accepts nothing meanwhile: exactly four reach the file, the
+/// other 28 peers are refused (REJECTED, or UNREACHABLE should the refusal
+/// race the peer's own timeout), accepting the four works, and once they
+/// are gone the file holds nothing but its listener.
+fn backlog_overflow_burst(ctx: &mut Ctx) -> Result<()> {
+    const BACKLOG: u32 = 4;
+    const BURST: u32 = 32;
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    let l = listen(&dev, addr, BACKLOG, 0)?;
+    let mut burst = Call::start(
+        &ctx.agent,
+        &format!("burst addr={addr} count={BURST} data=0b"),
+    )?;
+    burst.ready()?;
+    burst.send("go")?;
+    // The four the backlog holds; then, while they wait, nothing else.
+    let mut requests = Vec::new();
+    for _ in 0..BACKLOG {
+        requests.push(wait(&dev, EV_CONNECT_REQUEST)?.new_id);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    no_event(&dev, 0, "a request over the backlog")?;
+    ensure!(
+        dev.query(l)?.backlog == BACKLOG,
+        "backlog in use {}",
+        dev.query(l)?.backlog
+    );
+    for &r in &requests {
+        dev.accept(r, None)?;
+        wait(&dev, EV_ESTABLISHED)?;
+    }
+    let events = field(&burst.result()?, "events")?.to_string();
+    let count = |name: &str| events.split(',').filter(|e| *e == name).count() as u32;
+    ensure!(
+        count("ESTABLISHED") == BACKLOG
+            && count("REJECTED") + count("UNREACHABLE") == BURST - BACKLOG,
+        "the peers saw {events}"
+    );
+    note(&format!(
+        "burst of {BURST} at backlog {BACKLOG}: {} established, {} rejected, {} unreachable",
+        count("ESTABLISHED"),
+        count("REJECTED"),
+        count("UNREACHABLE")
+    ));
+    // The peers are gone (the agent dropped its ids): every accepted id
+    // sees DISCONNECTED, and the backlog is free again.
+    for _ in 0..BACKLOG {
+        wait(&dev, EV_DISCONNECTED)?;
+    }
+    for r in requests {
+        dev.destroy(r)?;
+    }
+    ensure!(dev.query(l)?.backlog == 0, "backlog still in use");
+    for h in l + 1..l + 2 * BURST + 8 {
+        expect_errno(
+            "QUERY of a refused request's id",
+            dev.query(h),
+            libc::ENOENT,
+        )?;
+    }
+    dev.destroy(l)?;
     Ok(())
 }
 

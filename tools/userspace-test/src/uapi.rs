@@ -239,6 +239,21 @@ impl Device {
         Self::open_flags(libc::O_NONBLOCK)
     }
 
+    /// The device through a descriptor this process inherited open (the
+    /// access rules: the open file carries the opener's rights).  Refuses a
+    /// descriptor that is not open.
+    pub fn from_inherited_fd(fd: i32) -> Result<Self> {
+        // SAFETY: F_GETFD only reads the descriptor's flags; a bad one
+        // returns -1 (EBADF).
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: The descriptor is open (checked above) and this process
+        // hands it to nothing else: the caller named it to be owned here.
+        let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Ok(Self { file })
+    }
+
     fn open_flags(flags: i32) -> Result<Self> {
         let file = OpenOptions::new()
             .read(true)

@@ -1,0 +1,748 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Fault scenarios run in the test VM (`tools/fault-test.sh`,
+//! `tools/removal-test.sh`), each printing flat KTAP lines:
+//!
+//! * `ctl device-removal`: `rdma link delete` under a hundred established
+//!   connections with events and messages nobody has read yet;
+//! * `ctl peer-vm-killed`: the peer machine (two VMs) killed by the host
+//!   while it sends to the module;
+//! * `ctl fail-nth`: an allocation (or user copy) failure injected at each
+//!   site, in turn, of create, listen, connect, accept, send and MR_REG,
+//!   through `/proc/thread-self/fail-nth`.
+//!
+//! `fail-nth` counts the module's RDMA resources (`rdma res show`) before
+//! and after: what the module made must be gone once its ids are.
+
+use crate::report::*;
+use crate::uapi::{self, Device, Param};
+use crate::{module_expect, rdma_cmd, say};
+use anyhow::{bail, ensure, Context, Result};
+use std::{
+    collections::BTreeMap,
+    fs,
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+/// The module's objects per kind, from the kernel's resource tracking
+/// (kernel-owned objects are listed with the module's name as `comm`).
+pub fn module_resources() -> Result<BTreeMap<&'static str, usize>> {
+    let mut counts = BTreeMap::new();
+    for kind in ["cm_id", "qp", "cq", "pd", "mr"] {
+        let out = rdma_cmd(&["res", "show", kind])?;
+        counts.insert(
+            kind,
+            out.lines().filter(|l| l.contains("[rdma_cm_rs]")).count(),
+        );
+    }
+    Ok(counts)
+}
+
+/// Waits (bounded) until the module's resources are back at `base`: ids
+/// are destroyed from a workqueue, a little after the ioctl returned.
+pub fn expect_resources(base: &BTreeMap<&'static str, usize>, what: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = module_resources()?;
+        if &now == base {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{what}: the module's resources are {now:?}, {base:?} before"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Reads events of `dev` until one of `kind` arrived for each of `count`
+/// ids (other events are kept in `others`), within `limit`.
+fn collect(
+    dev: &Device,
+    kind: u32,
+    count: usize,
+    limit: Duration,
+    others: &mut usize,
+) -> Result<Vec<uapi::Event>> {
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    while got.len() < count {
+        ensure!(
+            Instant::now() < deadline,
+            "{} of {count} {} events in {limit:?}",
+            got.len(),
+            event_name(kind)
+        );
+        let e = match dev.get_event(1000) {
+            Ok(e) => e,
+            Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => continue,
+            Err(e) => return Err(e).context("GET_EVENT"),
+        };
+        if e.event == kind {
+            got.push(e);
+        } else {
+            *others += 1;
+        }
+    }
+    Ok(got)
+}
+
+/// Device removal with the module's ids, QPs, CQs, PDs and regions on the
+/// device: one connection with two regions and a completed RDMA WRITE, then
+/// `connections` more, established but with their ESTABLISHED events unread
+/// on the passive side and a message each not received.  `rdma link
+/// delete` must complete within `bound`, every id must get DEVICE_REMOVAL
+/// and be gone, and the device must serve again once re-added.  Run it in a process that never
+/// opened librdmacm: rxe cannot take a device from under open user
+/// contexts.
+pub fn device_removal(addr: SocketAddr, connections: usize, bound: Duration) -> Result<()> {
+    let server = Device::open()?;
+    let client = Device::open()?;
+    let listener = server.create_id(1)?;
+    server.bind(listener, &addr).context("bind")?;
+    server
+        .listen(listener, (connections + 8) as u32)
+        .context("listen")?;
+    let conn = client.create_id(2)?;
+    client
+        .resolve_addr(conn, &addr, 2000)
+        .context("resolve_addr")?;
+    module_expect(&client, EV_ADDR_RESOLVED)?;
+    client.resolve_route(conn, 2000).context("resolve_route")?;
+    module_expect(&client, EV_ROUTE_RESOLVED)?;
+    client.connect(conn, &Param::with_data(b"removal"))?;
+    let accepted = module_expect(&server, EV_CONNECT_REQUEST)?.new_id;
+    server.accept(accepted, None)?;
+    module_expect(&server, EV_ESTABLISHED)?;
+    module_expect(&client, EV_ESTABLISHED)?;
+    // Every kind of device resource exists: QPs, CQs, PDs, regions, and a
+    // completed RDMA WRITE proves the data path.
+    let (sink, saddr, skey) =
+        server.mr_reg(accepted, 4096, uapi::RDMA_CM_RS_ACCESS_REMOTE_WRITE)?;
+    let (source, _, _) = client.mr_reg(conn, 4096, 0)?;
+    client.mr_write(conn, source, 0, b"before removal")?;
+    client.rdma(
+        conn,
+        uapi::RDMA_CM_RS_RDMA_WRITE,
+        source,
+        0,
+        14,
+        saddr,
+        skey,
+    )?;
+    ensure!(server.mr_read(accepted, sink, 0, 14)? == b"before removal");
+
+    // The crowd, every step pipelined over all its ids.
+    let setup = Instant::now();
+    let mut unrelated = 0;
+    let mut clients = Vec::new();
+    for i in 0..connections {
+        let id = client.create_id(1000 + i as u64)?;
+        client.resolve_addr(id, &addr, 5000)?;
+        clients.push(id);
+    }
+    let step = Duration::from_secs(60);
+    collect(&client, EV_ADDR_RESOLVED, connections, step, &mut unrelated)?;
+    for &id in &clients {
+        client.resolve_route(id, 5000)?;
+    }
+    collect(
+        &client,
+        EV_ROUTE_RESOLVED,
+        connections,
+        step,
+        &mut unrelated,
+    )?;
+    for &id in &clients {
+        client.connect(id, &Param::with_data(b"crowd"))?;
+    }
+    let mut servers = Vec::new();
+    let deadline = Instant::now() + step;
+    while servers.len() < connections {
+        ensure!(
+            Instant::now() < deadline,
+            "{} of {connections} requests",
+            servers.len()
+        );
+        match server.get_event(1000) {
+            Ok(e) if e.event == EV_CONNECT_REQUEST => {
+                server.accept(e.new_id, None)?;
+                servers.push(e.new_id);
+            }
+            Ok(e) => bail!("server: unexpected {}", e.line("module")),
+            Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {}
+            Err(e) => return Err(e).context("GET_EVENT"),
+        }
+    }
+    collect(&client, EV_ESTABLISHED, connections, step, &mut unrelated)?;
+    ensure!(
+        unrelated == 0,
+        "{unrelated} unexpected events on the client"
+    );
+    for &id in &clients {
+        client.send(id, b"never received")?;
+    }
+    let pending = connections;
+    say(&format!(
+        "module: {} connections established in {} ms; {pending} ESTABLISHED events and {pending} messages not read on the passive side",
+        connections + 1,
+        setup.elapsed().as_millis()
+    ));
+    let during = module_resources()?;
+
+    let device = uapi::device_name(&client.query(conn)?);
+    let link = rdma_cmd(&["link", "show", &format!("{device}/1")])?;
+    let netdev = link
+        .split_whitespace()
+        .skip_while(|w| *w != "netdev")
+        .nth(1)
+        .context("no netdev in `rdma link show`")?
+        .to_string();
+    let mut server_ids = vec![listener, accepted];
+    server_ids.extend(&servers);
+    let mut client_ids = vec![conn];
+    client_ids.extend(&clients);
+    // Both files are read while the removal runs, as a consumer would:
+    // when the events arrive tells where the time goes.
+    let start = Instant::now();
+    let reader = |dev: &'static str, file: &Device, count: usize| {
+        let mut others = 0;
+        let events = collect(
+            file,
+            EV_DEVICE_REMOVAL,
+            count,
+            Duration::from_secs(30),
+            &mut others,
+        )
+        .with_context(|| format!("{dev} file"))?;
+        Ok::<_, anyhow::Error>((events.len(), others, start.elapsed()))
+    };
+    let (deleted, server_seen, client_seen) = std::thread::scope(|s| {
+        let server_reader = s.spawn(|| reader("server", &server, server_ids.len()));
+        let client_reader = s.spawn(|| reader("client", &client, client_ids.len()));
+        let deleted = rdma_cmd(&["link", "delete", &device]).map(|_| start.elapsed());
+        let join = |h: std::thread::ScopedJoinHandle<'_, Result<(usize, usize, Duration)>>| {
+            h.join().map_err(|_| anyhow::anyhow!("reader panicked"))?
+        };
+        let server_seen = join(server_reader);
+        let client_seen = join(client_reader);
+        Ok::<_, anyhow::Error>((deleted?, server_seen?, client_seen?))
+    })?;
+    let removals = server_seen.0 + client_seen.0;
+    let others = server_seen.1 + client_seen.1;
+    say(&format!(
+        "module: rdma link delete returned after {} ms; the last DEVICE_REMOVAL read after {} ms (server file) and {} ms (client file)",
+        deleted.as_millis(),
+        server_seen.2.as_millis(),
+        client_seen.2.as_millis()
+    ));
+    // Unregistration is queued: the device must actually go.
+    while rdma_cmd(&["link", "show", &format!("{device}/1")]).is_ok() {
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "{device} still there after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = start.elapsed();
+    for (dev, ids) in [(&server, &server_ids), (&client, &client_ids)] {
+        for &id in ids {
+            match dev.query(id) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                other => bail!("id {id} after DEVICE_REMOVAL: {other:?}"),
+            }
+        }
+    }
+    let ids = server_ids.len() + client_ids.len();
+    ensure!(
+        removals == ids,
+        "{removals} DEVICE_REMOVAL events for {ids} ids"
+    );
+    say(&format!(
+        "module: {device} removed in {} ms with {} connections, {ids} ids and 2 regions on it ({during:?}); {removals} DEVICE_REMOVAL events, one per id, and {others} pending events before them",
+        took.as_millis(),
+        connections + 1
+    ));
+    ensure!(
+        took < bound,
+        "removal took {} ms, over the bound of {} ms",
+        took.as_millis(),
+        bound.as_millis()
+    );
+    drop(server);
+    drop(client);
+    rdma_cmd(&["link", "add", &device, "type", "rxe", "netdev", &netdev])?;
+    // Back in service once an id binds to the address again.
+    let probe = Device::open()?;
+    let id = probe.create_id(3)?;
+    let bind_to = SocketAddr::new(addr.ip(), 0);
+    while probe.bind(id, &bind_to).is_err() {
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "{device} not usable again after re-adding it on {netdev}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    say(&format!("module: {device} added back on {netdev}"));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// fail-nth
+
+/// The fault-injection knobs: `fail-nth` alone decides (probability 0),
+/// sleeping allocations and order 0 pages included, no report in dmesg.
+fn enable_fault_injection() -> Result<()> {
+    let knobs = [
+        ("failslab/ignore-gfp-wait", "N"),
+        ("failslab/verbose", "0"),
+        ("fail_page_alloc/ignore-gfp-wait", "N"),
+        ("fail_page_alloc/ignore-gfp-highmem", "N"),
+        ("fail_page_alloc/min-order", "0"),
+        ("fail_page_alloc/verbose", "0"),
+        ("fail_usercopy/verbose", "0"),
+    ];
+    for (knob, value) in knobs {
+        let path = format!("/sys/kernel/debug/{knob}");
+        fs::write(&path, value).with_context(|| format!("write {value} to {path}"))?;
+    }
+    Ok(())
+}
+
+/// `/proc/thread-self/fail-nth`, opened once: opening it between setting
+/// and reading it would pass fault points of its own.  Reading and writing
+/// the open file passes none.
+struct FailNth(fs::File);
+
+impl FailNth {
+    fn open() -> Result<Self> {
+        Ok(Self(
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/proc/thread-self/fail-nth")
+                .context("open /proc/thread-self/fail-nth")?,
+        ))
+    }
+
+    /// The calling thread's `n`th fault point fails (0: none).  Writing
+    /// copies from user space, a fault point: when switching off a count
+    /// that has come down to 1, that copy is the failure (`EFAULT`), which
+    /// leaves the count at 0 all the same.
+    fn set(&self, n: usize) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        match self.0.write_at(n.to_string().as_bytes(), 0) {
+            Err(e) if n == 0 && e.raw_os_error() == Some(libc::EFAULT) => Ok(()),
+            r => r.map(drop).context("write fail-nth"),
+        }
+    }
+
+    /// Whether the failure set up by [`FailNth::set`] was injected (the
+    /// file reads 0 then); switches injection off either way.  The read's
+    /// copy to user space is a fault point itself (`fail_usercopy`): if it
+    /// is the one that fails (`EFAULT`), the call before passed fewer
+    /// points, and nothing was injected into it.
+    fn injected(&self) -> Result<bool> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 32];
+        let read = self.0.read_at(&mut buf, 0);
+        self.set(0)?;
+        match read {
+            Ok(n) => Ok(std::str::from_utf8(&buf[..n])?.trim() == "0"),
+            Err(e) if e.raw_os_error() == Some(libc::EFAULT) => Ok(false),
+            Err(e) => Err(e).context("read fail-nth"),
+        }
+    }
+}
+
+/// The operations faults are injected into.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Open,
+    CreateId,
+    Listen,
+    Connect,
+    Accept,
+    Send,
+    MrReg,
+}
+
+impl Op {
+    const ALL: [Op; 7] = [
+        Op::Open,
+        Op::CreateId,
+        Op::Listen,
+        Op::Connect,
+        Op::Accept,
+        Op::Send,
+        Op::MrReg,
+    ];
+}
+
+/// An established connection from a file of its own to the listener's
+/// file (which holds the passive id).
+struct Pair {
+    client: Device,
+    passive: u32,
+    active: u32,
+}
+
+/// A listener on `addr` in a file of its own.
+fn listener(addr: SocketAddr) -> Result<(Device, u32)> {
+    let dev = Device::open()?;
+    let id = dev.create_id(1)?;
+    dev.bind(id, &addr).context("bind")?;
+    dev.listen(id, 64).context("listen")?;
+    Ok((dev, id))
+}
+
+/// An id of `dev` resolved to `addr`, ready to connect.
+fn resolved(dev: &Device, addr: SocketAddr) -> Result<u32> {
+    let id = dev.create_id(2)?;
+    dev.resolve_addr(id, &addr, 2000)?;
+    expect_event(dev, EV_ADDR_RESOLVED)?;
+    dev.resolve_route(id, 2000)?;
+    expect_event(dev, EV_ROUTE_RESOLVED)?;
+    Ok(id)
+}
+
+fn expect_event(dev: &Device, kind: u32) -> Result<uapi::Event> {
+    let e = dev
+        .get_event(5000)
+        .with_context(|| format!("waiting for {}", event_name(kind)))?;
+    ensure!(
+        e.event == kind,
+        "expected {}, got {}",
+        event_name(kind),
+        e.line("module")
+    );
+    Ok(e)
+}
+
+fn pair(listen: &(Device, u32), addr: SocketAddr) -> Result<Pair> {
+    let client = Device::open()?;
+    let active = resolved(&client, addr)?;
+    client.connect(active, &Param::with_data(b"pair"))?;
+    let passive = expect_event(&listen.0, EV_CONNECT_REQUEST)?.new_id;
+    listen.0.accept(passive, None)?;
+    expect_event(&listen.0, EV_ESTABLISHED)?;
+    expect_event(&client, EV_ESTABLISHED)?;
+    Ok(Pair {
+        client,
+        passive,
+        active,
+    })
+}
+
+/// Destroys every id the listener's file got from requests (after a
+/// connect that went through), leaving the listener.
+fn drain_requests(listen: &(Device, u32)) -> Result<()> {
+    loop {
+        match listen.0.get_event(300) {
+            Ok(e) if e.event == EV_CONNECT_REQUEST => {
+                let _ = listen.0.destroy(e.new_id);
+            }
+            Ok(e) if e.id != listen.1 && e.id != 0 => {
+                let _ = listen.0.destroy(e.id);
+            }
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => return Ok(()),
+            Err(e) => return Err(e).context("GET_EVENT"),
+        }
+    }
+}
+
+/// One injection round of `op`: sets the state up, fails the `n`th fault
+/// point of the call, checks what is left usable, tears it down.  Returns
+/// whether a fault was injected and the call's result.
+fn one_round(
+    fail: &FailNth,
+    op: Op,
+    n: usize,
+    addr: SocketAddr,
+) -> Result<(bool, std::result::Result<(), i32>)> {
+    let errno = |r: uapi::Result<()>| r.map_err(|e| e.raw_os_error().unwrap_or(-1));
+    // A listener of the round's own: nothing of an earlier round (a late
+    // REJECTED, a request) reaches this one.
+    let listen = &match op {
+        Op::Connect | Op::Accept | Op::Send | Op::MrReg => Some(listener(addr)?),
+        _ => None,
+    };
+    let listen = || listen.as_ref().context("no listener");
+    match op {
+        Op::Open => {
+            fail.set(n)?;
+            let r = Device::open();
+            let injected = fail.injected()?;
+            if let Ok(dev) = &r {
+                let id = dev.create_id(1)?;
+                dev.destroy(id)?;
+            }
+            Ok((injected, errno(r.map(drop))))
+        }
+        Op::CreateId => {
+            let dev = Device::open()?;
+            fail.set(n)?;
+            let r = dev.create_id(7);
+            let injected = fail.injected()?;
+            match r {
+                Ok(id) => dev.destroy(id)?,
+                // The file still works.
+                Err(_) => {
+                    let id = dev.create_id(8)?;
+                    dev.destroy(id)?;
+                }
+            }
+            Ok((injected, errno(r.map(drop))))
+        }
+        Op::Listen => {
+            let dev = Device::open()?;
+            let id = dev.create_id(1)?;
+            let port = addr.port() + 1;
+            dev.bind(id, &SocketAddr::new(addr.ip(), port))?;
+            fail.set(n)?;
+            let r = dev.listen(id, 8);
+            let injected = fail.injected()?;
+            if r.is_err() {
+                // A failed listen leaves the id as it was: it listens now.
+                dev.listen(id, 8).context("listen again after a failure")?;
+            }
+            dev.destroy(id)?;
+            Ok((injected, errno(r)))
+        }
+        Op::Connect => {
+            let dev = Device::open()?;
+            let id = resolved(&dev, addr)?;
+            fail.set(n)?;
+            let r = dev.connect(id, &Param::with_data(b"fail-nth"));
+            let injected = fail.injected()?;
+            if r.is_ok() {
+                // The request went out: the listener refuses it, and the
+                // id learns that.
+                let request = expect_event(&listen()?.0, EV_CONNECT_REQUEST)?.new_id;
+                listen()?.0.reject(request, 0, b"")?;
+                expect_event(&dev, EV_REJECTED)?;
+            }
+            dev.destroy(id)?;
+            drain_requests(listen()?)?;
+            Ok((injected, errno(r)))
+        }
+        Op::Accept => {
+            let dev = Device::open()?;
+            let id = resolved(&dev, addr)?;
+            dev.connect(id, &Param::with_data(b"fail-nth"))?;
+            let request = expect_event(&listen()?.0, EV_CONNECT_REQUEST)?.new_id;
+            fail.set(n)?;
+            let r = listen()?.0.accept(request, None);
+            let injected = fail.injected()?;
+            if r.is_ok() {
+                expect_event(&dev, EV_ESTABLISHED)?;
+            } else {
+                // The request is refused: by the CM itself if the failure
+                // came after it took the request on (rdma_accept rejects
+                // then, and a second reject is EINVAL), else by us.
+                match listen()?.0.reject(request, 0, b"") {
+                    Err(e) if e.raw_os_error() != Some(libc::EINVAL) => {
+                        return Err(e).context("reject after a failed accept")
+                    }
+                    _ => {}
+                }
+                let e = dev.get_event(5000)?;
+                ensure!(
+                    e.event == EV_REJECTED,
+                    "after a failed accept and a reject: {}",
+                    e.line("module")
+                );
+            }
+            listen()?.0.destroy(request)?;
+            dev.destroy(id)?;
+            drain_requests(listen()?)?;
+            Ok((injected, errno(r)))
+        }
+        Op::Send | Op::MrReg => {
+            let p = pair(listen()?, addr)?;
+            let (injected, r) = if let Op::Send = op {
+                fail.set(n)?;
+                let r = p.client.send(p.active, b"fail-nth");
+                let injected = fail.injected()?;
+                // The connection still carries messages.
+                p.client
+                    .send(p.active, b"after")
+                    .context("send after the injected failure")?;
+                let mut got = Vec::new();
+                let want = if r.is_ok() { 2 } else { 1 };
+                while got.len() < want {
+                    got.push(listen()?.0.recv(p.passive, 4096, 5000)?);
+                }
+                ensure!(
+                    got.last().map(Vec::as_slice) == Some(&b"after"[..]),
+                    "received {got:?}"
+                );
+                (injected, r)
+            } else {
+                fail.set(n)?;
+                let r = p.client.mr_reg(p.active, 8192, 0);
+                let injected = fail.injected()?;
+                if let Ok((mr, _, _)) = r {
+                    p.client.mr_dereg(p.active, mr)?;
+                }
+                let (mr, _, _) = p
+                    .client
+                    .mr_reg(p.active, 8192, 0)
+                    .context("MR_REG after the injected failure")?;
+                p.client.mr_dereg(p.active, mr)?;
+                (injected, r.map(drop))
+            };
+            listen()?.0.destroy(p.passive)?;
+            drop(p);
+            drain_requests(listen()?)?;
+            Ok((injected, errno(r)))
+        }
+    }
+}
+
+/// Every fault point of each operation in turn (n = 1, 2, ... until the
+/// call passes none): the call fails with an errno or succeeds, and the
+/// file, the id and the connection stay usable.  Prints one KTAP line per
+/// operation and one for the resources; `Ok(false)` if one failed.
+pub fn fail_nth(addr: SocketAddr, first_ktap: usize) -> Result<bool> {
+    enable_fault_injection()?;
+    let fail = FailNth::open()?;
+    let base = module_resources()?;
+    let mut all_ok = true;
+    let mut k = first_ktap;
+    for op in Op::ALL {
+        let start = Instant::now();
+        let mut errnos: BTreeMap<String, usize> = BTreeMap::new();
+        let mut outcome = Ok(0);
+        for n in 1..=5000 {
+            match one_round(&fail, op, n, addr) {
+                Ok((false, r)) => {
+                    outcome = match r {
+                        Ok(()) => Ok(n - 1),
+                        Err(e) => Err(anyhow::anyhow!(
+                            "failed with {} without an injected fault",
+                            crate::fuzz::errno_name(e)
+                        )),
+                    };
+                    break;
+                }
+                Ok((true, r)) => {
+                    let name = r.map_or_else(crate::fuzz::errno_name, |()| "success".into());
+                    *errnos.entry(name).or_default() += 1;
+                }
+                Err(e) => {
+                    outcome = Err(e.context(format!("fault point {n}")));
+                    break;
+                }
+            }
+            if n == 5000 {
+                outcome = Err(anyhow::anyhow!("more than 5000 fault points"));
+            }
+        }
+        let _ = fail.set(0);
+        let name = format!("fail-nth: {op:?}");
+        match outcome {
+            Ok(sites) => println!(
+                "ok {k} - {name}: {sites} fault points, outcomes {errnos:?} ({} ms)",
+                start.elapsed().as_millis()
+            ),
+            Err(e) => {
+                all_ok = false;
+                println!("not ok {k} - {name}: {e:#} (outcomes so far {errnos:?})");
+            }
+        }
+        k += 1;
+    }
+    match expect_resources(&base, "after every injected failure") {
+        Ok(()) => println!("ok {k} - fail-nth: no module resource left on the device"),
+        Err(e) => {
+            all_ok = false;
+            println!("not ok {k} - fail-nth: {e:#}");
+        }
+    }
+    Ok(all_ok)
+}
+
+// ---------------------------------------------------------------------------
+// The peer machine killed mid-transfer (two VMs)
+
+/// The agent of the peer VM connects to the module and sends every 20 ms;
+/// once the module has received some, the host kills the peer VM
+/// (`tools/vm/run`: the file named by `RDMA_CM_RS_KILL_PEER`).  Nothing
+/// tells the module: a send of its own must fail within `bound` (the RC
+/// transport's retries run out, or the module's wait for the completion
+/// does), and disconnecting and destroying the id must not wait for the
+/// dead machine.
+/// Prints KTAP lines; `Ok(false)` if one failed.
+pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> Result<bool> {
+    let kill_file = std::env::var("RDMA_CM_RS_KILL_PEER")
+        .context("RDMA_CM_RS_KILL_PEER is not set: run in two VMs by tools/vm/run")?;
+    let dev = Device::open()?;
+    let l = dev.create_id(1)?;
+    dev.bind(l, &local).context("bind")?;
+    dev.listen(l, 4).context("listen")?;
+    let mut call = crate::agent::Call::start(&agent, &format!("hold addr={local}"))?;
+    let r = expect_event(&dev, EV_CONNECT_REQUEST)?;
+    dev.accept(r.new_id, None)?;
+    expect_event(&dev, EV_ESTABLISHED)?;
+    call.ready()?;
+    for _ in 0..5 {
+        dev.recv(r.new_id, 4096, 5000)
+            .context("a message of the peer")?;
+    }
+    fs::write(&kill_file, b"").context("ask the host to kill the peer VM")?;
+    let done = format!("{kill_file}.done");
+    let asked = Instant::now();
+    while !std::path::Path::new(&done).exists() {
+        ensure!(
+            asked.elapsed() < Duration::from_secs(30),
+            "the host did not kill the peer VM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed = Instant::now();
+    // Messages already in the module's receive queue are still read.
+    while dev.recv(r.new_id, 4096, 0).is_ok() {}
+    // A send to the dead machine: RC retries (7, with the CM's ACK timeout
+    // for RoCE) run out and the send fails.
+    let sent = dev.send(r.new_id, b"to a dead machine");
+    let send_took = killed.elapsed();
+    let mut ok = true;
+    let mut k = 1;
+    let mut result = |pass: bool, what: String| {
+        ok &= pass;
+        println!("{} {k} - {what}", if pass { "ok" } else { "not ok" });
+        k += 1;
+    };
+    result(
+        sent.is_err() && send_took < bound,
+        format!(
+            "peer VM killed mid-transfer: the module's next send failed ({}) after {} ms (bound {} ms)",
+            sent.as_ref().map_or_else(|e| e.to_string(), |()| "it succeeded".into()),
+            send_took.as_millis(),
+            bound.as_millis()
+        ),
+    );
+    // Disconnect and destroy do not wait for the dead machine: the CM
+    // would retry its DREQ for about a minute (15 retries of the peer's
+    // response timeout) before DISCONNECTED; destroying cancels that.
+    let teardown = Instant::now();
+    let d = dev.disconnect(r.new_id);
+    let destroyed = dev.destroy(r.new_id);
+    result(
+        destroyed.is_ok() && teardown.elapsed() < Duration::from_secs(5),
+        format!(
+            "peer VM killed mid-transfer: disconnect ({}) and destroy ({}) took {} ms",
+            d.as_ref().map_or_else(|e| e.to_string(), |()| "ok".into()),
+            destroyed
+                .as_ref()
+                .map_or_else(|e| e.to_string(), |()| "ok".into()),
+            teardown.elapsed().as_millis()
+        ),
+    );
+    dev.destroy(l)?;
+    // The agent's side died with its machine.
+    drop(call);
+    Ok(ok)
+}
