@@ -613,7 +613,10 @@ impl CtlFile {
         let c: abi::IdCmd = read_arg(arg)?;
         require_zero(&[c.reserved])?;
         let id = self.get(c.id)?;
-        Self::locked_then_state(&id, abi::state::DISCONNECT, |l| l.disconnect())
+        // Not under the handler lock: see `CmId::disconnect`.
+        id.disconnect()?;
+        Self::shared(&id).state.lock().state = abi::state::DISCONNECT;
+        Ok(())
     }
 
     fn set_option(&self, arg: usize) -> Result {

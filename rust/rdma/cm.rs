@@ -9,14 +9,16 @@
 //! * A [`CmId`] owns one `rdma_cm_id`.  Dropping it destroys the id: after
 //!   the drop returns no callback runs any more.  There is no other way to
 //!   destroy an id, so double destroy and use after destroy do not compile.
-//! * Every call into the CM on an id but `rdma_listen` runs with the id's
-//!   `handler_mutex` held: inside the id's callback the CM holds it, and
-//!   [`CmId::with_lock`] takes it (`rdma_lock_handler`) outside.
-//!   [`CmId::listen`] runs without it, as ucma calls it: on a wildcard
-//!   listener's error path `rdma_listen` destroys the internal per-device
-//!   listeners it made, taking their handler mutexes (one lock class with
-//!   the id's).  Outside callbacks, every call on an id, `listen`
-//!   included, is serialised by a mutex of the layer's own (`calls`).  Both hand out a [`LockedId`],
+//! * Every call into the CM on an id but `rdma_listen` and `rdma_disconnect`
+//!   runs with the id's `handler_mutex` held: inside the id's callback the
+//!   CM holds it, and [`CmId::with_lock`] takes it (`rdma_lock_handler`)
+//!   outside.  [`CmId::listen`] runs without it, as ucma calls it: on a
+//!   wildcard listener's error path `rdma_listen` destroys the internal
+//!   per-device listeners it made, taking their handler mutexes (one lock
+//!   class with the id's).  [`CmId::disconnect`] too: on iWARP it waits for
+//!   a pending connect's reply, which needs the mutex.  Outside callbacks,
+//!   every call on an id, these included, is serialised by a mutex of the
+//!   layer's own (`calls`).  Both hand out a [`LockedId`],
 //!   the only type with CM operations on it.  This serialises the id's
 //!   operations with each other and with its events ("the rdma_cm must be
 //!   used single threaded", ucma.c), makes `rdma_accept`'s lockdep
@@ -361,6 +363,31 @@ impl<H: Handler> CmId<H> {
         // internal listeners it destroys on failure, none of which this
         // task holds.
         to_result(unsafe { bindings::rdma_listen(self.inner.raw(), backlog) })
+    }
+
+    /// Disconnects (`rdma_disconnect`): moves the QP to the error state and
+    /// sends the CM's disconnect request or reply.
+    ///
+    /// Called without the id's handler mutex, as `ucma.c` calls it, so not
+    /// from inside any callback of the layer or `with_lock` (`EDEADLK`).
+    /// On iWARP, `iw_cm_disconnect` waits until the reply to a pending
+    /// connect has been handled, and that reply reaches this id's handler
+    /// (on the iWARP CM's one workqueue) only once it can take the handler
+    /// mutex: holding it here deadlocked (the ioctl fuzzer, seed 1, on
+    /// siw: DISCONNECT right after CONNECT never returned, and every later
+    /// siw teardown hung behind it).
+    pub fn disconnect(&self) -> Result {
+        if in_any_callback() {
+            return Err(EDEADLK);
+        }
+        let _calls = self.inner.calls.lock();
+        // SAFETY: The id is live (type invariants) and cannot be destroyed
+        // while `self` is borrowed.  `rdma_disconnect` needs no lock of the
+        // caller's: it moves the QP to the error state under the id's
+        // `qp_mutex` (`cma_modify_qp_err`), the mutex `rdma_destroy_qp`
+        // takes too, so a QP destroyed meanwhile by `LockedId::destroy_qp`
+        // is seen as gone; the rest is the CM's own state.
+        to_result(unsafe { bindings::rdma_disconnect(self.inner.raw()) })
     }
 }
 
@@ -756,12 +783,6 @@ impl LockedId<'_> {
         // `rdma_reject_msg` reads to pick the transport; it returns a static
         // string for any reason.
         Some(unsafe { CStr::from_char_ptr(bindings::rdma_reject_msg(self.as_ptr(), reason)) })
-    }
-
-    /// Disconnects (`rdma_disconnect`).
-    pub fn disconnect(&self) -> Result {
-        // SAFETY: The id is live.
-        to_result(unsafe { bindings::rdma_disconnect(self.as_ptr()) })
     }
 
     /// Sets the type of service (`rdma_set_service_type`), before connect/listen.
