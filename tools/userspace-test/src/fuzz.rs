@@ -12,32 +12,71 @@
 //! minority of hostile choices: wrong command numbers, sizes and directions,
 //! garbage in reserved fields, huge lengths, NULL, unmapped and PROT_NONE
 //! pointers, ids of other files and destroyed ids, UD ids on the RC data
-//! path, dup() and close() mid-sequence.
+//! path, dup() and close() mid-sequence.  Some ids bind to and resolve the
+//! siw device's address (`--siw-addr`) instead of the local (rxe) one.
 //!
-//! Every operation is one trace line (`--trace FILE` writes them all,
-//! `--replay FILE` runs such a file again).  The user-space oracle: each
-//! command's errno must be one the ABI allows for it, a call the ABI must
-//! refuse must fail, events must name ids the file was given and did not
-//! destroy, and no call may take longer than `--hang-secs`.  On a finding
-//! the seed, the last operations and the shortest failing prefix of the
-//! trace (bisected by replay) are printed.  Kernel reports (the dmesg gate,
-//! kmemleak) are the VM runner's job: a clean run exits 0.
+//! Besides, mid-sequence:
+//!
+//! * fork(): the child runs a short seeded sequence of ioctls on the
+//!   inherited descriptors, prepared before the fork (after fork() in a
+//!   threaded process the child makes only raw ioctl, write and _exit
+//!   calls), sends each result and argument structure back through a pipe
+//!   and `_exit`s; the parent waits for it (bounded), plays the results into
+//!   its model and judges them with the same oracle.
+//! * signals: a call that may sleep (GET_EVENT, SEND, RECV, MR_REG,
+//!   MR_DEREG, RDMA) is sometimes armed: a signaller thread `pthread_kill`s
+//!   the calling thread a seeded delay into the call, and again every 20 ms
+//!   until it returns (a no-op handler without `SA_RESTART`; the signal is
+//!   blocked in the thread outside that call).  GET_EVENT on a blocking file
+//!   may then even wait for ever.
+//!
+//! and two actor threads with PRNGs of their own:
+//!
+//! * peers: up to `--peers` processes of this program (`fuzz-peer`, the
+//!   real librdmacm) connect to the fuzzer's listeners on the local address
+//!   (the rxe device, never siw), exchange messages when accepted, and are
+//!   SIGKILLed at seeded times: right after the spawn, while connecting,
+//!   while connected.
+//! * link: `rdma link delete` and `rdma link add` of the siw device
+//!   (`--siw-dev`, on the netdev it had at the start) at seeded times; the
+//!   ids on it get DEVICE_REMOVAL.  The device is there again when the run
+//!   ends.  The rxe device is never deleted: the peers hold user verbs
+//!   contexts on it.
+//!
+//! Every operation, actor steps included, is one trace line (`--trace FILE`
+//! writes them all, `--replay FILE` runs such a file again, each thread's
+//! lines in order; a fork child's calls follow their fork as `#` comments
+//! and are regenerated from the fork's seed).  The user-space oracle: each
+//! command's errno must be one the ABI allows for it (`EINTR` only from a
+//! call that sleeps and was signalled), a call the ABI must refuse must
+//! fail, events must name ids the file was given and did not destroy and
+//! that had no DEVICE_REMOVAL (the id's last event), no call may take
+//! longer than `--hang-secs`, and no fork child, peer or `rdma` command may
+//! outlive its bound.  On a finding the seed, the last operations and the
+//! shortest failing prefix of the trace (bisected by replay) are printed.
+//! The summary counts every (command, result) pair and every kind of the
+//! other operations.  Kernel reports (the dmesg gate, kmemleak) are the VM
+//! runner's job: a clean run exits 0.
 
 use anyhow::{bail, Context, Result};
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     ffi::CString,
     fmt::Write as _,
-    io::{BufRead, BufReader, BufWriter, Write},
+    io::{BufRead, BufReader, BufWriter, Read, Write},
     mem::size_of,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, SocketAddr},
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, Stdio},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+        Arc, Condvar, Mutex,
     },
     time::{Duration, Instant},
 };
 
+use crate::cm;
 use crate::report::{EV_CONNECT_RESPONSE, EV_DEVICE_REMOVAL};
 use crate::uapi::*;
 
@@ -55,6 +94,14 @@ pub struct Options {
     pub shrink_secs: u64,
     pub local: Ipv4Addr,
     pub port_base: u16,
+    /// Live librdmacm peer processes at most (0: no peer actor).
+    pub peers: u32,
+    /// Whether an actor deletes and re-adds the siw device.
+    pub link: bool,
+    /// The siw device's address (some ids bind and resolve there).
+    pub siw_addr: Ipv4Addr,
+    /// The siw device the link actor deletes and re-adds.
+    pub siw_dev: String,
 }
 
 // ---------------------------------------------------------------------------
@@ -182,6 +229,14 @@ impl Cmd {
                 | Cmd::MrRead
         )
     }
+    /// Whether the call may sleep interruptibly (`rust/ctl/wait.rs`): a
+    /// signal ends the wait with `ERESTARTSYS`, `EINTR` in user space.
+    fn may_block(self) -> bool {
+        matches!(
+            self,
+            Cmd::GetEvent | Cmd::Send | Cmd::Recv | Cmd::MrReg | Cmd::MrDereg | Cmd::Rdma
+        )
+    }
 }
 
 /// What the argument pointer of an ioctl is.
@@ -272,14 +327,33 @@ impl IdRef {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Act {
-    Open { nonblock: bool },
+    Open {
+        nonblock: bool,
+    },
     Close,
     Dup,
     Ioctl(Cmd),
+    /// `fork()`: the child runs `v[1]` ioctls (generated from seed `v[0]`
+    /// and the file's model) on the inherited descriptors and `_exit`s; the
+    /// parent waits for it and judges its results.
+    Fork,
+    /// The peer actor: a librdmacm peer process in slot `f` is spawned
+    /// (seed `v[2]`) or SIGKILLed, `v[0]` ms after the actor's previous
+    /// step.
+    Peer {
+        kill: bool,
+    },
+    /// The link actor: `rdma link delete` or `add` of the siw device,
+    /// `v[0]` ms after its previous step.
+    Link {
+        add: bool,
+    },
 }
 
 /// One operation: one trace line.  `v` holds the command's parameters
-/// (see `build`), `raw` a command number that replaces the right one.
+/// (see `build`), `raw` a command number that replaces the right one,
+/// `sig` the delay (ms) after which another thread signals the calling
+/// thread during the call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Op {
     pub t: u32,
@@ -291,6 +365,7 @@ pub struct Op {
     pub id: IdRef,
     pub v: [u64; 8],
     pub expect: Expect,
+    pub sig: Option<u32>,
 }
 
 impl Op {
@@ -305,6 +380,7 @@ impl Op {
             id: IdRef::Raw(0),
             v: [0; 8],
             expect: Expect::Any,
+            sig: None,
         }
     }
 
@@ -316,6 +392,23 @@ impl Op {
             }
             Act::Close => s.push_str("close"),
             Act::Dup => s.push_str("dup"),
+            Act::Fork => {
+                let _ = write!(s, "fork n={} s={:#x}", self.v[1], self.v[0]);
+            }
+            Act::Peer { kill: false } => {
+                let _ = write!(s, "peer spawn s={:#x} after={}", self.v[2], self.v[0]);
+            }
+            Act::Peer { kill: true } => {
+                let _ = write!(s, "peer kill after={}", self.v[0]);
+            }
+            Act::Link { add } => {
+                let _ = write!(
+                    s,
+                    "link {} after={}",
+                    if add { "add" } else { "delete" },
+                    self.v[0]
+                );
+            }
             Act::Ioctl(c) => {
                 let _ = write!(
                     s,
@@ -331,6 +424,9 @@ impl Op {
                         .join(","),
                     self.expect.name()
                 );
+                if let Some(ms) = self.sig {
+                    let _ = write!(s, " sig={ms}");
+                }
             }
         }
         s
@@ -353,16 +449,39 @@ impl Op {
             "open" => Op::new(t, f, Act::Open { nonblock: false }),
             "close" => Op::new(t, f, Act::Close),
             "dup" => Op::new(t, f, Act::Dup),
+            "fork" => Op::new(t, f, Act::Fork),
+            "peer" => match words.next()? {
+                "spawn" => Op::new(t, f, Act::Peer { kill: false }),
+                "kill" => Op::new(t, f, Act::Peer { kill: true }),
+                _ => return None,
+            },
+            "link" => match words.next()? {
+                "delete" => Op::new(t, f, Act::Link { add: false }),
+                "add" => Op::new(t, f, Act::Link { add: true }),
+                _ => return None,
+            },
             name => Op::new(t, f, Act::Ioctl(Cmd::from_name(name)?)),
         };
         op.fd = fd;
         let rest: HashMap<&str, &str> = words.filter_map(|w| w.split_once('=')).collect();
+        let num = |k: &str| rest.get(k).and_then(|v| parse_num(v));
         match op.act {
             Act::Open { .. } => {
                 op.act = Act::Open {
                     nonblock: *rest.get("nb")? == "1",
                 }
             }
+            Act::Fork => {
+                op.v[1] = num("n")?;
+                op.v[0] = num("s")?;
+            }
+            Act::Peer { kill } => {
+                op.v[0] = num("after")?;
+                if !kill {
+                    op.v[2] = num("s")?;
+                }
+            }
+            Act::Link { .. } => op.v[0] = num("after")?,
             Act::Ioctl(_) => {
                 let cmd = *rest.get("cmd")?;
                 op.raw = if cmd == "-" {
@@ -382,8 +501,12 @@ impl Op {
                 }
                 op.v.copy_from_slice(&vs);
                 op.expect = Expect::from_name(rest.get("x")?)?;
+                op.sig = match rest.get("sig") {
+                    Some(v) => Some(parse_num(v)? as u32),
+                    None => None,
+                };
             }
-            _ => {}
+            Act::Close | Act::Dup => {}
         }
         Some(op)
     }
@@ -424,7 +547,6 @@ const ALLOWED: &[i32] = &[
     libc::EMFILE,
     libc::ENOMEM,
     libc::EAFNOSUPPORT,
-    libc::EINTR,
     libc::EISCONN,
     libc::EALREADY,
     libc::ENODATA,
@@ -433,12 +555,23 @@ const ALLOWED: &[i32] = &[
     libc::ENOBUFS,
 ];
 
-fn errno_ok(cmd: Cmd, e: i32) -> bool {
-    ALLOWED.contains(&e) || (e == libc::EIO && cmd.may_eio())
+/// `signalled`: another thread signalled the caller during the call, which
+/// ends an interruptible wait with `EINTR` (the module's `ERESTARTSYS`, not
+/// restarted: the handler has no `SA_RESTART`); nothing else may answer
+/// `EINTR`.
+fn errno_ok(cmd: Cmd, e: i32, signalled: bool) -> bool {
+    ALLOWED.contains(&e)
+        || (e == libc::EIO && cmd.may_eio())
+        || (e == libc::EINTR && signalled && cmd.may_block())
 }
 
 /// `None` if the result is what the ABI allows, else why not.
-fn judge(cmd: Cmd, expect: Expect, r: std::result::Result<(), i32>) -> Option<String> {
+fn judge(
+    cmd: Cmd,
+    expect: Expect,
+    r: std::result::Result<(), i32>,
+    signalled: bool,
+) -> Option<String> {
     match (expect, r) {
         (Expect::Enotty, Err(libc::ENOTTY)) | (Expect::Efault, Err(libc::EFAULT)) => None,
         (Expect::Enotty | Expect::Efault, r) => Some(format!(
@@ -452,7 +585,7 @@ fn judge(cmd: Cmd, expect: Expect, r: std::result::Result<(), i32>) -> Option<St
             "{}: succeeded where the ABI requires a failure",
             cmd.name()
         )),
-        (_, Err(e)) if errno_ok(cmd, e) => None,
+        (_, Err(e)) if errno_ok(cmd, e, signalled) => None,
         (_, Err(e)) => Some(format!(
             "{}: errno {} is not allowed",
             cmd.name(),
@@ -517,6 +650,8 @@ struct Shared {
     stop: AtomicBool,
     trace: Mutex<TraceSink>,
     counts: Mutex<BTreeMap<(Cmd, String), u64>>,
+    /// Counts of the other kinds of operation and of what they led to.
+    kinds: Mutex<BTreeMap<&'static str, u64>>,
     findings: Mutex<Vec<String>>,
     /// Per thread: start of the running call (ms since `t0`, 0 = idle) and
     /// its trace line.
@@ -525,6 +660,14 @@ struct Shared {
     files_opened: AtomicU64,
     /// Regions registered by any thread: RDMA targets (addr, rkey, len).
     regions: Mutex<Vec<(u64, u32, u32)>>,
+    /// Threads that generate ioctls and have not finished: the actors stop
+    /// with the last of them.
+    workers_left: AtomicU32,
+    signals: Signaller,
+    /// The live peer processes, for a run that ends on a hang.
+    peer_pids: Mutex<Vec<u32>>,
+    /// Ports of the last RC listeners on the local address (or any).
+    listen_ports: Mutex<VecDeque<u16>>,
     quiet: bool,
 }
 
@@ -534,6 +677,33 @@ struct OptionsLite {
     port_base: u16,
     files: u32,
     keep_going: bool,
+    siw_addr: Ipv4Addr,
+    /// Peer processes at most (slots of the peer actor).
+    peers: u32,
+    /// The program the peers run (this one), if known.
+    exe: Option<PathBuf>,
+    /// The siw device and its netdev, if the link actor may use them.
+    link: Option<(String, String)>,
+    /// Bound of one actor step or fork child (below the hang watchdog).
+    step: Duration,
+}
+
+impl OptionsLite {
+    /// For the unit tests: no device needed.
+    #[cfg(test)]
+    fn test() -> Self {
+        Self {
+            local: Ipv4Addr::new(192, 0, 2, 1),
+            port_base: 7600,
+            files: 3,
+            keep_going: true,
+            siw_addr: Ipv4Addr::new(203, 0, 113, 1),
+            peers: 3,
+            exe: None,
+            link: None,
+            step: Duration::from_secs(10),
+        }
+    }
 }
 
 const TAIL: usize = 50;
@@ -548,10 +718,43 @@ struct TraceSink {
 }
 
 impl Shared {
+    fn new(opts: OptionsLite, threads: u32, file: Option<BufWriter<std::fs::File>>) -> Self {
+        Self {
+            opts,
+            stop: AtomicBool::new(false),
+            trace: Mutex::new(TraceSink {
+                file,
+                tail: VecDeque::new(),
+                all: Vec::new(),
+                all_complete: true,
+            }),
+            counts: Mutex::new(BTreeMap::new()),
+            kinds: Mutex::new(BTreeMap::new()),
+            findings: Mutex::new(Vec::new()),
+            busy: (0..threads)
+                .map(|_| (AtomicU64::new(0), Mutex::new(String::new())))
+                .collect(),
+            t0: Instant::now(),
+            files_opened: AtomicU64::new(0),
+            regions: Mutex::new(Vec::new()),
+            workers_left: AtomicU32::new(0),
+            signals: Signaller::default(),
+            peer_pids: Mutex::new(Vec::new()),
+            listen_ports: Mutex::new(VecDeque::new()),
+            quiet: false,
+        }
+    }
+
+    fn kind(&self, k: &'static str) {
+        *self.kinds.lock().unwrap().entry(k).or_default() += 1;
+    }
+
     fn log(&self, line: &str) {
         let mut t = self.trace.lock().unwrap();
         if let Some(f) = t.file.as_mut() {
+            // Line by line: a kernel panic loses nothing written before it.
             let _ = writeln!(f, "{line}");
+            let _ = f.flush();
         }
         if t.tail.len() == TAIL {
             t.tail.pop_front();
@@ -583,6 +786,393 @@ impl Shared {
             self.stop.store(true, Ordering::SeqCst);
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// Signals: another thread interrupts a blocking call.
+
+/// The signal.  Its handler does nothing and is installed without
+/// `SA_RESTART`, so an interrupted wait of the module (`ERESTARTSYS`) ends
+/// the call with `EINTR`.  Every fuzzing thread keeps it blocked except
+/// during the one call it is aimed at.
+const SIG: libc::c_int = libc::SIGUSR1;
+/// An armed signal is sent again this often until the call returns: the
+/// first may land before the call sleeps.
+const SIG_REPEAT: Duration = Duration::from_millis(20);
+
+extern "C" fn on_signal(_: libc::c_int) {}
+
+fn install_signal_handler() -> Result<()> {
+    // SAFETY: a zeroed sigaction is valid; the handler is empty, so
+    // async-signal-safe; no SA_RESTART, no SA_SIGINFO.
+    let r = unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        sa.sa_flags = 0;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(SIG, &sa, std::ptr::null_mut())
+    };
+    if r != 0 {
+        bail!("sigaction: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn sig_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the set, sigaddset adds a valid signal.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, SIG);
+        set
+    }
+}
+
+/// Blocks or unblocks [`SIG`] in the calling thread.
+fn block_signal(block: bool) {
+    let set = sig_set();
+    let how = if block {
+        libc::SIG_BLOCK
+    } else {
+        libc::SIG_UNBLOCK
+    };
+    // SAFETY: a valid set; the old mask is not wanted.
+    unsafe { libc::pthread_sigmask(how, &set, std::ptr::null_mut()) };
+}
+
+/// Takes a signal that came after the call returned (blocked, pending).
+fn drain_signal() {
+    let set = sig_set();
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid set and timeout; no siginfo wanted.
+    while unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) } == SIG {}
+}
+
+/// The thread that sends the signals: a call armed with `sig=MS` gets
+/// [`SIG`] (`pthread_kill`) MS ms after it started, then every
+/// [`SIG_REPEAT`] until it returns.
+#[derive(Default)]
+struct Signaller {
+    st: Mutex<SigState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct SigState {
+    reqs: Vec<SigReq>,
+    next: u64,
+    done: bool,
+}
+
+struct SigReq {
+    token: u64,
+    thread: libc::pthread_t,
+    due: Instant,
+    sent: u32,
+}
+
+impl Signaller {
+    /// Arms a signal for the calling thread.
+    fn arm(&self, ms: u32) -> u64 {
+        let mut st = self.st.lock().unwrap();
+        st.next += 1;
+        let token = st.next;
+        st.reqs.push(SigReq {
+            token,
+            // SAFETY: no preconditions.
+            thread: unsafe { libc::pthread_self() },
+            due: Instant::now() + Duration::from_millis(ms.into()),
+            sent: 0,
+        });
+        self.cv.notify_all();
+        token
+    }
+
+    /// Disarms; returns how many signals were sent.  None is sent after
+    /// this returns.
+    fn disarm(&self, token: u64) -> u32 {
+        let mut st = self.st.lock().unwrap();
+        match st.reqs.iter().position(|r| r.token == token) {
+            Some(i) => st.reqs.swap_remove(i).sent,
+            None => 0,
+        }
+    }
+
+    fn run(&self) {
+        let mut st = self.st.lock().unwrap();
+        while !st.done {
+            let now = Instant::now();
+            for r in st.reqs.iter_mut().filter(|r| r.due <= now) {
+                // SAFETY: the thread is alive: it disarms (under this lock)
+                // before it goes on, and it has the handler.
+                unsafe { libc::pthread_kill(r.thread, SIG) };
+                r.sent += 1;
+                r.due = now + SIG_REPEAT;
+            }
+            let wait = st
+                .reqs
+                .iter()
+                .map(|r| r.due.saturating_duration_since(now))
+                .min()
+                .unwrap_or(Duration::from_secs(1));
+            st = self.cv.wait_timeout(st, wait).unwrap().0;
+        }
+    }
+
+    fn finish(&self) {
+        self.st.lock().unwrap().done = true;
+        self.cv.notify_all();
+    }
+}
+
+/// One ioctl; with `sig`, signalled by the signaller thread while in it.
+fn live_ioctl(
+    sh: &Shared,
+    fd: i32,
+    number: u32,
+    arg: u64,
+    sig: Option<u32>,
+) -> std::result::Result<(), i32> {
+    let Some(ms) = sig else {
+        return ioctl(fd, number, arg);
+    };
+    sh.kind("signal: calls armed");
+    let token = sh.signals.arm(ms);
+    block_signal(false);
+    let r = ioctl(fd, number, arg);
+    block_signal(true);
+    if sh.signals.disarm(token) > 0 {
+        sh.kind("signal: sent during the call");
+        drain_signal();
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------
+// fork() mid-sequence.
+
+/// Bytes of an argument structure a fork child sends back (the largest
+/// structure, QUERY's, has 384).
+const CHILD_OUT: usize = 512;
+/// One result record of a fork child: the errno (0: success), then the
+/// argument structure as the kernel left it.
+const CHILD_REC: usize = 4 + CHILD_OUT;
+/// A fork child's calls at most.
+const CHILD_OPS: u64 = 6;
+/// The result of a call that did not reach the kernel: captured for a fork
+/// child, or the child ended before it.
+const NOT_RUN: i32 = i32::MIN;
+
+/// Where the ioctls of `Worker::ioctl_op` go.
+enum Mode {
+    Live,
+    /// Preparing a fork child's calls: nothing reaches the kernel.
+    Capture(Vec<Planned>),
+    /// A fork child's results, in order, played into the model and judged.
+    Feed(VecDeque<Option<(i32, Vec<u8>)>>),
+}
+
+/// A captured call: the argument buffer as placed.
+struct Planned {
+    fd: i32,
+    number: u32,
+    arg: u64,
+    in_arg: bool,
+    bytes: Vec<u64>,
+}
+
+/// One call of a fork child, prepared before fork(): plain data.
+#[derive(Clone, Copy)]
+struct ChildCall {
+    fd: i32,
+    number: u32,
+    arg: u64,
+    /// The argument is in the child's slab: send it back.
+    back: bool,
+}
+
+/// The fork child.  After fork() in a threaded process only
+/// async-signal-safe calls are allowed: ioctl, write and _exit, no
+/// allocation, no lock, no path that could panic.
+///
+/// # Safety
+///
+/// `calls` holds `n` calls whose argument pointers are valid or
+/// deliberately invalid; `out` has room for `n` records of [`CHILD_REC`].
+unsafe fn child_main(calls: *const ChildCall, n: usize, out: *mut u8, wfd: i32) -> ! {
+    for i in 0..n {
+        let c = *calls.add(i);
+        let r = libc::ioctl(c.fd, c.number as _, c.arg as usize);
+        let e: i32 = if r < 0 { *libc::__errno_location() } else { 0 };
+        let rec = out.add(i * CHILD_REC);
+        std::ptr::write_unaligned(rec.cast::<i32>(), e);
+        if c.back {
+            std::ptr::copy_nonoverlapping(c.arg as *const u8, rec.add(4), CHILD_OUT);
+        }
+        let mut done = 0;
+        while done < CHILD_REC {
+            let w = libc::write(wfd, rec.add(done).cast(), CHILD_REC - done);
+            if w > 0 {
+                done += w as usize;
+            } else if w < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            } else {
+                libc::_exit(2);
+            }
+        }
+    }
+    libc::_exit(0)
+}
+
+// ---------------------------------------------------------------------------
+// The actors: librdmacm peers that come and go, the siw device deleted and
+// added back.
+
+/// The ports a peer tries: the fuzzer's listener range.
+const PEER_SPAN: u16 = 12;
+
+/// A librdmacm peer process (`userspace-test fuzz-peer`).
+struct PeerProc {
+    child: Child,
+    /// Its progress report: one letter a step (see [`peer`]).
+    out: ChildStdout,
+}
+
+/// `rdma ARGS`, bounded: `Err(None)` when it ran out of time.
+fn rdma_tool(args: &[&str], bound: Duration) -> std::result::Result<(), Option<String>> {
+    let mut child = Command::new("rdma")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Some(format!("rdma: {e}")))?;
+    let deadline = Instant::now() + bound;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) => {
+                let _ = child.kill();
+                return Err(None);
+            }
+            Err(e) => return Err(Some(format!("wait for rdma: {e}"))),
+        }
+    };
+    if status.success() {
+        return Ok(());
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    Err(Some(format!("{status}: {}", err.trim())))
+}
+
+fn device_exists(dev: &str) -> bool {
+    Path::new("/sys/class/infiniband").join(dev).exists()
+}
+
+/// The netdev of `dev`'s port 1, from `rdma link show`.
+fn netdev_of(dev: &str) -> Option<String> {
+    let out = Command::new("rdma")
+        .args(["link", "show", &format!("{dev}/1")])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_whitespace()
+        .skip_while(|w| *w != "netdev")
+        .nth(1)
+        .map(str::to_string)
+}
+
+/// The peer's progress, one letter a step on standard output.
+fn mark(c: u8) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(&[c]);
+    let _ = out.flush();
+}
+
+/// `userspace-test fuzz-peer`: a librdmacm client of the fuzzer's listeners
+/// until it is killed.  Attempts on a port of `addr`'s port ..+`span`
+/// (mostly one of `prefer`, where the fuzzer listened last), until one was
+/// established or 30 failed: resolve (`r`), create the QP and connect
+/// (`c`); once established (`e`) send and receive some messages (`d` each),
+/// then disconnect or just go.  `s` at the start, `x` for a failed attempt,
+/// `q` at a normal end.  Only ever on `addr`'s IP, the rxe device: a
+/// librdmacm context on siw would hold siw's removal up.
+pub fn peer(addr: SocketAddr, span: u16, prefer: &[u16], seed: u64) -> Result<()> {
+    let mut rng = Rng::new(seed);
+    mark(b's');
+    let mut failed = 0;
+    while failed < 30 {
+        let port = if !prefer.is_empty() && rng.pct(70) {
+            prefer[rng.below(prefer.len() as u64) as usize]
+        } else {
+            addr.port()
+                .wrapping_add(rng.below(u64::from(span.max(1))) as u16)
+        };
+        let addr = SocketAddr::new(addr.ip(), port);
+        let ch = cm::Channel::new()?;
+        let Ok(id) = cm::resolve(&ch, &addr, Duration::from_secs(2)) else {
+            failed += 1;
+            mark(b'x');
+            std::thread::sleep(Duration::from_millis(rng.range(10, 300)));
+            continue;
+        };
+        mark(b'r');
+        let Ok(mut conn) = cm::Conn::new(id) else {
+            failed += 1;
+            mark(b'x');
+            continue;
+        };
+        let data: Vec<u8> = (0..rng.range(0, 56)).map(|i| (i * 5 + 1) as u8).collect();
+        let mut param = cm::Param::with_data(&data);
+        param.responder_resources = rng.range(0, 2) as u8;
+        param.initiator_depth = rng.range(0, 2) as u8;
+        mark(b'c');
+        match conn.connect(&param, &ch, Duration::from_secs(5)) {
+            Ok(ev) if ev.event == EV_ESTABLISHED => {}
+            _ => {
+                failed += 1;
+                mark(b'x');
+                drop(conn);
+                std::thread::sleep(Duration::from_millis(rng.range(10, 200)));
+                continue;
+            }
+        }
+        mark(b'e');
+        for round in 0..rng.range(1, 60) {
+            if rng.pct(60) {
+                let msg: Vec<u8> = (0..rng.range(1, 512)).map(|i| (i + round) as u8).collect();
+                if conn.send(&msg).is_err() {
+                    break;
+                }
+                mark(b'd');
+            }
+            if conn.recv(Duration::from_millis(rng.range(1, 100))).is_ok() {
+                mark(b'd');
+            }
+            if ch
+                .next(Duration::from_millis(1))
+                .is_ok_and(|ev| ev.event == EV_DISCONNECTED)
+            {
+                break;
+            }
+        }
+        if rng.pct(50) {
+            let _ = conn.disconnect();
+            let _ = ch.next(Duration::from_millis(500));
+        }
+        drop(conn);
+        break;
+    }
+    mark(b'q');
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -675,8 +1265,10 @@ enum St {
     Down,
     /// Destroyed by DESTROY_ID: no event may name it again.
     Destroyed,
-    /// Gone without DESTROY_ID (device removal).
+    /// Gone without DESTROY_ID (its file closed).
     Gone,
+    /// Got DEVICE_REMOVAL, the id's last event: the module destroyed it.
+    Removed,
 }
 
 #[derive(Clone, Debug)]
@@ -684,6 +1276,9 @@ struct IdRec {
     handle: u32,
     ud: bool,
     st: St,
+    /// The port an RC id bound on the local address or any (0: none), for
+    /// the peers.
+    port: u16,
 }
 
 #[derive(Clone, Debug)]
@@ -713,12 +1308,33 @@ impl FileRec {
     }
 }
 
+/// What a thread generates (a replay runs whatever its lines say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Ioctl,
+    Peers,
+    Link,
+}
+
 struct Worker {
     t: u32,
+    role: Role,
     rng: Rng,
     files: Vec<FileRec>,
     sh: Arc<Shared>,
     mem: Scratch,
+    mode: Mode,
+    /// The peer actor's processes by slot.
+    peers: Vec<Option<PeerProc>>,
+    /// The peer actor's generator: the slots it filled, the last spawned.
+    gen_peers: Vec<bool>,
+    last_spawn: Option<u32>,
+    /// The link actor deleted the device and did not add it back.
+    link_deleted: bool,
+    gen_link_deleted: bool,
+    /// The actor's pause before its current step ran in full (the run is
+    /// not ending).
+    paused: bool,
 }
 
 fn sockaddr4(ip: Ipv4Addr, port: u16) -> rdma_cm_rs_sockaddr {
@@ -780,10 +1396,18 @@ impl Worker {
     fn new(t: u32, seed: u64, sh: Arc<Shared>) -> Result<Self> {
         Ok(Self {
             t,
+            role: Role::Ioctl,
             rng: Rng::new(seed ^ (u64::from(t) + 1).wrapping_mul(0xa076_1d64_78bd_642f)),
             files: Vec::new(),
             sh,
             mem: Scratch::new()?,
+            mode: Mode::Live,
+            peers: Vec::new(),
+            gen_peers: Vec::new(),
+            last_spawn: None,
+            link_deleted: false,
+            gen_link_deleted: false,
+            paused: true,
         })
     }
 
@@ -800,6 +1424,11 @@ impl Worker {
     }
 
     fn gen(&mut self) -> Op {
+        match self.role {
+            Role::Ioctl => {}
+            Role::Peers => return self.gen_peer(),
+            Role::Link => return self.gen_link(),
+        }
         let t = self.t;
         let open = self.open_files();
         let want = self.sh.opts.files as usize;
@@ -829,11 +1458,96 @@ impl Worker {
             op.fd = self.rng.below(nfds) as u32;
             return op;
         }
+        if (20..24).contains(&r) {
+            let mut op = Op::new(t, f, Act::Fork);
+            op.v[0] = self.rng.next_u64();
+            op.v[1] = self.rng.range(1, CHILD_OPS);
+            return op;
+        }
         let mut op = self.gen_ioctl(f);
         op.fd = self.rng.below(nfds) as u32;
         if self.rng.pct(12) {
             self.mutate(&mut op);
         }
+        self.maybe_signal(&mut op);
+        op
+    }
+
+    /// Some calls that may sleep get a signal from another thread while in
+    /// them (and a wait long enough for it to land: on a blocking file
+    /// GET_EVENT may even wait for ever).
+    fn maybe_signal(&mut self, op: &mut Op) {
+        let Act::Ioctl(cmd) = op.act else { return };
+        if !cmd.may_block() || !self.rng.pct(6) {
+            return;
+        }
+        let ms = match self.rng.below(10) {
+            0..=2 => self.rng.range(0, 3),
+            3..=7 => self.rng.range(4, 60),
+            _ => self.rng.range(61, 150),
+        };
+        op.sig = Some(ms as u32);
+        let infinite = u64::from(RDMA_CM_RS_TIMEOUT_INFINITE);
+        match cmd {
+            Cmd::GetEvent if !self.files[op.f as usize].nonblock && self.rng.pct(35) => {
+                op.v[0] = infinite;
+            }
+            Cmd::GetEvent if op.v[0] != infinite => op.v[0] = op.v[0].max(ms + 30),
+            Cmd::Recv => op.v[2] = op.v[2].max(ms + 30),
+            _ => {}
+        }
+    }
+
+    /// The peer actor: spawns librdmacm peers into free slots and kills
+    /// them at random times; now and then right after the spawn (before the
+    /// peer got anywhere).
+    fn gen_peer(&mut self) -> Op {
+        let slots = self.sh.opts.peers.max(1) as usize;
+        self.gen_peers.resize(slots, false);
+        if let Some(s) = self.last_spawn.take() {
+            if self.rng.pct(20) {
+                let mut op = Op::new(self.t, s, Act::Peer { kill: true });
+                op.v[0] = self.rng.range(0, 80);
+                self.gen_peers[s as usize] = false;
+                return op;
+            }
+        }
+        let free: Vec<u32> = (0..slots as u32)
+            .filter(|&s| !self.gen_peers[s as usize])
+            .collect();
+        let busy: Vec<u32> = (0..slots as u32)
+            .filter(|&s| self.gen_peers[s as usize])
+            .collect();
+        if !free.is_empty() && (busy.is_empty() || self.rng.pct(50)) {
+            let s = free[self.rng.below(free.len() as u64) as usize];
+            let mut op = Op::new(self.t, s, Act::Peer { kill: false });
+            op.v[0] = self.rng.range(100, 1200);
+            op.v[2] = self.rng.next_u64();
+            self.gen_peers[s as usize] = true;
+            self.last_spawn = Some(s);
+            return op;
+        }
+        let s = busy[self.rng.below(busy.len() as u64) as usize];
+        let mut op = Op::new(self.t, s, Act::Peer { kill: true });
+        op.v[0] = match self.rng.below(10) {
+            0..=1 => self.rng.range(0, 100),
+            2..=4 => self.rng.range(300, 2000),
+            _ => self.rng.range(4000, 10_000),
+        };
+        self.gen_peers[s as usize] = false;
+        op
+    }
+
+    /// The link actor: deletes the siw device, adds it back, and so on.
+    fn gen_link(&mut self) -> Op {
+        let add = self.gen_link_deleted;
+        let mut op = Op::new(self.t, 0, Act::Link { add });
+        op.v[0] = if add {
+            self.rng.range(300, 3000)
+        } else {
+            self.rng.range(1500, 6000)
+        };
+        self.gen_link_deleted = !add;
         op
     }
 
@@ -841,7 +1555,7 @@ impl Worker {
         let t = self.t;
         let ids = self.files[f as usize].ids.clone();
         let live: Vec<usize> = (0..ids.len())
-            .filter(|&i| !matches!(ids[i].st, St::Destroyed | St::Gone))
+            .filter(|&i| !matches!(ids[i].st, St::Destroyed | St::Gone | St::Removed))
             .collect();
         let r = self.rng.below(100);
         if r < 22 {
@@ -853,11 +1567,13 @@ impl Worker {
         if r < 31 {
             return Op::new(t, f, Act::Ioctl(Cmd::Info));
         }
-        // Ids with a next step count more.
+        // Ids with a next step count more; a request most (its peer, a
+        // librdmacm process perhaps, waits for the answer).
         let weights: Vec<u64> = live
             .iter()
             .map(|&i| match ids[i].st {
                 St::Down | St::Listening => 1,
+                St::Requested => 12,
                 _ => 4,
             })
             .collect();
@@ -952,7 +1668,7 @@ impl Worker {
                 (GetEvent, 5),
                 (Query, 5),
             ],
-            St::Down | St::Destroyed | St::Gone => &[
+            St::Down | St::Destroyed | St::Gone | St::Removed => &[
                 (DestroyId, 45),
                 (Disconnect, 10),
                 (Send, 10),
@@ -1017,13 +1733,26 @@ impl Worker {
         match cmd {
             Cmd::Bind => {
                 v[0] = self.port();
-                v[1] = if self.rng.pct(85) { 0 } else { 1 }; // local / any
+                // The local address (rxe), any, or the siw device's.
+                v[1] = match self.rng.below(100) {
+                    0..=69 => 0,
+                    70..=84 => 1,
+                    _ => 2,
+                };
             }
             Cmd::ResolveAddr => {
                 v[0] = self.port();
-                v[1] = 0;
+                // The local address (rxe) or the siw device's.
+                let siw = self.rng.pct(20);
+                v[1] = if siw { 5 } else { 0 };
                 v[2] = self.rng.range(100, 2000);
-                v[3] = u64::from(self.rng.pct(15)); // a source address
+                // A source address: none, the local one or the siw one
+                // (which mostly matches the destination).
+                v[3] = match (siw, self.rng.below(100)) {
+                    (_, 0..=79) => 0,
+                    (true, 80..=94) | (false, 95..) => 2,
+                    _ => 1,
+                };
             }
             Cmd::ResolveRoute => v[2] = self.rng.range(100, 2000),
             Cmd::Listen => v[0] = self.rng.range(1, 8),
@@ -1373,6 +2102,11 @@ impl Worker {
     fn exec(&mut self, op: &Op) {
         let line = op.line();
         self.sh.log(&line);
+        // An actor's pause before its step is no call: not watched.
+        self.paused = match op.act {
+            Act::Peer { .. } | Act::Link { .. } => self.pause(op.v[0]),
+            _ => true,
+        };
         let t = self.t as usize;
         *self.sh.busy[t].1.lock().unwrap() = line.clone();
         self.sh.busy[t].0.store(
@@ -1453,10 +2187,388 @@ impl Worker {
                 }
                 let fd = rec.fds[op.fd as usize % rec.fds.len()];
                 let r = self.ioctl_op(fd, cmd, op);
+                if r == Err(NOT_RUN) {
+                    return;
+                }
                 self.sh.count(cmd, r);
-                if let Some(why) = judge(cmd, op.expect, r) {
+                let signalled = op.sig.is_some();
+                if signalled && r == Err(libc::EINTR) {
+                    self.sh.kind("signal: calls ended by EINTR");
+                }
+                if let Some(why) = judge(cmd, op.expect, r, signalled) {
                     self.sh.finding(format!("{why} [{line}]"));
                 }
+            }
+            Act::Fork => self.fork(op),
+            Act::Peer { kill } => {
+                let slot = op.f as usize;
+                if self.peers.len() <= slot {
+                    self.peers.resize_with(slot + 1, || None);
+                }
+                if let Some(p) = self.peers[slot].take() {
+                    self.reap(p);
+                }
+                if !kill && self.paused {
+                    self.spawn_peer(slot, op.v[2]);
+                }
+            }
+            Act::Link { add } => {
+                if add {
+                    self.link_add("link: added back");
+                } else if self.paused {
+                    self.link_delete();
+                }
+            }
+        }
+    }
+
+    /// Sleeps `ms` ms (before an actor's step); false if cut short because
+    /// the run is ending.
+    fn pause(&self, ms: u64) -> bool {
+        let end = Instant::now() + Duration::from_millis(ms);
+        loop {
+            let now = Instant::now();
+            if now >= end {
+                return true;
+            }
+            if self.sh.stop.load(Ordering::SeqCst)
+                || self.sh.workers_left.load(Ordering::SeqCst) == 0
+            {
+                return false;
+            }
+            std::thread::sleep((end - now).min(Duration::from_millis(20)));
+        }
+    }
+
+    /// `fork()`: the child runs a short sequence of ioctls, prepared before
+    /// the fork, on the inherited descriptors of file `op.f` (and, through
+    /// hostile ids, the others'), reports each result through a pipe and
+    /// `_exit`s.  The parent waits for it (bounded), then plays the results
+    /// into its model and judges them like its own.
+    fn fork(&mut self, op: &Op) {
+        let f = op.f as usize;
+        if !self.files.get(f).is_some_and(FileRec::open) {
+            return;
+        }
+        // The child's calls: from their own seed and the file's model now.
+        let saved = std::mem::replace(&mut self.rng, Rng::new(op.v[0]));
+        let mut calls = Vec::new();
+        for _ in 0..op.v[1].min(CHILD_OPS) {
+            let mut c = self.gen_ioctl(op.f);
+            c.fd = self.rng.below(self.files[f].fds.len() as u64) as u32;
+            if self.rng.pct(12) {
+                self.mutate(&mut c);
+            }
+            calls.push(c);
+        }
+        self.rng = saved;
+        for c in &calls {
+            self.sh.log(&format!("#   fork child: {}", c.line()));
+        }
+        self.mode = Mode::Capture(Vec::new());
+        for c in &calls {
+            self.exec_inner(c, "");
+        }
+        let Mode::Capture(plan) = std::mem::replace(&mut self.mode, Mode::Live) else {
+            unreachable!()
+        };
+        // Everything the child touches, made before fork().
+        let words = self.mem.arg.len();
+        let n = plan.len();
+        let mut slab: Vec<u64> = Vec::with_capacity(n * words);
+        for p in &plan {
+            slab.extend_from_slice(&p.bytes);
+        }
+        let child_calls: Vec<ChildCall> = plan
+            .iter()
+            .enumerate()
+            .map(|(i, p)| ChildCall {
+                fd: p.fd,
+                number: p.number,
+                arg: if p.in_arg {
+                    slab[i * words..].as_ptr() as u64
+                } else {
+                    p.arg
+                },
+                back: p.in_arg,
+            })
+            .collect();
+        let mut out = vec![0u8; n * CHILD_REC];
+        let mut pipe = [0i32; 2];
+        // SAFETY: `pipe` has room for the two descriptors.
+        if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            let e = std::io::Error::last_os_error();
+            self.sh.finding(format!("pipe2 for a fork child: {e}"));
+            return;
+        }
+        let [rfd, wfd] = pipe;
+        // SAFETY: the child only runs `child_main` (async-signal-safe calls
+        // on memory prepared above) and never returns.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: `child_calls` and `out` are as `child_main` needs.
+            unsafe { child_main(child_calls.as_ptr(), n, out.as_mut_ptr(), wfd) };
+        }
+        // SAFETY: our write end, closed once.
+        unsafe { libc::close(wfd) };
+        if pid < 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: our read end, closed once.
+            unsafe { libc::close(rfd) };
+            self.sh.finding(format!("fork: {e}"));
+            return;
+        }
+        self.sh.kind("fork: children");
+        let status = self.wait_child(pid);
+        let mut got = 0;
+        while got < out.len() {
+            // SAFETY: reads into the unfilled rest of `out`.
+            let r = unsafe { libc::read(rfd, out[got..].as_mut_ptr().cast(), out.len() - got) };
+            if r <= 0 {
+                break;
+            }
+            got += r as usize;
+        }
+        // SAFETY: our read end, closed once.
+        unsafe { libc::close(rfd) };
+        match status {
+            Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 => {}
+            Some(st) => self.sh.finding(format!(
+                "fork child ended with wait status {st:#x} [{}]",
+                op.line()
+            )),
+            None => {}
+        }
+        let results: VecDeque<Option<(i32, Vec<u8>)>> = (0..n)
+            .map(|i| {
+                let rec = out.get(i * CHILD_REC..(i + 1) * CHILD_REC)?;
+                if got < (i + 1) * CHILD_REC {
+                    return None;
+                }
+                let e = i32::from_ne_bytes(rec[..4].try_into().unwrap());
+                Some((e, rec[4..].to_vec()))
+            })
+            .collect();
+        for _ in results.iter().flatten() {
+            self.sh.kind("fork: ioctls in children");
+        }
+        self.mode = Mode::Feed(results);
+        for c in &calls {
+            self.exec_inner(c, &format!("fork child of {}: {}", op.line(), c.line()));
+        }
+        self.mode = Mode::Live;
+    }
+
+    /// Waits (bounded) for a fork child; SIGKILLs it when it overruns (every
+    /// call it makes is short: that is a hang).  `None`: not reaped, or
+    /// killed by us.
+    fn wait_child(&self, pid: libc::pid_t) -> Option<i32> {
+        let mut deadline = Instant::now() + self.sh.opts.step;
+        let mut killed = false;
+        loop {
+            let mut st = 0;
+            // SAFETY: our child; `st` receives its status.
+            let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+            if r == pid {
+                return (!killed).then_some(st);
+            }
+            if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return None;
+            }
+            if Instant::now() > deadline {
+                if killed {
+                    self.sh.finding(format!(
+                        "HANG: fork child {pid} still there {} s after SIGKILL",
+                        self.sh.opts.step.as_secs()
+                    ));
+                    return None;
+                }
+                self.sh.finding(format!(
+                    "HANG: fork child {pid} still in its ioctls after {} s; killed",
+                    self.sh.opts.step.as_secs()
+                ));
+                // SAFETY: our child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                killed = true;
+                deadline = Instant::now() + self.sh.opts.step;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Starts a librdmacm peer of the fuzzer's listeners in `slot`.
+    fn spawn_peer(&mut self, slot: usize, seed: u64) {
+        let Some(exe) = self.sh.opts.exe.clone() else {
+            return;
+        };
+        let addr = SocketAddr::from((self.sh.opts.local, self.sh.opts.port_base));
+        // Where the latest listeners are (timing, not seed: the peers'
+        // whole course is timing).
+        let prefer: Vec<String> = self
+            .sh
+            .listen_ports
+            .lock()
+            .unwrap()
+            .iter()
+            .map(u16::to_string)
+            .collect();
+        let mut cmd = Command::new(exe);
+        cmd.arg("fuzz-peer")
+            .arg("--addr")
+            .arg(addr.to_string())
+            .arg("--span")
+            .arg(PEER_SPAN.to_string())
+            .arg("--seed")
+            .arg(seed.to_string());
+        if !prefer.is_empty() {
+            cmd.arg("--prefer").arg(prefer.join(","));
+        }
+        let spawned = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn();
+        match spawned {
+            Ok(mut child) => {
+                let out = child.stdout.take().expect("piped");
+                // SAFETY: our pipe; reads must not wait for a live peer.
+                unsafe {
+                    let fd = out.as_raw_fd();
+                    let fl = libc::fcntl(fd, libc::F_GETFL);
+                    libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+                }
+                self.sh.kind("peer: spawned");
+                self.sh.peer_pids.lock().unwrap().push(child.id());
+                self.peers[slot] = Some(PeerProc { child, out });
+            }
+            Err(e) => self.sh.finding(format!("spawn of a librdmacm peer: {e}")),
+        }
+    }
+
+    /// SIGKILLs a peer (unless it ended by itself), reaps it (bounded) and
+    /// counts how far it got.
+    fn reap(&mut self, mut p: PeerProc) {
+        let exited = matches!(p.child.try_wait(), Ok(Some(_)));
+        if !exited {
+            let _ = p.child.kill();
+        }
+        let deadline = Instant::now() + self.sh.opts.step;
+        loop {
+            match p.child.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Ok(None) => {
+                    self.sh.finding(format!(
+                        "HANG: librdmacm peer {} still there {} s after SIGKILL",
+                        p.child.id(),
+                        self.sh.opts.step.as_secs()
+                    ));
+                    return;
+                }
+            }
+        }
+        self.sh
+            .peer_pids
+            .lock()
+            .unwrap()
+            .retain(|&pid| pid != p.child.id());
+        let mut seen = Vec::new();
+        let _ = p.out.read_to_end(&mut seen);
+        for &c in &seen {
+            match c {
+                b'e' => self.sh.kind("peer: connections established"),
+                b'd' => self.sh.kind("peer: messages sent or received"),
+                b'x' => self.sh.kind("peer: attempts failed (refused, unreachable)"),
+                _ => {}
+            }
+        }
+        let phase = seen.iter().rev().find(|c| b"srcexq".contains(c));
+        self.sh.kind(match (exited, phase) {
+            (true, _) => "peer: ended by itself",
+            (false, None) => "peer: killed while starting",
+            (false, Some(b'c')) => "peer: killed while connecting",
+            (false, Some(b'e')) => "peer: killed while connected",
+            (false, Some(b'q')) => "peer: killed while ending",
+            _ => "peer: killed before connecting",
+        });
+    }
+
+    /// `rdma link delete` of the siw device (bounded); the module's ids on
+    /// it get DEVICE_REMOVAL.
+    fn link_delete(&mut self) {
+        let Some((dev, _)) = self.sh.opts.link.clone() else {
+            return;
+        };
+        let step = self.sh.opts.step;
+        match rdma_tool(&["link", "delete", &dev], step) {
+            Ok(()) => {
+                self.link_deleted = true;
+                self.sh.kind("link: deleted");
+                let end = Instant::now() + step;
+                while device_exists(&dev) {
+                    if Instant::now() > end {
+                        self.sh.finding(format!(
+                            "{dev} still there {} s after `rdma link delete`",
+                            step.as_secs()
+                        ));
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            Err(None) => self.sh.finding(format!(
+                "HANG: `rdma link delete {dev}` still running after {} s",
+                step.as_secs()
+            )),
+            Err(Some(e)) => {
+                self.sh.kind("link: delete failed");
+                if !self.sh.quiet {
+                    eprintln!("fuzz: rdma link delete {dev}: {e}");
+                }
+            }
+        }
+    }
+
+    /// `rdma link add` of the siw device, retried (bounded) while the old
+    /// one is still going; nothing if it is there.
+    fn link_add(&mut self, what: &'static str) {
+        let Some((dev, netdev)) = self.sh.opts.link.clone() else {
+            return;
+        };
+        let step = self.sh.opts.step;
+        let end = Instant::now() + step;
+        loop {
+            if device_exists(&dev) {
+                self.link_deleted = false;
+                return;
+            }
+            match rdma_tool(
+                &["link", "add", &dev, "type", "siw", "netdev", &netdev],
+                step,
+            ) {
+                Ok(()) => {
+                    self.link_deleted = false;
+                    self.sh.kind(what);
+                    while !device_exists(&dev) && Instant::now() < end {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    return;
+                }
+                Err(None) => {
+                    self.sh.finding(format!(
+                        "HANG: `rdma link add {dev}` still running after {} s",
+                        step.as_secs()
+                    ));
+                    return;
+                }
+                Err(Some(e)) if Instant::now() > end => {
+                    self.sh
+                        .finding(format!("{dev} cannot be added back on {netdev}: {e}"));
+                    return;
+                }
+                Err(Some(_)) => std::thread::sleep(Duration::from_millis(100)),
             }
         }
     }
@@ -1468,6 +2580,7 @@ impl Worker {
         let v = op.v;
         let res = v[RESERVED];
         let local = self.sh.opts.local;
+        let siw = self.sh.opts.siw_addr;
         let pattern = |n: usize, seed: u64| -> Vec<u8> {
             (0..n).map(|i| (seed as usize + i * 13) as u8).collect()
         };
@@ -1494,11 +2607,45 @@ impl Worker {
         };
         let p = op.ptr;
         let mem = &mut self.mem;
+        // The call goes to the kernel, into a fork child's plan, or comes
+        // from a fork child's results.
         macro_rules! call {
             ($val:expr, $ty:ty) => {{
                 let val: $ty = $val;
                 let arg = place(mem, &val, p);
-                let r = ioctl(fd, number, arg);
+                let r = match &mut self.mode {
+                    Mode::Live => live_ioctl(&self.sh, fd, number, arg, op.sig),
+                    Mode::Capture(plan) => {
+                        plan.push(Planned {
+                            fd,
+                            number,
+                            arg,
+                            in_arg: p == Ptr::Ok,
+                            bytes: mem.arg.clone(),
+                        });
+                        Err(NOT_RUN)
+                    }
+                    Mode::Feed(results) => match results.pop_front().flatten() {
+                        Some((e, out)) => {
+                            if p == Ptr::Ok {
+                                // SAFETY: `arg` holds more than CHILD_OUT bytes.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        out.as_ptr(),
+                                        mem.arg.as_mut_ptr().cast::<u8>(),
+                                        out.len().min(CHILD_OUT),
+                                    )
+                                };
+                            }
+                            if e == 0 {
+                                Ok(())
+                            } else {
+                                Err(e)
+                            }
+                        }
+                        None => Err(NOT_RUN),
+                    },
+                };
                 (
                     r,
                     if p == Ptr::Ok {
@@ -1533,6 +2680,7 @@ impl Worker {
                         handle: out.id,
                         ud: v[2] == u64::from(RDMA_CM_RS_QPT_UD),
                         st: St::Idle,
+                        port: 0,
                     });
                 }
                 r
@@ -1564,6 +2712,7 @@ impl Worker {
             Cmd::Bind => {
                 let mut addr = match v[1] {
                     0 => sockaddr4(local, v[0] as u16),
+                    2 => sockaddr4(siw, v[0] as u16),
                     _ => sockaddr4(Ipv4Addr::UNSPECIFIED, v[0] as u16),
                 };
                 if res & 1 != 0 {
@@ -1583,6 +2732,13 @@ impl Worker {
                 );
                 if real && r.is_ok() {
                     self.set_state(op, St::Bound);
+                    if v[1] == 2 {
+                        self.sh.kind("siw: ids bound to its address");
+                    } else if let IdRef::Slot(n) = op.id {
+                        if let Some(i) = self.files[op.f as usize].ids.get_mut(n as usize) {
+                            i.port = if i.ud { 0 } else { v[0] as u16 };
+                        }
+                    }
                 }
                 r
             }
@@ -1599,12 +2755,13 @@ impl Worker {
                         a.bytes[100] = 1; // past the structure
                         a
                     }
+                    5 => sockaddr4(siw, v[0] as u16),
                     _ => rdma_cm_rs_sockaddr { bytes: [0; 128] },
                 };
-                let src = if v[3] != 0 {
-                    sockaddr4(local, 0)
-                } else {
-                    rdma_cm_rs_sockaddr { bytes: [0; 128] }
+                let src = match v[3] {
+                    0 => rdma_cm_rs_sockaddr { bytes: [0; 128] },
+                    2 => sockaddr4(siw, 0),
+                    _ => sockaddr4(local, 0),
                 };
                 let (r, _) = call!(
                     rdma_cm_rs_resolve_addr {
@@ -1617,6 +2774,9 @@ impl Worker {
                 );
                 if real && r.is_ok() {
                     self.set_state(op, St::AddrQuery);
+                    if v[1] == 5 {
+                        self.sh.kind("siw: ids resolving its address");
+                    }
                 }
                 r
             }
@@ -1643,6 +2803,21 @@ impl Worker {
                 );
                 if real && r.is_ok() {
                     self.set_state(op, St::Listening);
+                    // An RC listener the peers can reach: they try it first.
+                    let port = match op.id {
+                        IdRef::Slot(n) => self.files[op.f as usize]
+                            .ids
+                            .get(n as usize)
+                            .map_or(0, |i| i.port),
+                        _ => 0,
+                    };
+                    if port != 0 {
+                        let mut ports = self.sh.listen_ports.lock().unwrap();
+                        if ports.len() == 6 {
+                            ports.pop_front();
+                        }
+                        ports.push_back(port);
+                    }
                 }
                 r
             }
@@ -1886,6 +3061,14 @@ impl Worker {
             ));
             return;
         }
+        if rec.ids[slot].st == St::Removed {
+            self.sh.finding(format!(
+                "GET_EVENT: event {} for id {} after its DEVICE_REMOVAL (the id's last)",
+                event_name(ev.event),
+                ev.id
+            ));
+            return;
+        }
         let st = match ev.event {
             EV_ADDR_RESOLVED => St::AddrResolved,
             EV_ROUTE_RESOLVED => St::RouteResolved,
@@ -1903,10 +3086,17 @@ impl Worker {
                     handle: ev.new_id,
                     ud,
                     st: St::Requested,
+                    port: 0,
                 });
                 return;
             }
-            EV_DEVICE_REMOVAL => St::Gone,
+            EV_DEVICE_REMOVAL => {
+                self.sh.kind("siw: DEVICE_REMOVAL events");
+                for m in rec.mrs.iter_mut().filter(|m| m.id == ev.id) {
+                    m.alive = false;
+                }
+                St::Removed
+            }
             EV_TIMEWAIT_EXIT | EV_CONNECT_RESPONSE => return,
             _ => St::Down,
         };
@@ -1918,6 +3108,26 @@ impl Worker {
             while self.files[f].open() {
                 let op = Op::new(self.t, f as u32, Act::Close);
                 self.exec(&op);
+            }
+        }
+    }
+
+    /// The end of a thread: its files closed, its peers killed, the siw
+    /// device back if it deleted it.
+    fn finish(&mut self) {
+        self.close_all();
+        for slot in 0..self.peers.len() {
+            if let Some(p) = self.peers[slot].take() {
+                self.reap(p);
+            }
+        }
+        if self.link_deleted {
+            self.link_add("link: added back at the end");
+            if let Some((dev, _)) = &self.sh.opts.link {
+                if !device_exists(dev) {
+                    self.sh
+                        .finding(format!("{dev} is missing at the end of the run"));
+                }
             }
         }
     }
@@ -1936,52 +3146,108 @@ struct Outcome {
     hang: bool,
 }
 
+/// What a run found out about its surroundings once (not per replay).
+struct Env {
+    /// This program, for the peers.
+    exe: Option<PathBuf>,
+    /// The siw device and its netdev, when the link actor may use them.
+    link: Option<(String, String)>,
+}
+
+impl Env {
+    fn probe(o: &Options) -> Self {
+        let exe = std::env::current_exe().ok();
+        let link = if o.link && device_exists(&o.siw_dev) {
+            netdev_of(&o.siw_dev).map(|n| (o.siw_dev.clone(), n))
+        } else {
+            None
+        };
+        Self { exe, link }
+    }
+
+    /// The roles of a generating run: the ioctl threads, then the actors.
+    fn roles(&self, o: &Options) -> Vec<Role> {
+        let mut roles = vec![Role::Ioctl; o.threads as usize];
+        if o.peers > 0 && self.exe.is_some() {
+            roles.push(Role::Peers);
+        }
+        if self.link.is_some() {
+            roles.push(Role::Link);
+        }
+        roles
+    }
+}
+
 fn run_once(
     o: &Options,
+    env: &Env,
     script: Option<Vec<Vec<Op>>>,
     quiet: bool,
     trace_file: Option<&str>,
 ) -> Result<(Outcome, Arc<Shared>)> {
-    let threads = script.as_ref().map_or(o.threads, |s| s.len() as u32);
-    let sh = Arc::new(Shared {
-        opts: OptionsLite {
+    // Generating: the ioctl threads and the actors.  Replaying: a thread a
+    // script, an actor if all its lines are actor steps.
+    let roles: Vec<Role> = match &script {
+        None => env.roles(o),
+        Some(s) => s
+            .iter()
+            .map(|ops| {
+                if !ops.is_empty()
+                    && ops
+                        .iter()
+                        .all(|op| matches!(op.act, Act::Peer { .. } | Act::Link { .. }))
+                {
+                    Role::Peers
+                } else {
+                    Role::Ioctl
+                }
+            })
+            .collect(),
+    };
+    let threads = roles.len() as u32;
+    let workers = roles.iter().filter(|&&r| r == Role::Ioctl).count() as u32;
+    let file = match trace_file {
+        Some(p) => Some(BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("create {p}"))?,
+        )),
+        None => None,
+    };
+    let mut shared = Shared::new(
+        OptionsLite {
             local: o.local,
             port_base: o.port_base,
             files: o.files,
             keep_going: o.keep_going,
+            siw_addr: o.siw_addr,
+            peers: o.peers,
+            exe: env.exe.clone(),
+            link: env.link.clone(),
+            step: Duration::from_secs((o.hang_secs * 2 / 3).max(1)),
         },
-        stop: AtomicBool::new(false),
-        trace: Mutex::new(TraceSink {
-            file: match trace_file {
-                Some(p) => Some(BufWriter::new(
-                    std::fs::File::create(p).with_context(|| format!("create {p}"))?,
-                )),
-                None => None,
-            },
-            tail: VecDeque::new(),
-            all: Vec::new(),
-            all_complete: true,
-        }),
-        counts: Mutex::new(BTreeMap::new()),
-        findings: Mutex::new(Vec::new()),
-        busy: (0..threads)
-            .map(|_| (AtomicU64::new(0), Mutex::new(String::new())))
-            .collect(),
-        t0: Instant::now(),
-        files_opened: AtomicU64::new(0),
-        regions: Mutex::new(Vec::new()),
-        quiet,
-    });
+        threads,
+        file,
+    );
+    shared.quiet = quiet;
+    shared.workers_left.store(workers, Ordering::SeqCst);
+    let sh = Arc::new(shared);
+    install_signal_handler()?;
+    let signaller = {
+        let sh = sh.clone();
+        std::thread::spawn(move || sh.signals.run())
+    };
     let deadline = Instant::now() + Duration::from_secs(o.seconds);
-    let per_thread = o.ops.map(|n| n.div_ceil(u64::from(threads)));
+    let per_thread = o.ops.map(|n| n.div_ceil(u64::from(workers.max(1))));
     let ops_done = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::new();
     let mut script = script.map(|s| s.into_iter());
-    for t in 0..threads {
-        let mut w = Worker::new(t, o.seed, sh.clone())?;
+    for (t, &role) in roles.iter().enumerate() {
+        let mut w = Worker::new(t as u32, o.seed, sh.clone())?;
+        w.role = role;
         let ops = script.as_mut().map(|s| s.next().unwrap_or_default());
         let done = ops_done.clone();
         handles.push(std::thread::spawn(move || {
+            // The signal lands only inside the call it is aimed at.
+            block_signal(true);
             let mut n = 0u64;
             match ops {
                 Some(ops) => {
@@ -1989,6 +3255,16 @@ fn run_once(
                         if w.sh.stop.load(Ordering::SeqCst) {
                             break;
                         }
+                        w.exec(&op);
+                        n += 1;
+                    }
+                }
+                None if role != Role::Ioctl => {
+                    while !w.sh.stop.load(Ordering::SeqCst)
+                        && Instant::now() < deadline
+                        && w.sh.workers_left.load(Ordering::SeqCst) > 0
+                    {
+                        let op = w.gen();
                         w.exec(&op);
                         n += 1;
                     }
@@ -2004,7 +3280,10 @@ fn run_once(
                     }
                 }
             }
-            w.close_all();
+            if role == Role::Ioctl {
+                w.sh.workers_left.fetch_sub(1, Ordering::SeqCst);
+            }
+            w.finish();
             done.fetch_add(n, Ordering::SeqCst);
         }));
     }
@@ -2035,6 +3314,8 @@ fn run_once(
         for h in handles {
             let _ = h.join();
         }
+        sh.signals.finish();
+        let _ = signaller.join();
     }
     let secs = sh.t0.elapsed().as_secs_f64();
     let mut tr = sh.trace.lock().unwrap();
@@ -2090,6 +3371,10 @@ fn summary(sh: &Shared, out: &Outcome, threads: u32) {
     if !untouched.is_empty() {
         println!("# fuzz: commands never issued: {}", untouched.join(" "));
     }
+    println!("# fuzz: per kind (count)");
+    for (k, n) in sh.kinds.lock().unwrap().iter() {
+        println!("#   {k:<40} {n:>7}");
+    }
     println!(
         "# fuzz: {} ops in {:.1} s ({:.0} ops/s), {} files opened, {} threads, {} distinct (command, result) pairs, {} findings",
         out.ops,
@@ -2104,7 +3389,7 @@ fn summary(sh: &Shared, out: &Outcome, threads: u32) {
 
 pub fn run(o: Options) -> Result<()> {
     println!(
-        "# fuzz: seed {} ({} s{}, {} threads, {} files each, {}:{}..{})",
+        "# fuzz: seed {} ({} s{}, {} threads, {} files each, {}:{}..{}, siw ids on {})",
         o.seed,
         o.seconds,
         o.ops
@@ -2113,8 +3398,23 @@ pub fn run(o: Options) -> Result<()> {
         o.files,
         o.local,
         o.port_base,
-        o.port_base + 11
+        o.port_base + 11,
+        o.siw_addr
     );
+    let env = Env::probe(&o);
+    if o.replay.is_none() {
+        let peers = if o.peers > 0 && env.exe.is_some() {
+            format!("up to {} librdmacm peers on {}", o.peers, o.local)
+        } else {
+            "no librdmacm peers".into()
+        };
+        let link = match &env.link {
+            Some((dev, netdev)) => format!("{dev} deleted and re-added on {netdev}"),
+            None if o.link => format!("no {} to delete (not found)", o.siw_dev),
+            None => "no link actor".into(),
+        };
+        println!("# fuzz: actors: {peers}; {link}");
+    }
     let script = match &o.replay {
         Some(p) => {
             let f = std::fs::File::open(p).with_context(|| format!("open {p}"))?;
@@ -2129,9 +3429,8 @@ pub fn run(o: Options) -> Result<()> {
         }
         None => None,
     };
-    let threads = script.as_ref().map_or(o.threads, |s| s.len() as u32);
-    let (out, sh) = run_once(&o, script, false, o.trace.as_deref())?;
-    summary(&sh, &out, threads);
+    let (out, sh) = run_once(&o, &env, script, false, o.trace.as_deref())?;
+    summary(&sh, &out, sh.busy.len() as u32);
     if out.findings.is_empty() {
         println!("# fuzz: clean, seed {}", o.seed);
         return Ok(());
@@ -2145,13 +3444,18 @@ pub fn run(o: Options) -> Result<()> {
         println!("#   {l}");
     }
     if out.hang {
-        // The stuck call cannot be cancelled: no shrink, end the process.
+        // The stuck call cannot be cancelled: no shrink, end the process
+        // (and the peers).
+        for &pid in sh.peer_pids.lock().unwrap().iter() {
+            // SAFETY: our child, not reaped yet.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
         println!("# fuzz: a call hangs; not shrinking");
         std::io::stdout().flush()?;
         std::process::exit(3);
     }
     match out.all {
-        Some(all) if !all.is_empty() => shrink(&o, &all)?,
+        Some(all) if !all.is_empty() => shrink(&o, &env, &all)?,
         _ => println!("# fuzz: trace too long to keep in memory: not shrinking"),
     }
     bail!("fuzz: {} finding(s), seed {}", out.findings.len(), o.seed)
@@ -2159,10 +3463,10 @@ pub fn run(o: Options) -> Result<()> {
 
 /// Bisects on the trace's length for the shortest prefix that still fails
 /// when replayed (best effort: the kernel's timing is not replayed).
-fn shrink(o: &Options, all: &[String]) -> Result<()> {
+fn shrink(o: &Options, env: &Env, all: &[String]) -> Result<()> {
     let fails = |n: usize| -> Result<bool> {
         let script = script_of(&all[..n])?;
-        let (out, _) = run_once(o, Some(script), true, None)?;
+        let (out, _) = run_once(o, env, Some(script), true, None)?;
         if out.hang {
             std::process::exit(3);
         }
@@ -2238,12 +3542,33 @@ mod tests {
         op.id = IdRef::Other(3, 4);
         op.v = [56, 1, 1, 7, 7, 0, u64::MAX, 0x1234];
         op.expect = Expect::Enotty;
+        let mut signalled = Op::new(0, 1, Act::Ioctl(Cmd::GetEvent));
+        signalled.v[0] = u64::from(RDMA_CM_RS_TIMEOUT_INFINITE);
+        signalled.sig = Some(42);
+        let mut fork = Op::new(2, 1, Act::Fork);
+        fork.v[0] = u64::MAX - 5;
+        fork.v[1] = 4;
+        let mut spawn = Op::new(3, 2, Act::Peer { kill: false });
+        spawn.v[0] = 250;
+        spawn.v[2] = 0xfeed;
+        let mut kill = Op::new(3, 2, Act::Peer { kill: true });
+        kill.v[0] = 17;
+        let mut delete = Op::new(4, 0, Act::Link { add: false });
+        delete.v[0] = 3000;
+        let mut add = Op::new(4, 0, Act::Link { add: true });
+        add.v[0] = 300;
         for op in [
             op.clone(),
             Op::new(0, 0, Act::Open { nonblock: true }),
             Op::new(0, 5, Act::Close),
             Op::new(3, 1, Act::Dup),
             Op::new(0, 1, Act::Ioctl(Cmd::GetEvent)),
+            signalled,
+            fork,
+            spawn,
+            kill,
+            delete,
+            add,
         ] {
             let l = op.line();
             assert_eq!(Op::parse(&l), Some(op), "{l}");
@@ -2251,40 +3576,26 @@ mod tests {
         assert_eq!(IdRef::parse("#3"), Some(IdRef::Slot(3)));
         assert_eq!(IdRef::parse("4294967295"), Some(IdRef::Raw(u32::MAX)));
         assert!(Op::parse("t=0 f=0 fd=0 NOPE").is_none());
+        assert!(Op::parse("t=0 f=0 fd=0 peer wave after=1").is_none());
+        assert!(Op::parse("t=0 f=0 fd=0 fork n=3").is_none());
+        // Lines without `sig=` (older traces) are not signalled.
+        let l = "t=0 f=1 fd=0 QUERY cmd=- ptr=ok id=#0 v=0,0,0,0,0,0,0,0 x=any";
+        assert_eq!(Op::parse(l).map(|o| o.sig), Some(None));
     }
 
     #[test]
     fn generation_is_deterministic_and_covers_the_abi() {
         // Without a device: generate from a model that pretends every call
         // succeeded in the plausible direction.
-        let sh = |seed| {
-            Arc::new(Shared {
-                opts: OptionsLite {
-                    local: Ipv4Addr::new(192, 0, 2, 1),
-                    port_base: 7600,
-                    files: 3,
-                    keep_going: true,
-                },
-                stop: AtomicBool::new(false),
-                trace: Mutex::new(TraceSink {
-                    file: None,
-                    tail: VecDeque::new(),
-                    all: Vec::new(),
-                    all_complete: true,
-                }),
-                counts: Mutex::new(BTreeMap::new()),
-                findings: Mutex::new(Vec::new()),
-                busy: vec![(AtomicU64::new(seed), Mutex::new(String::new()))],
-                t0: Instant::now(),
-                files_opened: AtomicU64::new(0),
-                regions: Mutex::new(Vec::new()),
-                quiet: true,
-            })
+        let sh = || {
+            let mut sh = Shared::new(OptionsLite::test(), 1, None);
+            sh.quiet = true;
+            Arc::new(sh)
         };
         let gen = |seed: u64| -> Vec<String> {
-            let mut w = Worker::new(0, seed, sh(seed)).unwrap();
+            let mut w = Worker::new(0, seed, sh()).unwrap();
             let mut lines = Vec::new();
-            for step in 0..5000u32 {
+            for step in 0..8000u32 {
                 let op = w.gen();
                 lines.push(op.line());
                 // Model the outcome without a kernel.
@@ -2316,6 +3627,7 @@ mod tests {
                                     handle: step + 1,
                                     ud: op.v[2] == u64::from(RDMA_CM_RS_QPT_UD),
                                     st: St::Idle,
+                                    port: 0,
                                 });
                                 None
                             }
@@ -2358,19 +3670,138 @@ mod tests {
         // The UD sequence the old module's WARNING needed: a send on a
         // connected UD id, then the close of its file.
         assert!(text.contains(" close"));
+        // fork mid-sequence, and signals in calls that sleep (some of them
+        // GET_EVENT waiting for ever on a blocking file).
+        let ops: Vec<Op> = a.iter().map(|l| Op::parse(l).unwrap()).collect();
+        let forks = ops.iter().filter(|o| o.act == Act::Fork).count();
+        assert!(forks >= 5, "{forks} forks");
+        let signalled: Vec<&Op> = ops.iter().filter(|o| o.sig.is_some()).collect();
+        assert!(signalled.len() >= 20, "{} signalled calls", signalled.len());
+        for o in &signalled {
+            assert!(
+                matches!(o.act, Act::Ioctl(c) if c.may_block()),
+                "{}",
+                o.line()
+            );
+        }
+        assert!(signalled.iter().any(|o| o.act == Act::Ioctl(Cmd::GetEvent)
+            && o.v[0] == u64::from(RDMA_CM_RS_TIMEOUT_INFINITE)));
+        assert!(signalled.iter().any(|o| o.act == Act::Ioctl(Cmd::Recv)));
+        // Ids bound to and resolving the siw device's address.
+        assert!(ops
+            .iter()
+            .any(|o| o.act == Act::Ioctl(Cmd::Bind) && o.raw.is_none() && o.v[1] == 2));
+        assert!(ops
+            .iter()
+            .any(|o| o.act == Act::Ioctl(Cmd::ResolveAddr) && o.raw.is_none() && o.v[1] == 5));
         for l in &a {
             assert_eq!(Op::parse(l).map(|o| o.line()).as_deref(), Some(l.as_str()));
+        }
+        // The actors: peers spawned and killed (some right after the
+        // spawn, some much later), the link deleted and added in turn.
+        let actor = |role: Role, seed: u64| -> Vec<Op> {
+            let mut w = Worker::new(3, seed, sh()).unwrap();
+            w.role = role;
+            (0..300).map(|_| w.gen()).collect()
+        };
+        let peers = actor(Role::Peers, 5);
+        assert_eq!(
+            peers.iter().map(Op::line).collect::<Vec<_>>(),
+            actor(Role::Peers, 5)
+                .iter()
+                .map(Op::line)
+                .collect::<Vec<_>>()
+        );
+        let mut live = [false; 3];
+        let (mut early, mut late) = (0, 0);
+        for o in &peers {
+            let Act::Peer { kill } = o.act else {
+                panic!("{}", o.line())
+            };
+            let slot = o.f as usize;
+            assert!(slot < 3 && live[slot] == kill, "{}", o.line());
+            live[slot] = !kill;
+            if !kill {
+                assert_ne!(o.v[2], 0, "{}", o.line());
+            } else if o.v[0] < 100 {
+                early += 1;
+            } else if o.v[0] >= 3000 {
+                late += 1;
+            }
+        }
+        assert!(
+            early >= 10 && late >= 10,
+            "kills: {early} early, {late} late"
+        );
+        let link = actor(Role::Link, 5);
+        for (i, o) in link.iter().enumerate() {
+            assert_eq!(o.act, Act::Link { add: i % 2 == 1 }, "{}", o.line());
+        }
+        for o in peers.iter().chain(&link) {
+            assert_eq!(Op::parse(&o.line()).as_ref(), Some(o));
         }
     }
 
     #[test]
     fn the_oracle_follows_the_abi() {
-        assert!(judge(Cmd::CreateId, Expect::Any, Err(libc::EIO)).is_some());
-        assert!(judge(Cmd::Send, Expect::Any, Err(libc::EIO)).is_none());
-        assert!(judge(Cmd::Bind, Expect::Fail, Ok(())).is_some());
-        assert!(judge(Cmd::Bind, Expect::Enotty, Err(libc::EINVAL)).is_some());
-        assert!(judge(Cmd::Bind, Expect::Efault, Err(libc::EFAULT)).is_none());
-        assert!(judge(Cmd::Query, Expect::Any, Err(libc::EPERM)).is_some());
+        assert!(judge(Cmd::CreateId, Expect::Any, Err(libc::EIO), false).is_some());
+        assert!(judge(Cmd::Send, Expect::Any, Err(libc::EIO), false).is_none());
+        assert!(judge(Cmd::Bind, Expect::Fail, Ok(()), false).is_some());
+        assert!(judge(Cmd::Bind, Expect::Enotty, Err(libc::EINVAL), false).is_some());
+        assert!(judge(Cmd::Bind, Expect::Efault, Err(libc::EFAULT), false).is_none());
+        assert!(judge(Cmd::Query, Expect::Any, Err(libc::EPERM), false).is_some());
+        // EINTR: only a call that sleeps, and only when it was signalled.
+        for cmd in [
+            Cmd::GetEvent,
+            Cmd::Recv,
+            Cmd::Send,
+            Cmd::MrReg,
+            Cmd::MrDereg,
+            Cmd::Rdma,
+        ] {
+            assert!(judge(cmd, Expect::Any, Err(libc::EINTR), true).is_none());
+            assert!(judge(cmd, Expect::Fail, Err(libc::EINTR), true).is_none());
+            assert!(judge(cmd, Expect::Any, Err(libc::EINTR), false).is_some());
+        }
+        assert!(judge(Cmd::Query, Expect::Any, Err(libc::EINTR), true).is_some());
+        // ERESTARTSYS must never reach user space.
+        assert!(judge(Cmd::GetEvent, Expect::Any, Err(512), true).is_some());
         assert_eq!(errno_name(libc::ENOTTY), "ENOTTY");
+    }
+
+    #[test]
+    fn a_signal_interrupts_only_the_call_it_is_aimed_at() {
+        // A pipe read with nothing to read sleeps like GET_EVENT: the
+        // signaller's SIG ends it with EINTR, and nothing is left pending.
+        install_signal_handler().unwrap();
+        let sh = Arc::new(Shared::new(OptionsLite::test(), 1, None));
+        let s2 = sh.clone();
+        let signaller = std::thread::spawn(move || s2.signals.run());
+        let t = std::thread::spawn(move || {
+            block_signal(true);
+            let mut p = [0i32; 2];
+            // SAFETY: room for two descriptors.
+            assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+            let token = sh.signals.arm(5);
+            block_signal(false);
+            let mut b = [0u8; 1];
+            let start = Instant::now();
+            // SAFETY: a one-byte read into `b`.
+            let r = unsafe { libc::read(p[0], b.as_mut_ptr().cast(), 1) };
+            let e = std::io::Error::last_os_error().raw_os_error();
+            block_signal(true);
+            assert!(sh.signals.disarm(token) >= 1);
+            drain_signal();
+            assert_eq!((r, e), (-1, Some(libc::EINTR)));
+            assert!(start.elapsed() < Duration::from_secs(5));
+            // SAFETY: our descriptors.
+            unsafe {
+                libc::close(p[0]);
+                libc::close(p[1]);
+            }
+            sh.signals.finish();
+        });
+        t.join().unwrap();
+        signaller.join().unwrap();
     }
 }

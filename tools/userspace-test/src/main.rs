@@ -101,6 +101,36 @@ enum Cmd {
         /// First of the 12 ports the fuzzer listens on and connects to.
         #[arg(long, default_value_t = 7600)]
         port_base: u16,
+        /// librdmacm peer processes (on RDMA_CM_RS_LOCAL_IP, the rxe
+        /// device) connecting to the fuzzer's listeners and SIGKILLed at
+        /// random times, at most this many at once; 0: none.
+        #[arg(long, default_value_t = 3)]
+        peers: u32,
+        /// Do not delete and re-add the siw device during the run.
+        #[arg(long)]
+        no_link: bool,
+        /// The siw device the fuzzer deletes and re-adds (never rxe: the
+        /// librdmacm peers hold user contexts on it).
+        #[arg(long, default_value = "siw0")]
+        siw_dev: String,
+        /// The siw device's address: some ids bind and resolve there.
+        #[arg(long, default_value = "203.0.113.1")]
+        siw_addr: std::net::Ipv4Addr,
+    },
+    /// The fuzzer's librdmacm peer (started by `fuzz`, killed by it).
+    #[command(hide = true)]
+    FuzzPeer {
+        /// Where to connect; its port is the first of the --span ports.
+        #[arg(long)]
+        addr: SocketAddr,
+        /// Ports from that of --addr to try.
+        #[arg(long, default_value_t = 1)]
+        span: u16,
+        /// Ports to try first (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        prefer: Vec<u16>,
+        #[arg(long)]
+        seed: u64,
     },
 }
 
@@ -801,6 +831,10 @@ fn main() -> Result<()> {
             hang_secs,
             shrink_secs,
             port_base,
+            peers,
+            no_link,
+            siw_dev,
+            siw_addr,
         } => {
             let local = match env_ip("RDMA_CM_RS_LOCAL_IP", [192, 0, 2, 1].into())? {
                 IpAddr::V4(a) => a,
@@ -824,8 +858,18 @@ fn main() -> Result<()> {
                 shrink_secs,
                 local,
                 port_base,
+                peers,
+                link: !no_link,
+                siw_addr,
+                siw_dev,
             })?;
         }
+        Cmd::FuzzPeer {
+            addr,
+            span,
+            prefer,
+            seed,
+        } => fuzz::peer(addr, span, &prefer, seed)?,
         Cmd::Suite { filter, peer, list } => {
             if list {
                 for name in suite::names() {
@@ -862,6 +906,45 @@ mod tests {
         Cli::try_parse_from(std::iter::once("userspace-test").chain(args.split(' ')))
             .unwrap_or_else(|e| panic!("{args}: {e}"))
             .cmd
+    }
+
+    #[test]
+    fn fuzz_command_lines() {
+        match parse("fuzz --seed 3 --peers 0 --no-link --siw-dev siw1 --siw-addr 203.0.113.9") {
+            Cmd::Fuzz {
+                seed: Some(3),
+                peers: 0,
+                no_link: true,
+                siw_dev,
+                siw_addr,
+                ..
+            } => {
+                assert_eq!(siw_dev, "siw1");
+                assert_eq!(siw_addr, std::net::Ipv4Addr::new(203, 0, 113, 9));
+            }
+            _ => panic!("fuzz"),
+        }
+        match parse("fuzz") {
+            Cmd::Fuzz {
+                peers: 3,
+                no_link: false,
+                siw_dev,
+                ..
+            } => assert_eq!(siw_dev, "siw0"),
+            _ => panic!("fuzz defaults"),
+        }
+        match parse("fuzz-peer --addr 192.0.2.1:7600 --span 12 --prefer 7603,7605 --seed 9") {
+            Cmd::FuzzPeer {
+                addr,
+                span: 12,
+                prefer,
+                seed: 9,
+            } => {
+                assert_eq!(addr, "192.0.2.1:7600".parse().unwrap());
+                assert_eq!(prefer, [7603, 7605]);
+            }
+            _ => panic!("fuzz-peer"),
+        }
     }
 
     #[test]
