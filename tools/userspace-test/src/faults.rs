@@ -368,6 +368,11 @@ enum Op {
 }
 
 impl Op {
+    /// `Accept` is left out by default: with a failure injected into
+    /// ACCEPT the module's `ib_drain_rq` of the new QP can wait forever on
+    /// rxe (seen twice in 2026-11-23's runs, hung-task reports, an open
+    /// defect: `Documentation/rdma_cm_rs/testing.rst`); `--with-accept`
+    /// runs it.
     const ALL: [Op; 7] = [
         Op::Open,
         Op::CreateId,
@@ -605,13 +610,16 @@ fn one_round(
 /// call passes none): the call fails with an errno or succeeds, and the
 /// file, the id and the connection stay usable.  Prints one KTAP line per
 /// operation and one for the resources; `Ok(false)` if one failed.
-pub fn fail_nth(addr: SocketAddr, first_ktap: usize) -> Result<bool> {
+pub fn fail_nth(addr: SocketAddr, first_ktap: usize, with_accept: bool) -> Result<bool> {
     enable_fault_injection()?;
     let fail = FailNth::open()?;
     let base = module_resources()?;
     let mut all_ok = true;
     let mut k = first_ktap;
     for op in Op::ALL {
+        if matches!(op, Op::Accept) && !with_accept {
+            continue;
+        }
         let start = Instant::now();
         let mut errnos: BTreeMap<String, usize> = BTreeMap::new();
         let mut outcome = Ok(0);

@@ -220,6 +220,10 @@ enum Ctl {
         /// The module's address, with two free ports from this one.
         #[arg(value_parser = shell::parse_addr)]
         addr: SocketAddr,
+        /// Also ACCEPT, which can hang the module's QP drain on rxe (an
+        /// open defect, see testing.rst).
+        #[arg(long)]
+        with_accept: bool,
     },
     /// Whether this process may use the device: opens it (or takes the
     /// open file descriptor FD it inherited), creates and destroys an id,
@@ -793,8 +797,8 @@ fn main() -> Result<()> {
                 std::process::exit(1);
             }
         }
-        Cmd::Ctl(Ctl::FailNth { addr }) => {
-            if !faults::fail_nth(addr, 1)? {
+        Cmd::Ctl(Ctl::FailNth { addr, with_accept }) => {
+            if !faults::fail_nth(addr, 1, with_accept)? {
                 std::process::exit(1);
             }
         }
