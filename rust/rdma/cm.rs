@@ -381,12 +381,11 @@ impl<H: Handler> CmId<H> {
             return Err(EDEADLK);
         }
         let _calls = self.inner.calls.lock();
+        // `rdma_disconnect` moves the QP to the error state under the id's
+        // `qp_mutex` (`cma_modify_qp_err`), which `rdma_destroy_qp` takes
+        // too: a QP destroyed meanwhile by `LockedId::destroy_qp` is gone.
         // SAFETY: The id is live (type invariants) and cannot be destroyed
-        // while `self` is borrowed.  `rdma_disconnect` needs no lock of the
-        // caller's: it moves the QP to the error state under the id's
-        // `qp_mutex` (`cma_modify_qp_err`), the mutex `rdma_destroy_qp`
-        // takes too, so a QP destroyed meanwhile by `LockedId::destroy_qp`
-        // is seen as gone; the rest is the CM's own state.
+        // while `self` is borrowed; the call needs no lock of the caller's.
         to_result(unsafe { bindings::rdma_disconnect(self.inner.raw()) })
     }
 }
