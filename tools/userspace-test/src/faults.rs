@@ -292,15 +292,17 @@ pub fn device_removal(addr: SocketAddr, connections: usize, bound: Duration) -> 
 
 /// The fault-injection knobs: `fail-nth` alone decides (probability 0),
 /// sleeping allocations and order 0 pages included, no report in dmesg.
-fn enable_fault_injection() -> Result<()> {
+fn enable_fault_injection(verbose: bool) -> Result<()> {
+    // Verbose: each injected failure prints its stack to the kernel log.
+    let v = if verbose { "1" } else { "0" };
     let knobs = [
         ("failslab/ignore-gfp-wait", "N"),
-        ("failslab/verbose", "0"),
+        ("failslab/verbose", v),
         ("fail_page_alloc/ignore-gfp-wait", "N"),
         ("fail_page_alloc/ignore-gfp-highmem", "N"),
         ("fail_page_alloc/min-order", "0"),
-        ("fail_page_alloc/verbose", "0"),
-        ("fail_usercopy/verbose", "0"),
+        ("fail_page_alloc/verbose", v),
+        ("fail_usercopy/verbose", v),
     ];
     for (knob, value) in knobs {
         let path = format!("/sys/kernel/debug/{knob}");
@@ -356,8 +358,8 @@ impl FailNth {
 }
 
 /// The operations faults are injected into.
-#[derive(Clone, Copy, Debug)]
-enum Op {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Op {
     Open,
     CreateId,
     Listen,
@@ -610,20 +612,29 @@ fn one_round(
 /// call passes none): the call fails with an errno or succeeds, and the
 /// file, the id and the connection stay usable.  Prints one KTAP line per
 /// operation and one for the resources; `Ok(false)` if one failed.
-pub fn fail_nth(addr: SocketAddr, first_ktap: usize, with_accept: bool) -> Result<bool> {
-    enable_fault_injection()?;
+pub fn fail_nth(
+    addr: SocketAddr,
+    first_ktap: usize,
+    with_accept: bool,
+    only: Option<Op>,
+    verbose: bool,
+) -> Result<bool> {
+    enable_fault_injection(verbose)?;
     let fail = FailNth::open()?;
     let base = module_resources()?;
     let mut all_ok = true;
     let mut k = first_ktap;
     for op in Op::ALL {
-        if matches!(op, Op::Accept) && !with_accept {
+        if only.is_some_and(|o| o != op) || (op == Op::Accept && !with_accept && only.is_none()) {
             continue;
         }
         let start = Instant::now();
         let mut errnos: BTreeMap<String, usize> = BTreeMap::new();
         let mut outcome = Ok(0);
         for n in 1..=5000 {
+            if verbose {
+                eprintln!("fail-nth: {op:?}: fault point {n}");
+            }
             match one_round(&fail, op, n, addr) {
                 Ok((false, r)) => {
                     outcome = match r {

@@ -224,6 +224,13 @@ enum Ctl {
         /// open defect, see testing.rst).
         #[arg(long)]
         with_accept: bool,
+        /// Only this operation.
+        #[arg(long, value_enum)]
+        only: Option<faults::Op>,
+        /// Name each fault point on stderr before its round, and have the
+        /// kernel log the stack of each injected failure.
+        #[arg(long)]
+        verbose: bool,
     },
     /// Whether this process may use the device: opens it (or takes the
     /// open file descriptor FD it inherited), creates and destroys an id,
@@ -797,8 +804,13 @@ fn main() -> Result<()> {
                 std::process::exit(1);
             }
         }
-        Cmd::Ctl(Ctl::FailNth { addr, with_accept }) => {
-            if !faults::fail_nth(addr, 1, with_accept)? {
+        Cmd::Ctl(Ctl::FailNth {
+            addr,
+            with_accept,
+            only,
+            verbose,
+        }) => {
+            if !faults::fail_nth(addr, 1, with_accept, only, verbose)? {
                 std::process::exit(1);
             }
         }
