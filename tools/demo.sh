@@ -7,6 +7,7 @@
 # with its own; a message each way; the client disconnects.  Both sides
 # print what they see.
 set -euo pipefail
+. "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
 tool=tools/userspace-test/target/release/userspace-test
 kdir=${KDIR:-$(cat .kdir)}

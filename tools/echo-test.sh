@@ -6,6 +6,7 @@
 # the userspace tool) and checks that messages come back unchanged.
 # Prints KTAP; exits non-zero on failure.
 set -uo pipefail
+. "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
 tool=tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}

@@ -8,6 +8,7 @@
 # of create, listen, connect, send and MR_REG (ACCEPT: an open defect).  Prints flat KTAP;
 # exits non-zero on failure.
 set -uo pipefail
+. "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
 tool=tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}

@@ -11,6 +11,7 @@
 # process that never opened librdmacm (rxe cannot take a device from under
 # open user verbs contexts).  Prints flat KTAP; exits non-zero on failure.
 set -uo pipefail
+. "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
 tool=tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}

@@ -7,6 +7,7 @@
 # client (kernel to kernel, driven through /dev/rdma_cm_rs) ping it and
 # verify every byte (-V).  Prints flat KTAP; exits non-zero on failure.
 set -uo pipefail
+. "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
 tool=tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}

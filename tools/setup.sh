@@ -13,6 +13,7 @@
 #   RDMA_CM_RS_CACHE=...      where downloads and builds are cached
 #                             (default /var/cache/rdma-cm-rs)
 set -euo pipefail
+. "$(dirname "$0")/lib/help.sh"
 
 cache=${RDMA_CM_RS_CACHE:-/var/cache/rdma-cm-rs}
 kernel_series=7.3
