@@ -24,6 +24,7 @@
 #
 # Logs: $RDMA_CM_RS_LOGS (default build/logs).
 set -uo pipefail
+. "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
 . tools/lib/env.sh
 
@@ -48,6 +49,23 @@ step() {
 	shift 2
 	local t0=$(date +%s)
 	if "$@" >"$log" 2>&1; then
+		pass "$name ($(($(date +%s) - t0)) s)"
+	else
+		fail "$name ($(($(date +%s) - t0)) s)" "$log"
+		return 1
+	fi
+}
+# step_loud NAME LOGFILE CMD...: as step, for the long ones that report
+# progress on stderr: those lines reach the terminal as TAP comments as they
+# are written, and LOGFILE; the command's stdout goes to LOGFILE.out.
+step_loud() {
+	local name=$1 log=$2 rc
+	shift 2
+	local t0=$(date +%s)
+	: >"$log"
+	"$@" 2>&1 >"$log.out" | tee -a "$log" | sed -u 's/^/# /'
+	rc=${PIPESTATUS[0]}
+	if [ "$rc" -eq 0 ]; then
 		pass "$name ($(($(date +%s) - t0)) s)"
 	else
 		fail "$name ($(($(date +%s) - t0)) s)" "$log"
@@ -98,13 +116,13 @@ count_flat_ktap() {
 echo "TAP version 13"
 
 # --- build -----------------------------------------------------------------
-step "setup" "$logs/setup.log" tools/setup.sh || finish
+step_loud "setup" "$logs/setup.log" tools/setup.sh || finish
 if [ -n "${KDIR:-}" ]; then
 	kdir=$KDIR
 	pass "kernel (KDIR=$kdir)"
 else
-	step "kernel build (cached when unchanged)" "$logs/kernel.log" tools/kernel.sh || finish
-	kdir=$(tail -n1 "$logs/kernel.log")
+	step_loud "kernel build (cached when unchanged)" "$logs/kernel.log" tools/kernel.sh || finish
+	kdir=$(tail -n1 "$logs/kernel.log.out")
 fi
 
 kmake() { make -C "$kdir" M="$PWD" LLVM=-19 "$@"; }
@@ -168,12 +186,28 @@ fi
 count_flat_ktap "$logs/vm-one.log" "suite, one VM"
 
 # --- two VMs ---------------------------------------------------------------
+# Run from a copy of the tree under /tmp, in a directory whose name has a
+# space: a checkout anywhere must work, though the guests mount their own
+# tmpfs over /tmp (tools/vm/run shares the repository explicitly).
+copy=$(mktemp -d "/tmp/rdma-cm-rs check.XXXXXX")
+trap 'rm -rf "$copy"' EXIT
+tar -C "$PWD" --exclude=./.git --exclude=./build --exclude=./tools/userspace-test/target -cf - . |
+	tar -C "$copy" -xf -
+mkdir -p "$copy/$(dirname "$tool")"
+cp "$tool" "$copy/$tool"
+cp rdma_cm_rs.ko "$copy/"
 vm_two="$logs/vm-two"
-step "VMs (two, socket link): userspace suite across the wire, then the peer VM killed mid-transfer, clean dmesg" "$logs/vm-two.log" \
-	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
-	--module "$PWD/rdma_cm_rs.ko" --two-vms \
+# The guest's cwd is the copy's: `pwd` proves which tree it ran.
+step "VMs (two, socket link, from a copy under '$copy'): userspace suite across the wire, then the peer VM killed mid-transfer, clean dmesg" "$logs/vm-two.log" \
+	"$copy/tools/vm/run" --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
+	--module "$copy/rdma_cm_rs.ko" --two-vms \
 	--peer-cmd "$tool agent --listen 0.0.0.0:7999" -- \
-	"$tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; $tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s"
+	"echo \"guest cwd: \$PWD\"; $tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; $tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s"
 count_flat_ktap "$logs/vm-two.log" "suite, two VMs"
+if grep -qxF "guest cwd: $copy" "$logs/vm-two.log"; then
+	pass "any checkout location: the two VMs ran the copy under /tmp"
+else
+	fail "any checkout location: the two VMs ran the copy under /tmp (no 'guest cwd: $copy')" "$logs/vm-two.log"
+fi
 
 finish

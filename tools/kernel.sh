@@ -4,7 +4,13 @@
 # Configures and builds the test kernel (tinyconfig + .config.fragment, clang
 # 19) into a cache directory keyed by kernel version, fragment and toolchain,
 # and prints that directory.  A cached build costs nothing.
+#
+# Progress goes to stderr: what is being built as it starts, then a heartbeat
+# every 60 s (objects compiled so far, the last line of the build log).  The
+# compiler's own output goes to $RDMA_CM_RS_LOGS/kernel-build.log (default
+# build/logs/kernel-build.log in the checkout).
 set -euo pipefail
+. "$(dirname "$0")/lib/help.sh"
 . "$(dirname "$0")/lib/env.sh"
 
 log() { printf 'kernel: %s\n' "$*" >&2; }
@@ -50,9 +56,29 @@ if [ ${#lost[@]} -gt 0 ]; then
 	exit 1
 fi
 
-log "building with LLVM=-19 -j$jobs (about 13 minutes on 2 cores)"
+logs=${RDMA_CM_RS_LOGS:-$repo_root/build/logs}
+mkdir -p "$logs"
+build_log=$logs/kernel-build.log
+version=$(make -s -C "$kernel_src" kernelversion)
+log "build: $version with LLVM=-19 -j$jobs, about 15 min on 2 cores (25 on a loaded machine), log $build_log"
 start=$(date +%s)
-kmake -j"$jobs" bzImage modules
+kmake -j"$jobs" bzImage modules >"$build_log" 2>&1 &
+pid=$!
+# A heartbeat each minute: the build is silent (make -s) for its whole run.
+while kill -0 "$pid" 2>/dev/null; do
+	for _ in $(seq 60); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 1
+	done
+	kill -0 "$pid" 2>/dev/null || break
+	objects=$(find "$build" -name '*.o' | wc -l)
+	last=$(tail -n1 "$build_log" | cut -c1-100)
+	log "build: $(($(date +%s) - start)) s, $objects objects${last:+; last log line: $last}"
+done
+if ! wait "$pid"; then
+	tail -n 30 "$build_log" >&2
+	die "kernel build failed after $(($(date +%s) - start)) s (log $build_log)"
+fi
 touch "$build/.rdma-cm-rs-built"
 log "built in $(($(date +%s) - start)) s"
 echo "$build"
