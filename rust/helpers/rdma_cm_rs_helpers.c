@@ -109,6 +109,26 @@ struct ib_cq *rdma_cm_rs_alloc_cq(struct ib_device *dev, void *private,
 	return ib_alloc_cq(dev, private, nr_cqe, comp_vector, poll_ctx);
 }
 
+/*
+ * Waits until the poll work of a CQ polled from a workqueue is idle: every
+ * completion the driver queued before the call has reached its done
+ * callback.  The work re-queues itself while completions keep coming, so
+ * flush until a flush finds it idle.
+ */
+void rdma_cm_rs_flush_cq_work(struct ib_cq *cq)
+{
+	while (flush_work(&cq->work))
+		;
+}
+
+/* The error state: the driver flushes every outstanding work request. */
+int rdma_cm_rs_modify_qp_err(struct ib_qp *qp)
+{
+	struct ib_qp_attr attr = { .qp_state = IB_QPS_ERR };
+
+	return ib_modify_qp(qp, &attr, IB_QP_STATE);
+}
+
 int rdma_cm_rs_post_send(struct ib_qp *qp, const struct ib_send_wr *wr)
 {
 	return ib_post_send(qp, wr, NULL);

@@ -38,6 +38,8 @@ void rdma_cm_rs_dealloc_pd(struct ib_pd *pd);
 struct ib_cq *rdma_cm_rs_alloc_cq(struct ib_device *dev, void *private,
 				  int nr_cqe, int comp_vector,
 				  enum ib_poll_context poll_ctx);
+void rdma_cm_rs_flush_cq_work(struct ib_cq *cq);
+int rdma_cm_rs_modify_qp_err(struct ib_qp *qp);
 int rdma_cm_rs_post_send(struct ib_qp *qp, const struct ib_send_wr *wr);
 int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr);
 int rdma_cm_rs_dma_map_single(struct ib_device *dev, void *cpu_addr,

@@ -44,7 +44,8 @@
 //! * The id owns its QP ([`LockedId::create_qp`], reliable connected ids
 //!   only).  Destruction first marks the id dying under its handler mutex,
 //!   which waits for a running callback and makes every later `create_qp`
-//!   fail, then drains and destroys the QP, then destroys the id.
+//!   fail, then shuts down (flushes) and destroys the QP, then destroys
+//!   the id.
 //! * DEVICE_REMOVAL: the CM waits for every id on the device to be destroyed
 //!   before the device goes.  Consumers drop their ids on that event (from
 //!   the handler, which defers the destruction).
@@ -417,9 +418,10 @@ fn destroy_now<H: Handler>(inner: &IdInner<H>) {
     // (`with_lock` refuses there).
     if let QpSlot::Live(qp) = slot {
         if qp.shutdown() {
-            // SAFETY: The id is live and locked, its QP drained; nothing
+            // SAFETY: The id is live and locked, its QP shut down; nothing
             // posts to it any more (`shutdown` took it).
             unsafe { bindings::rdma_destroy_qp(raw) };
+            qp.reclaim();
         }
     }
     // SAFETY: Taken above.
@@ -886,9 +888,10 @@ impl LockedId<'_> {
             }
         };
         if qp.shutdown() {
-            // SAFETY: The id is live and locked; its QP is drained and
+            // SAFETY: The id is live and locked; its QP is shut down and
             // nothing posts to it any more.
             unsafe { bindings::rdma_destroy_qp(self.as_ptr()) };
+            qp.reclaim();
         }
         Ok(())
     }

@@ -308,7 +308,7 @@ mod id_tests {
         pd::Pd,
         verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer},
     };
-    use core::sync::atomic::{AtomicBool, Ordering};
+    use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     use kernel::{
         new_mutex,
         prelude::*,
@@ -503,6 +503,52 @@ mod id_tests {
         assert_eq!(late.err().map(|(e, _)| e), Some(ENOTCONN));
         drop(qp);
         assert_eq!(cq.free_entries(), 10);
+    }
+
+    /// Counts the receives handed back flushed.
+    struct CountFlushed(AtomicU32);
+    impl CompletionHandler for CountFlushed {
+        fn recv_done(&self, _buf: RecvBuffer, result: Result<usize>) {
+            if result == Err(ECANCELED) {
+                self.0.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        fn send_done(&self, _buf: SendBuffer, _result: Result) {}
+    }
+
+    /// The id's destruction hands every posted buffer back to the
+    /// completion handler, flushed, before it returns.
+    #[test]
+    fn teardown_hands_back_every_posted_buffer() {
+        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let made = id.with_lock(|l| {
+            l.bind(&rxe_addr())?;
+            let dev = l.device()?;
+            let pd = Pd::alloc(&dev)?;
+            let caps = QpCaps {
+                max_send_wr: 2,
+                max_recv_wr: 6,
+            };
+            let cq = Cq::alloc(&dev, caps.cq_entries()?, CountFlushed(AtomicU32::new(0)))?;
+            let qp = l.create_qp(&pd, &cq, caps)?;
+            for _ in 0..6 {
+                qp.post_recv(RecvBuffer::new(&pd, 64)?)
+                    .map_err(|(e, _)| e)?;
+            }
+            Ok((cq, qp))
+        });
+        let (cq, qp) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                pr_info!(
+                    "rdma_cm_rs: kunit: skipped teardown_hands_back_every_posted_buffer: {e:?}\n"
+                );
+                return;
+            }
+        };
+        drop(id);
+        assert_eq!(cq.handler().0.load(Ordering::Acquire), 6);
+        drop(qp);
     }
 
     /// The one-VM test bed puts siw at 203.0.113.1, next to rxe.

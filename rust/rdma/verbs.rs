@@ -24,9 +24,22 @@
 //! * A QP keeps its PD and CQ alive; they are freed after it.  A QP takes
 //!   no more work requests than its [`QpCaps`] (`ENOSPC`), counted from
 //!   post to completion; it reserves room on its CQ for all of them plus
-//!   the two of `ib_drain_qp`, and one more slot in each queue for the
-//!   drain's own requests.  No completion can be lost to a full CQ, and the
-//!   drain always finds its slots.
+//!   two spare entries, and one spare slot in each queue (what
+//!   `ib_drain_qp` needs).  No completion can be lost to a full CQ.
+//!
+//! # Teardown
+//!
+//! A QP tracks every request it has posted until its completion ran.  Its
+//! shutdown moves it to the error state, where the driver flushes every
+//! outstanding request through the CQ, and waits for that, bounded by
+//! [`FLUSH_TIMEOUT`]: unlike `ib_drain_qp`, which waits for good, and does
+//! when a driver never flushes (rxe does not after a failed
+//! `IB_QP_MAX_DEST_RD_ATOMIC` change has left its receive task disabled).
+//! Requests still outstanding then are completed as flushed
+//! ([`QpShutdown::reclaim`]) once the owner has destroyed the QP, so the
+//! device can no longer reach their memory, and the CQ's poll work has
+//! handed over whatever the driver had queued before.  Either way every
+//! buffer and region comes back to the [`CompletionHandler`] exactly once.
 
 use super::{
     bindings,
@@ -40,10 +53,15 @@ use core::{
     sync::atomic::{AtomicPtr, AtomicU32, Ordering},
 };
 use kernel::{
-    new_mutex,
+    new_mutex, new_spinlock,
     prelude::*,
-    sync::{aref::ARef, Arc, Mutex},
+    sync::{aref::ARef, Arc, Mutex, SpinLock},
+    time::{delay::fsleep, Delta, Instant, Monotonic},
 };
+
+/// How long a QP's shutdown waits for the driver to flush its outstanding
+/// requests before it reclaims them after destroying the QP.
+pub const FLUSH_TIMEOUT: Delta = Delta::from_millis(5000);
 
 /// The kinds of memory work requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -397,7 +415,7 @@ impl SendBuffer {
 }
 
 /// Sizes of a QP's queues: the work requests the consumer keeps in flight.
-/// The layer adds the drain's own slot to each queue.
+/// The layer adds a spare slot to each queue (what `ib_drain_qp` needs).
 #[derive(Clone, Copy)]
 pub struct QpCaps {
     /// Send work requests in flight.
@@ -408,7 +426,7 @@ pub struct QpCaps {
 
 impl QpCaps {
     /// CQ entries a QP of these sizes needs: every request in flight plus
-    /// the drain's two.
+    /// two spare ones (what `ib_drain_qp` needs).
     pub fn cq_entries(&self) -> Result<u32> {
         self.max_send_wr
             .checked_add(self.max_recv_wr)
@@ -424,14 +442,57 @@ enum WrQueue {
     Recv,
 }
 
+/// The completion entry of a posted request: the first field of the
+/// [`Buffer`] or [`Work`] the request owns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct PostedCqe(NonNull<bindings::ib_cqe>);
+
+// SAFETY: Only an address here; whoever dereferences it owns the request.
+unsafe impl Send for PostedCqe {}
+
 /// Work requests a QP has in flight, bounded by its [`QpCaps`].
+///
+/// # Invariants
+///
+/// `posted` holds the completion entry of every request posted on the QP
+/// whose completion has not run yet (and of one being posted), at most one
+/// per credit taken: its capacity, `max_send_wr + max_recv_wr`, is never
+/// exceeded.
+#[pin_data]
 struct WrCredits {
     send: AtomicU32,
     recv: AtomicU32,
     caps: QpCaps,
+    #[pin]
+    posted: SpinLock<KVec<PostedCqe>>,
 }
 
 impl WrCredits {
+    fn new(caps: QpCaps) -> Result<Arc<Self>> {
+        let total = caps.max_send_wr.checked_add(caps.max_recv_wr).ok_or(EINVAL)?;
+        let posted = KVec::with_capacity(total as usize, GFP_KERNEL)?;
+        Arc::pin_init(
+            pin_init!(Self {
+                send: AtomicU32::new(0),
+                recv: AtomicU32::new(0),
+                caps,
+                posted <- new_spinlock!(posted),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    /// Requests posted whose completion has not run.
+    fn outstanding(&self) -> usize {
+        self.posted.lock().len()
+    }
+
+    /// Takes the entry of one outstanding request out of the tracking.
+    fn pop_posted(&self) -> Option<PostedCqe> {
+        self.posted.lock().pop()
+    }
+
+
     /// One request more on `queue`: `ENOSPC` when the QP has as many in
     /// flight as its caps allow.
     fn take(self: &Arc<Self>, queue: WrQueue) -> Result<Credit> {
@@ -447,6 +508,7 @@ impl WrCredits {
         Ok(Credit {
             credits: self.clone(),
             queue,
+            posted: None,
         })
     }
 }
@@ -456,10 +518,35 @@ impl WrCredits {
 struct Credit {
     credits: Arc<WrCredits>,
     queue: WrQueue,
+    /// The completion entry of the request, tracked from before its post.
+    posted: Option<PostedCqe>,
+}
+
+impl Credit {
+    /// Tracks the request whose completion entry is `cqe` (at a stable
+    /// address, in the heap object the request owns) until this credit is
+    /// dropped.  Called before the post: the completion may run before the
+    /// post returns.
+    fn track(&mut self, cqe: NonNull<bindings::ib_cqe>) {
+        let entry = PostedCqe(cqe);
+        // One entry per credit, within the capacity (type invariants of
+        // `WrCredits`): this cannot fail.
+        if self.credits.posted.lock().push_within_capacity(entry).is_ok() {
+            self.posted = Some(entry);
+        }
+    }
 }
 
 impl Drop for Credit {
     fn drop(&mut self) {
+        if let Some(entry) = self.posted.take() {
+            let mut posted = self.credits.posted.lock();
+            // Gone already if a reclaim took it.
+            if let Some(i) = posted.iter().position(|&p| p == entry) {
+                // In bounds: just found.
+                let _ = posted.remove(i);
+            }
+        }
         let count = match self.queue {
             WrQueue::Send => &self.credits.send,
             WrQueue::Recv => &self.credits.recv,
@@ -470,11 +557,18 @@ impl Drop for Credit {
 
 /// Stops a QP on behalf of its owner, whatever its completion handler type.
 pub(crate) trait QpShutdown: Send + Sync {
-    /// Stops posts and flushes every outstanding work request through the
-    /// completion handler (`ib_drain_qp`), handing buffers and regions
-    /// back.  `true` if there was a live QP, which the caller must destroy
-    /// next (and nobody else may use).  Only the first call does anything.
+    /// Stops posts, moves the QP to the error state and waits, at most
+    /// [`FLUSH_TIMEOUT`], until the driver has flushed every outstanding
+    /// work request through the completion handler, handing buffers and
+    /// regions back.  `true` if there was a live QP, which the caller must
+    /// destroy next (and nobody else may use), then call
+    /// [`QpShutdown::reclaim`].  Only the first call does anything.
     fn shutdown(&self) -> bool;
+    /// After the caller destroyed the QP that [`QpShutdown::shutdown`]
+    /// stopped: completes the requests the driver did not flush as flushed,
+    /// once the CQ has delivered whatever the driver queued before the
+    /// destruction.  Runs the completion handler in the caller's context.
+    fn reclaim(&self);
     /// The QP's number.
     fn qp_num(&self) -> u32;
 }
@@ -506,10 +600,9 @@ unsafe impl<C: CompletionHandler> Sync for Qp<C> {}
 
 impl<C: CompletionHandler> Qp<C> {
     /// Checks that `pd` and `cq` live on `dev` (`EXDEV`) and that `cq` has
-    /// room for `caps` and the drain (`ENOSPC`), reserves that room, and
-    /// returns a QP object not created yet with the attributes to create
-    /// it with (RC, one SGE a request, one extra slot a queue for the
-    /// drain).
+    /// room for `caps` and two spare entries (`ENOSPC`), reserves that
+    /// room, and returns a QP object not created yet with the attributes
+    /// to create it with (RC, one SGE a request, one spare slot a queue).
     pub(crate) fn prepare(
         dev: &Device,
         pd: &Arc<Pd>,
@@ -528,14 +621,7 @@ impl<C: CompletionHandler> Qp<C> {
         attr.cap.max_recv_wr = caps.max_recv_wr.checked_add(1).ok_or(EINVAL)?;
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
-        let credits = Arc::new(
-            WrCredits {
-                send: AtomicU32::new(0),
-                recv: AtomicU32::new(0),
-                caps,
-            },
-            GFP_KERNEL,
-        )?;
+        let credits = WrCredits::new(caps)?;
         cq.reserve(room)?;
         // INVARIANT: Not created yet; the reservation is owned from here.
         let qp = Arc::pin_init(
@@ -637,6 +723,8 @@ impl<C: CompletionHandler> Qp<C> {
             Err(e) => return Err((e, buf)),
         };
         let mut inner = buf.0;
+        let mut credit = credit;
+        credit.track(NonNull::from(&mut inner.cqe));
         inner.credit = Some(credit);
         // The CPU may have read the buffer since its last use: give it back
         // to the device before the device writes it.
@@ -675,6 +763,8 @@ impl<C: CompletionHandler> Qp<C> {
             Err(e) => return Err((e, buf)),
         };
         let mut inner = buf.0;
+        let mut credit = credit;
+        credit.track(NonNull::from(&mut inner.cqe));
         inner.credit = Some(credit);
         inner.sync_for_device(inner.len);
         inner.cqe.done = Some(send_done::<C>);
@@ -713,11 +803,14 @@ impl<C: CompletionHandler> Qp<C> {
                     done: Some(work_done::<C>),
                 },
                 cpu_sync,
-                _credit: credit,
+                credit,
                 done,
             },
             GFP_KERNEL,
         )?;
+        let mut work = work;
+        let cqe = NonNull::from(&mut work.cqe);
+        work.credit.track(cqe);
         let leaked = KBox::into_raw(work);
         let ret = self.post_send_raw(|wr| {
             // SAFETY: `leaked` is live until its completion or the failure
@@ -866,20 +959,63 @@ impl<C: CompletionHandler> Qp<C> {
 
 impl<C: CompletionHandler> QpShutdown for Qp<C> {
     fn shutdown(&self) -> bool {
-        // Stop new posts first, outside of the drain that waits for
-        // completions.
+        // Stop new posts first, outside of the wait for completions.
         let raw = self.raw.lock().take();
         let Some(raw) = raw else {
             return false;
         };
-        // The drain posts into the slot each queue kept free and flushes
-        // every outstanding request through the completion handler,
-        // handing its buffer or region back.  The caller is not a
-        // completion of this CQ (the CM defers such destructions).
-        // SAFETY: The QP is live (type invariants) and an RC QP, for which
-        // `ib_drain_qp` is valid; the drain cannot wait on itself.
-        unsafe { bindings::ib_drain_qp(raw.as_ptr()) };
+        // SAFETY: The QP is live (type invariants) and nothing posts to it
+        // any more; `ib_modify_qp` to the error state, which every state
+        // may move to, only changes the QP's state.
+        let moved = unsafe { bindings::rdma_cm_rs_modify_qp_err(raw.as_ptr()) };
+        if moved == 0 {
+            // The driver now flushes every outstanding request through the
+            // CQ's workqueue.  The caller is not a completion of this CQ
+            // (the CM defers such destructions): the wait cannot be on
+            // itself.
+            let start = Instant::<Monotonic>::now();
+            while self.credits.outstanding() > 0 && start.elapsed() < FLUSH_TIMEOUT {
+                fsleep(Delta::from_millis(1));
+            }
+        }
         true
+    }
+
+    fn reclaim(&self) {
+        if self.credits.outstanding() == 0 {
+            return;
+        }
+        // Completions the driver queued before the QP was destroyed reach
+        // their handlers first; none comes after.
+        // SAFETY: The CQ is live (the QP holds it) and polled from a
+        // workqueue (`Cq::alloc`), whose poll work this waits for.
+        unsafe { bindings::rdma_cm_rs_flush_cq_work(self.cq.as_ptr()) };
+        let mut reclaimed = 0u32;
+        while let Some(entry) = self.credits.pop_posted() {
+            let cqe = entry.0.as_ptr();
+            let mut wc: bindings::ib_wc = pin_init::zeroed();
+            wc.__bindgen_anon_1.wr_cqe = cqe;
+            wc.status = bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR;
+            // SAFETY: `cqe` is the first field of the `Buffer` or `Work` a
+            // request posted on this QP owns (`track`), whose completion
+            // did not run (it would have removed the entry) and never will:
+            // the QP is destroyed and the CQ holds nothing of it any more.
+            // Its `done` is the function of its kind, set before the post.
+            let done = unsafe { (*cqe).done };
+            if let Some(done) = done {
+                // SAFETY: As above: `done` takes ownership of the request's
+                // object from `wc`, as for a flushed completion of this
+                // QP's CQ, which is live.
+                unsafe { done(self.cq.as_ptr(), &mut wc) };
+                reclaimed += 1;
+            }
+        }
+        pr_warn!(
+            "QP {}: {} requests the driver did not flush in {} ms, completed as flushed after its destruction\n",
+            self.qp_num(),
+            reclaimed,
+            FLUSH_TIMEOUT.as_millis()
+        );
     }
 
     fn qp_num(&self) -> u32 {
@@ -964,7 +1100,7 @@ struct Work {
     /// The range of the region to sync for the CPU on success.
     cpu_sync: Option<(usize, usize)>,
     /// Returned when the work is taken apart at its completion.
-    _credit: Credit,
+    credit: Credit,
     done: WorkDone,
 }
 
