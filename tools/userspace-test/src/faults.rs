@@ -370,11 +370,6 @@ pub enum Op {
 }
 
 impl Op {
-    /// `Accept` is left out by default: with a failure injected into
-    /// ACCEPT the module's `ib_drain_rq` of the new QP can wait forever on
-    /// rxe (seen twice in 2026-11-23's runs, hung-task reports, an open
-    /// defect: `Documentation/rdma_cm_rs/testing.rst`); `--with-accept`
-    /// runs it.
     const ALL: [Op; 7] = [
         Op::Open,
         Op::CreateId,
@@ -608,63 +603,98 @@ fn one_round(
     }
 }
 
-/// Every fault point of each operation in turn (n = 1, 2, ... until the
-/// call passes none): the call fails with an errno or succeeds, and the
-/// file, the id and the connection stay usable.  Prints one KTAP line per
-/// operation and one for the resources; `Ok(false)` if one failed.
+/// Every fault point of one operation in turn (n = 1, 2, ... until the
+/// call passes none), from this thread (`fail-nth` is per task): the
+/// number of fault points and the outcomes.
+fn every_fault_point(
+    op: Op,
+    addr: SocketAddr,
+    verbose: bool,
+) -> (Result<usize>, BTreeMap<String, usize>) {
+    let mut errnos: BTreeMap<String, usize> = BTreeMap::new();
+    let fail = match FailNth::open() {
+        Ok(fail) => fail,
+        Err(e) => return (Err(e), errnos),
+    };
+    let mut outcome = Err(anyhow::anyhow!("more than 5000 fault points"));
+    for n in 1..=5000 {
+        if verbose {
+            eprintln!("fail-nth: {op:?}: fault point {n}");
+        }
+        match one_round(&fail, op, n, addr) {
+            Ok((false, r)) => {
+                outcome = match r {
+                    Ok(()) => Ok(n - 1),
+                    Err(e) => Err(anyhow::anyhow!(
+                        "failed with {} without an injected fault",
+                        crate::fuzz::errno_name(e)
+                    )),
+                };
+                break;
+            }
+            Ok((true, r)) => {
+                let name = r.map_or_else(crate::fuzz::errno_name, |()| "success".into());
+                *errnos.entry(name).or_default() += 1;
+            }
+            Err(e) => {
+                outcome = Err(e.context(format!("fault point {n}")));
+                break;
+            }
+        }
+    }
+    let _ = fail.set(0);
+    (outcome, errnos)
+}
+
+/// Every fault point of each operation (`only`: of that one): the call
+/// fails with an errno or succeeds, and the file, the id and the
+/// connection stay usable.  `jobs` threads take the operations in turn,
+/// each operation on ports of its own from `addr`'s (two each).  Prints
+/// one KTAP line per operation, in order, and one for the resources;
+/// `Ok(false)` if one failed.
 pub fn fail_nth(
     addr: SocketAddr,
     first_ktap: usize,
-    with_accept: bool,
     only: Option<Op>,
+    jobs: usize,
     verbose: bool,
 ) -> Result<bool> {
     enable_fault_injection(verbose)?;
-    let fail = FailNth::open()?;
     let base = module_resources()?;
+    let ops: Vec<(usize, Op)> = Op::ALL
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|&(_, op)| only.is_none_or(|o| o == op))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(BTreeMap::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(index, op)) = ops.get(i) else {
+                    break;
+                };
+                let port = addr.port() + 2 * index as u16;
+                let start = Instant::now();
+                let (outcome, errnos) =
+                    every_fault_point(op, SocketAddr::new(addr.ip(), port), verbose);
+                let ms = start.elapsed().as_millis();
+                results
+                    .lock()
+                    .unwrap()
+                    .insert(index, (op, outcome, errnos, ms));
+            });
+        }
+    });
     let mut all_ok = true;
     let mut k = first_ktap;
-    for op in Op::ALL {
-        if only.is_some_and(|o| o != op) || (op == Op::Accept && !with_accept && only.is_none()) {
-            continue;
-        }
-        let start = Instant::now();
-        let mut errnos: BTreeMap<String, usize> = BTreeMap::new();
-        let mut outcome = Ok(0);
-        for n in 1..=5000 {
-            if verbose {
-                eprintln!("fail-nth: {op:?}: fault point {n}");
-            }
-            match one_round(&fail, op, n, addr) {
-                Ok((false, r)) => {
-                    outcome = match r {
-                        Ok(()) => Ok(n - 1),
-                        Err(e) => Err(anyhow::anyhow!(
-                            "failed with {} without an injected fault",
-                            crate::fuzz::errno_name(e)
-                        )),
-                    };
-                    break;
-                }
-                Ok((true, r)) => {
-                    let name = r.map_or_else(crate::fuzz::errno_name, |()| "success".into());
-                    *errnos.entry(name).or_default() += 1;
-                }
-                Err(e) => {
-                    outcome = Err(e.context(format!("fault point {n}")));
-                    break;
-                }
-            }
-            if n == 5000 {
-                outcome = Err(anyhow::anyhow!("more than 5000 fault points"));
-            }
-        }
-        let _ = fail.set(0);
+    for (op, outcome, errnos, ms) in results.into_inner().unwrap().into_values() {
         let name = format!("fail-nth: {op:?}");
         match outcome {
             Ok(sites) => println!(
-                "ok {k} - {name}: {sites} fault points, outcomes {errnos:?} ({} ms)",
-                start.elapsed().as_millis()
+                "ok {k} - {name}: {sites} fault points, outcomes {errnos:?} ({ms} ms)"
             ),
             Err(e) => {
                 all_ok = false;

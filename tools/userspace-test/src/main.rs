@@ -220,10 +220,9 @@ enum Ctl {
         /// The module's address, with two free ports from this one.
         #[arg(value_parser = shell::parse_addr)]
         addr: SocketAddr,
-        /// Also ACCEPT, which can hang the module's QP drain on rxe (an
-        /// open defect, see testing.rst).
-        #[arg(long)]
-        with_accept: bool,
+        /// Threads running operations at once (each its own).
+        #[arg(long, default_value_t = 2)]
+        jobs: usize,
         /// Only this operation.
         #[arg(long, value_enum)]
         only: Option<faults::Op>,
@@ -806,11 +805,11 @@ fn main() -> Result<()> {
         }
         Cmd::Ctl(Ctl::FailNth {
             addr,
-            with_accept,
+            jobs,
             only,
             verbose,
         }) => {
-            if !faults::fail_nth(addr, 1, with_accept, only, verbose)? {
+            if !faults::fail_nth(addr, 1, only, jobs, verbose)? {
                 std::process::exit(1);
             }
         }
