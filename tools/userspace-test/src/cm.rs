@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0
-//! A small safe layer over the real librdmacm (through `rdma-sys`): event
-//! channels with timeouts, ids, and connections with a QP, registered
-//! buffers and pre-posted receives.  The librdmacm side of every test.
+//! A small safe layer over the real librdmacm (bindgen's bindings, module
+//! [`ffi`]): event channels with timeouts, ids, and connections with a QP,
+//! registered buffers and pre-posted receives.  The librdmacm side of
+//! every test.
+
+mod ffi;
 
 use anyhow::{anyhow, bail, Context, Result};
-use rdma_sys::*;
+use ffi::*;
 use std::{
     net::SocketAddr,
     ptr,
