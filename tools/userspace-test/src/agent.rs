@@ -116,7 +116,7 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
     writeln!(out, "ready")?;
     let mut report = String::new();
     for n in 0..req.num("count", 1)? {
-        let ev = ch.expect(EV_CONNECT_REQUEST, T)?;
+        let mut ev = ch.expect(EV_CONNECT_REQUEST, T)?;
         let _ = write!(
             report,
             "req{n}={} rr{n}={} id{n}={} retry{n}={} rnr{n}={} ",
@@ -126,11 +126,12 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
             ev.retry_count,
             ev.rnr_retry_count
         );
+        let request = ev.take_request()?;
         if req.get("reject").is_some() {
-            cm::reject(ev.id, &req.bytes("rejdata")?)?;
+            request.reject(&req.bytes("rejdata")?)?;
             continue;
         }
-        let mut conn = Conn::new(ev.id)?;
+        let mut conn = Conn::new(request)?;
         conn.accept(&Param::with_data(&req.bytes("accept")?))?;
         let est = ch.expect(EV_ESTABLISHED, T)?;
         let _ = write!(report, "est{n}={} ", hex(&est.private_data));

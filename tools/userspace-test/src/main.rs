@@ -686,19 +686,19 @@ fn peer_server(
         "librdmacm: listening on {addr} backlog={backlog}, for {connections} connection(s)"
     ));
     // Connections by their id, with a number for people.
-    let mut conns: HashMap<usize, (u32, cm::Conn)> = HashMap::new();
+    let mut conns: HashMap<cm::IdKey, (u32, cm::Conn)> = HashMap::new();
     let mut numbered = 0;
     let mut done = 0;
     while done < connections {
         // The first request may take as long as people need; then bounded.
-        let ev = loop {
+        let mut ev = loop {
             match ch.next(Duration::from_secs(60)) {
                 Ok(ev) => break ev,
                 Err(_) if conns.is_empty() => continue,
                 Err(e) => return Err(e),
             }
         };
-        let key = ev.id as usize;
+        let key = ev.id;
         let label = conns
             .get(&key)
             .map_or(String::new(), |(n, _)| format!("conn={n}"));
@@ -706,7 +706,7 @@ fn peer_server(
             EV_CONNECT_REQUEST => {
                 numbered += 1;
                 say(&ev.line("librdmacm", &format!("conn={numbered}")));
-                let conn = cm::Conn::new(ev.id)?;
+                let conn = cm::Conn::new(ev.take_request()?)?;
                 let mut p = cm::Param::with_data(accept_data);
                 p.responder_resources = ev.responder_resources;
                 p.initiator_depth = ev.initiator_depth;
