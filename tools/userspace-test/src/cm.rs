@@ -6,6 +6,7 @@
 
 mod ffi;
 
+use crate::report::EventType;
 use anyhow::{anyhow, bail, Context, Result};
 use ffi::*;
 use std::{
@@ -66,6 +67,33 @@ fn sockaddr(addr: &SocketAddr) -> libc::sockaddr_storage {
     ss
 }
 
+/// librdmacm's `enum rdma_cm_event_type`, by name: bindgen makes it plain
+/// constants (a Rust enum read from C memory would be undefined behaviour
+/// for a value the header does not list); one it does not list stays a
+/// number ([`EventType::Unknown`]).
+fn event_type(e: rdma_cm_event_type::Type) -> EventType {
+    use rdma_cm_event_type::*;
+    match e {
+        RDMA_CM_EVENT_ADDR_RESOLVED => EventType::AddrResolved,
+        RDMA_CM_EVENT_ADDR_ERROR => EventType::AddrError,
+        RDMA_CM_EVENT_ROUTE_RESOLVED => EventType::RouteResolved,
+        RDMA_CM_EVENT_ROUTE_ERROR => EventType::RouteError,
+        RDMA_CM_EVENT_CONNECT_REQUEST => EventType::ConnectRequest,
+        RDMA_CM_EVENT_CONNECT_RESPONSE => EventType::ConnectResponse,
+        RDMA_CM_EVENT_CONNECT_ERROR => EventType::ConnectError,
+        RDMA_CM_EVENT_UNREACHABLE => EventType::Unreachable,
+        RDMA_CM_EVENT_REJECTED => EventType::Rejected,
+        RDMA_CM_EVENT_ESTABLISHED => EventType::Established,
+        RDMA_CM_EVENT_DISCONNECTED => EventType::Disconnected,
+        RDMA_CM_EVENT_DEVICE_REMOVAL => EventType::DeviceRemoval,
+        RDMA_CM_EVENT_MULTICAST_JOIN => EventType::MulticastJoin,
+        RDMA_CM_EVENT_MULTICAST_ERROR => EventType::MulticastError,
+        RDMA_CM_EVENT_ADDR_CHANGE => EventType::AddrChange,
+        RDMA_CM_EVENT_TIMEWAIT_EXIT => EventType::TimewaitExit,
+        other => EventType::from(other),
+    }
+}
+
 /// Which id an event is for, to tell connections apart: its identity only,
 /// nothing to reach the id with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -118,7 +146,7 @@ impl<'ch> From<ConnRequest<'ch>> for Id<'ch> {
 /// An event copied out of librdmacm and acknowledged.
 #[derive(Debug)]
 pub struct CmEvent<'ch> {
-    pub event: u32,
+    pub event: EventType,
     pub status: i32,
     /// The id the event is for (a request's new id for CONNECT_REQUEST).
     pub id: IdKey,
@@ -136,15 +164,15 @@ pub struct CmEvent<'ch> {
 
 impl<'ch> CmEvent<'ch> {
     pub fn name(&self) -> &'static str {
-        crate::report::event_name(self.event)
+        self.event.name()
     }
 
     /// `Ok` if this is a `want` event, else an error naming both.
-    pub fn must_be(&self, want: u32) -> Result<()> {
+    pub fn must_be(&self, want: EventType) -> Result<()> {
         if self.event != want {
             bail!(
                 "expected {} but got {} (status {})",
-                crate::report::event_name(want),
+                want.name(),
                 self.name(),
                 self.status
             );
@@ -242,18 +270,18 @@ impl Channel {
                     } else {
                         std::slice::from_raw_parts(conn.private_data.cast::<u8>(), len).to_vec()
                     };
+                    let event = event_type(e.event);
                     // A request's `id` is a new id librdmacm made on this
                     // channel for us to own; other events name ids we own.
-                    let request = (e.event == rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
-                        && !e.id.is_null())
-                    .then(|| {
-                        ConnRequest(Id {
-                            raw: e.id,
-                            _channel: PhantomData,
-                        })
-                    });
+                    let request =
+                        (event == EventType::ConnectRequest && !e.id.is_null()).then(|| {
+                            ConnRequest(Id {
+                                raw: e.id,
+                                _channel: PhantomData,
+                            })
+                        });
                     CmEvent {
-                        event: e.event,
+                        event,
                         status: e.status,
                         id: IdKey(e.id as usize),
                         request,
@@ -290,7 +318,7 @@ impl Channel {
     }
 
     /// The next event, which must be `want`.
-    pub fn expect(&self, want: u32, timeout: Duration) -> Result<CmEvent<'_>> {
+    pub fn expect(&self, want: EventType, timeout: Duration) -> Result<CmEvent<'_>> {
         let ev = self.next(timeout)?;
         ev.must_be(want)?;
         Ok(ev)
@@ -768,10 +796,28 @@ pub fn resolve_logged<'ch>(
     // sockaddr_in or sockaddr_in6, read during the call only.
     let r = unsafe { rdma_resolve_addr(id.raw, ptr::null_mut(), ptr::addr_of_mut!(ss).cast(), ms) };
     check(r, "rdma_resolve_addr")?;
-    expect(crate::report::EV_ADDR_RESOLVED)?;
+    expect(EventType::AddrResolved)?;
     // SAFETY: `id.raw` is a live id, its address resolved.
     let r = unsafe { rdma_resolve_route(id.raw, ms) };
     check(r, "rdma_resolve_route")?;
-    expect(crate::report::EV_ROUTE_RESOLVED)?;
+    expect(EventType::RouteResolved)?;
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// librdmacm's event numbers are the kernel's, which the module's ABI
+    /// and [`EventType::from`] use: one enum serves both sides.
+    #[test]
+    fn librdmacm_events_are_the_kernels() {
+        for n in 0..32 {
+            assert_eq!(event_type(n), EventType::from(n), "{n}");
+        }
+        assert_eq!(
+            event_type(rdma_cm_event_type::RDMA_CM_EVENT_TIMEWAIT_EXIT).name(),
+            "TIMEWAIT_EXIT"
+        );
+    }
 }

@@ -321,13 +321,13 @@ pub(crate) fn say(line: &str) {
 }
 
 /// The module's next event (printed), which must be `want`.
-pub(crate) fn module_expect(dev: &Device, want: u32) -> Result<uapi::Event> {
+pub(crate) fn module_expect(dev: &Device, want: EventType) -> Result<uapi::Event> {
     let e = dev
         .get_event(WAIT_MS)
-        .with_context(|| format!("module: waiting for {}", event_name(want)))?;
+        .with_context(|| format!("module: waiting for {}", want.name()))?;
     say(&e.line("module"));
     if e.event != want {
-        bail!("module: expected {}", event_name(want));
+        bail!("module: expected {}", want.name());
     }
     Ok(e)
 }
@@ -351,7 +351,7 @@ fn ctl_listen(
         let e = dev.get_event(uapi::RDMA_CM_RS_TIMEOUT_INFINITE)?;
         say(&e.line("module"));
         match e.event {
-            EV_CONNECT_REQUEST => {
+            EventType::ConnectRequest => {
                 // The request's values are the receiver's side already.
                 let mut p = Param::with_data(accept_data);
                 p.responder_resources = e.responder_resources;
@@ -369,7 +369,7 @@ fn ctl_listen(
                     }
                 }
             }
-            EV_ESTABLISHED => match dev.recv(e.id, cm::MSG, WAIT_MS) {
+            EventType::Established => match dev.recv(e.id, cm::MSG, WAIT_MS) {
                 Ok(msg) => {
                     say(&format!(
                         "module: recv id={} {}",
@@ -387,13 +387,13 @@ fn ctl_listen(
                 }
                 Err(err) => say(&format!("module: recv id={}: {err}", e.id)),
             },
-            EV_DISCONNECTED => {
+            EventType::Disconnected => {
                 // Completes the peer's disconnect (the DREP), then frees the id.
                 let _ = dev.disconnect(e.id);
                 dev.destroy(e.id)?;
                 done += 1;
             }
-            EV_REJECTED | EV_UNREACHABLE | EV_CONNECT_ERROR if e.id != l => {
+            EventType::Rejected | EventType::Unreachable | EventType::ConnectError if e.id != l => {
                 dev.destroy(e.id)?;
                 done += 1;
             }
@@ -413,16 +413,16 @@ fn module_connect(dev: &Device, addr: SocketAddr, data: &[u8]) -> Result<u32> {
     let id = dev.create_id(1)?;
     say(&format!("module: id={id} resolving {addr}"));
     dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
-    module_expect(dev, EV_ADDR_RESOLVED)?;
+    module_expect(dev, EventType::AddrResolved)?;
     dev.resolve_route(id, 2000).context("resolve_route")?;
-    module_expect(dev, EV_ROUTE_RESOLVED)?;
+    module_expect(dev, EventType::RouteResolved)?;
     dev.connect(id, &Param::with_data(data))
         .context("connect")?;
     say(&format!(
         "module: connect id={id} {}",
         show("private_data", data)
     ));
-    module_expect(dev, EV_ESTABLISHED)?;
+    module_expect(dev, EventType::Established)?;
     Ok(id)
 }
 
@@ -440,7 +440,7 @@ fn ctl_connect(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
     }
     dev.disconnect(id).context("disconnect")?;
     say(&format!("module: disconnect id={id}"));
-    module_expect(&dev, EV_DISCONNECTED)?;
+    module_expect(&dev, EventType::Disconnected)?;
     dev.destroy(id)?;
     Ok(())
 }
@@ -493,7 +493,7 @@ fn ctl_rping(addr: SocketAddr, count: u32, size: u32, interval: Duration) -> Res
     dev.mr_dereg(id, source)?;
     dev.mr_dereg(id, sink)?;
     dev.disconnect(id).context("disconnect")?;
-    module_expect(&dev, EV_DISCONNECTED)?;
+    module_expect(&dev, EventType::Disconnected)?;
     dev.destroy(id)?;
     Ok(())
 }
@@ -622,7 +622,11 @@ fn peer_hold(addr: SocketAddr) -> Result<()> {
     let id = cm::resolve(&ch, &addr, Duration::from_secs(5))?;
     let mut conn = cm::Conn::new(id)?;
     let ev = conn.connect(&cm::Param::with_data(b"hold"), &ch, WAIT)?;
-    ensure!(ev.event == EV_ESTABLISHED, "not established: {}", ev.name());
+    ensure!(
+        ev.event == EventType::Established,
+        "not established: {}",
+        ev.name()
+    );
     say("established");
     for n in 0u64.. {
         conn.send(format!("hold {n}").as_bytes())?;
@@ -636,7 +640,7 @@ fn peer_hold_request(addr: SocketAddr) -> Result<()> {
     let _listener = cm::listen(&ch, &addr, 4)?;
     say("listening");
     // Neither accepted nor rejected: the request's id stays as it is.
-    let _request = ch.expect(EV_CONNECT_REQUEST, Duration::from_secs(60))?;
+    let _request = ch.expect(EventType::ConnectRequest, Duration::from_secs(60))?;
     say("request");
     loop {
         std::thread::sleep(Duration::from_secs(3600));
@@ -657,7 +661,7 @@ fn peer_client(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
     ));
     let ev = conn.connect(&cm::Param::with_data(data), &ch, WAIT)?;
     say(&ev.line("librdmacm", ""));
-    if ev.event != EV_ESTABLISHED {
+    if ev.event != EventType::Established {
         bail!("librdmacm: not established: {}", ev.name());
     }
     if !message.is_empty() {
@@ -668,7 +672,7 @@ fn peer_client(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
     }
     conn.disconnect()?;
     say("librdmacm: disconnect");
-    let ev = ch.expect(EV_DISCONNECTED, WAIT)?;
+    let ev = ch.expect(EventType::Disconnected, WAIT)?;
     say(&ev.line("librdmacm", ""));
     Ok(())
 }
@@ -703,7 +707,7 @@ fn peer_server(
             .get(&key)
             .map_or(String::new(), |(n, _)| format!("conn={n}"));
         match ev.event {
-            EV_CONNECT_REQUEST => {
+            EventType::ConnectRequest => {
                 numbered += 1;
                 say(&ev.line("librdmacm", &format!("conn={numbered}")));
                 let conn = cm::Conn::new(ev.take_request()?)?;
@@ -718,7 +722,7 @@ fn peer_server(
                 ));
                 conns.insert(key, (numbered, conn));
             }
-            EV_ESTABLISHED => {
+            EventType::Established => {
                 say(&ev.line("librdmacm", &label));
                 if let Some((n, conn)) = conns.get_mut(&key) {
                     match conn.recv(WAIT) {
@@ -738,7 +742,10 @@ fn peer_server(
                     }
                 }
             }
-            EV_DISCONNECTED | EV_REJECTED | EV_UNREACHABLE | EV_CONNECT_ERROR => {
+            EventType::Disconnected
+            | EventType::Rejected
+            | EventType::Unreachable
+            | EventType::ConnectError => {
                 say(&ev.line("librdmacm", &label));
                 if let Some((_, conn)) = conns.remove(&key) {
                     let _ = conn.disconnect();
