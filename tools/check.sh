@@ -152,8 +152,8 @@ unsafe_outside() {
 step "no unsafe in rust/ctl and samples" "$logs/unsafe.log" unsafe_outside
 
 # --- host ------------------------------------------------------------------
-# Cargo reads tools/userspace-test/.cargo/config.toml (the libclang that
-# rdma-sys's bindgen needs) only when run from that directory.
+# Cargo runs in the tool's directory; its build.rs runs bindgen (the uapi
+# header, librdmacm and verbs) with env.sh's LIBCLANG_PATH (llvm 19).
 tool_dir=tools/userspace-test
 tcargo() { (cd "$tool_dir" && cargo "$@"); }
 step "userspace-test: cargo fmt --check" "$logs/cargo-fmt.log" tcargo fmt -- --check

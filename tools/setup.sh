@@ -26,8 +26,6 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 packages=(
 	clang-19 lld-19 llvm-19 libclang-19-dev
-	# rdma-sys pins bindgen 0.59, which needs a libclang older than 16.
-	libclang1-14
 	qemu-system-x86 busybox-static
 	librdmacm-dev libibverbs-dev ibverbs-providers rdmacm-utils ibverbs-utils
 	iproute2 flex bison bc libelf-dev libssl-dev cpio kmod xz-utils

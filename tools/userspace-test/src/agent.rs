@@ -17,7 +17,7 @@
 
 use crate::cm::{self, Channel, Conn, Param, RdmaOp};
 use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex};
-use crate::report::{EV_CONNECT_REQUEST, EV_DISCONNECTED, EV_ESTABLISHED};
+use crate::report::EventType;
 use anyhow::{anyhow, bail, Context, Result};
 use std::{
     collections::BTreeMap,
@@ -116,7 +116,7 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
     writeln!(out, "ready")?;
     let mut report = String::new();
     for n in 0..req.num("count", 1)? {
-        let ev = ch.expect(EV_CONNECT_REQUEST, T)?;
+        let mut ev = ch.expect(EventType::ConnectRequest, T)?;
         let _ = write!(
             report,
             "req{n}={} rr{n}={} id{n}={} retry{n}={} rnr{n}={} ",
@@ -126,13 +126,14 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
             ev.retry_count,
             ev.rnr_retry_count
         );
+        let request = ev.take_request()?;
         if req.get("reject").is_some() {
-            cm::reject(ev.id, &req.bytes("rejdata")?)?;
+            request.reject(&req.bytes("rejdata")?)?;
             continue;
         }
-        let mut conn = Conn::new(ev.id)?;
+        let mut conn = Conn::new(request)?;
         conn.accept(&Param::with_data(&req.bytes("accept")?))?;
-        let est = ch.expect(EV_ESTABLISHED, T)?;
+        let est = ch.expect(EventType::Established, T)?;
         let _ = write!(report, "est{n}={} ", hex(&est.private_data));
         if let Some(len) = req.get("rdma") {
             let len = len.parse().context("rdma=")?;
@@ -148,7 +149,7 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         if req.get("disc") == Some("self") {
             conn.disconnect()?;
         }
-        let disc = ch.expect(EV_DISCONNECTED, T)?;
+        let disc = ch.expect(EventType::Disconnected, T)?;
         let _ = write!(report, "disc{n}={} ", disc.name());
     }
     Ok(report.trim_end().to_string())
@@ -215,7 +216,7 @@ fn connect(req: &Req) -> Result<String> {
         ev.responder_resources,
         ev.initiator_depth
     );
-    if ev.event != EV_ESTABLISHED {
+    if ev.event != EventType::Established {
         return Ok(report);
     }
     let msg = req.bytes("msg")?;
@@ -227,11 +228,11 @@ fn connect(req: &Req) -> Result<String> {
     match req.get("disc").unwrap_or("self") {
         "self" => {
             conn.disconnect()?;
-            let d = ch.expect(EV_DISCONNECTED, T)?;
+            let d = ch.expect(EventType::Disconnected, T)?;
             let _ = write!(report, " disc={}", d.name());
         }
         "peer" => {
-            let d = ch.expect(EV_DISCONNECTED, T)?;
+            let d = ch.expect(EventType::Disconnected, T)?;
             let _ = write!(report, " disc={}", d.name());
         }
         _ => {}
@@ -248,7 +249,7 @@ fn multi(req: &Req, out: &mut TcpStream, input: &mut BufReader<TcpStream>) -> Re
         let id = cm::resolve(&ch, &addr, Duration::from_secs(5))?;
         let conn = Conn::new(id)?;
         let ev = conn.connect(&Param::with_data(b"multi"), &ch, T)?;
-        if ev.event != EV_ESTABLISHED {
+        if ev.event != EventType::Established {
             bail!(
                 "connection {} of {count}: {} (status {})",
                 conns.len(),
@@ -267,7 +268,7 @@ fn multi(req: &Req, out: &mut TcpStream, input: &mut BufReader<TcpStream>) -> Re
     let mut disconnected = 0;
     while disconnected < conns.len() {
         let ev = ch.next(T)?;
-        if ev.event == EV_DISCONNECTED {
+        if ev.event == EventType::Disconnected {
             disconnected += 1;
         }
     }
@@ -309,7 +310,7 @@ fn hold(req: &Req, out: &mut TcpStream) -> Result<String> {
     let id = cm::resolve(&ch, &req.addr()?, Duration::from_secs(5))?;
     let mut conn = Conn::new(id)?;
     let ev = conn.connect(&Param::with_data(b"hold"), &ch, T)?;
-    ev.must_be(EV_ESTABLISHED)?;
+    ev.must_be(EventType::Established)?;
     writeln!(out, "ready")?;
     let mut sent = 0u64;
     while conn.send(format!("hold {sent}").as_bytes()).is_ok() {

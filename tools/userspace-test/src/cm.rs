@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: GPL-2.0
-//! A small safe layer over the real librdmacm (through `rdma-sys`): event
-//! channels with timeouts, ids, and connections with a QP, registered
-//! buffers and pre-posted receives.  The librdmacm side of every test.
+//! A small safe layer over the real librdmacm (bindgen's bindings, module
+//! [`ffi`]): event channels with timeouts, ids, and connections with a QP,
+//! registered buffers and pre-posted receives.  The librdmacm side of
+//! every test.
 
+mod ffi;
+
+use crate::report::EventType;
 use anyhow::{anyhow, bail, Context, Result};
-use rdma_sys::*;
+use ffi::*;
 use std::{
+    marker::PhantomData,
     net::SocketAddr,
     ptr,
     time::{Duration, Instant},
@@ -62,12 +67,91 @@ fn sockaddr(addr: &SocketAddr) -> libc::sockaddr_storage {
     ss
 }
 
+/// librdmacm's `enum rdma_cm_event_type`, by name: bindgen makes it plain
+/// constants (a Rust enum read from C memory would be undefined behaviour
+/// for a value the header does not list); one it does not list stays a
+/// number ([`EventType::Unknown`]).
+fn event_type(e: rdma_cm_event_type::Type) -> EventType {
+    use rdma_cm_event_type::*;
+    match e {
+        RDMA_CM_EVENT_ADDR_RESOLVED => EventType::AddrResolved,
+        RDMA_CM_EVENT_ADDR_ERROR => EventType::AddrError,
+        RDMA_CM_EVENT_ROUTE_RESOLVED => EventType::RouteResolved,
+        RDMA_CM_EVENT_ROUTE_ERROR => EventType::RouteError,
+        RDMA_CM_EVENT_CONNECT_REQUEST => EventType::ConnectRequest,
+        RDMA_CM_EVENT_CONNECT_RESPONSE => EventType::ConnectResponse,
+        RDMA_CM_EVENT_CONNECT_ERROR => EventType::ConnectError,
+        RDMA_CM_EVENT_UNREACHABLE => EventType::Unreachable,
+        RDMA_CM_EVENT_REJECTED => EventType::Rejected,
+        RDMA_CM_EVENT_ESTABLISHED => EventType::Established,
+        RDMA_CM_EVENT_DISCONNECTED => EventType::Disconnected,
+        RDMA_CM_EVENT_DEVICE_REMOVAL => EventType::DeviceRemoval,
+        RDMA_CM_EVENT_MULTICAST_JOIN => EventType::MulticastJoin,
+        RDMA_CM_EVENT_MULTICAST_ERROR => EventType::MulticastError,
+        RDMA_CM_EVENT_ADDR_CHANGE => EventType::AddrChange,
+        RDMA_CM_EVENT_TIMEWAIT_EXIT => EventType::TimewaitExit,
+        other => EventType::from(other),
+    }
+}
+
+/// Which id an event is for, to tell connections apart: its identity only,
+/// nothing to reach the id with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IdKey(usize);
+
+/// An id of `'ch`'s channel, destroyed on drop (listeners, ids being
+/// resolved; a [`Conn`] owns one).  The borrow keeps the channel alive
+/// until the id is gone, as `rdma_destroy_event_channel` requires.
+#[derive(Debug)]
+pub struct Id<'ch> {
+    raw: *mut rdma_cm_id,
+    _channel: PhantomData<&'ch Channel>,
+}
+
+impl Drop for Id<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `raw` is a live id that we own and destroy once.  Its QP, if
+        // it has one, is destroyed first (a `Conn` does so before its `Id`
+        // field drops); every event of it was acknowledged by
+        // `Channel::next`, so rdma_destroy_id does not wait; its channel is
+        // still open (`'ch`).
+        unsafe { rdma_destroy_id(self.raw) };
+    }
+}
+
+/// The new id of a connection request, neither accepted nor rejected yet:
+/// [`ConnRequest::reject`] rejects it, [`Conn::new`] adopts it (to accept),
+/// dropping it destroys it (the kernel then rejects the request).
+#[derive(Debug)]
+pub struct ConnRequest<'ch>(Id<'ch>);
+
+impl<'ch> ConnRequest<'ch> {
+    /// Rejects the request (librdmacm sends reason 28, consumer defined)
+    /// and destroys its id.
+    pub fn reject(self, data: &[u8]) -> Result<()> {
+        // SAFETY: `self.0.raw` is the live id of a connection request, not
+        // answered yet (`self` is consumed); librdmacm reads at most
+        // `data.len()` bytes of `data`, during the call only.
+        let r = unsafe { rdma_reject(self.0.raw, data.as_ptr().cast(), data.len() as u8) };
+        check(r, "rdma_reject")
+    }
+}
+
+impl<'ch> From<ConnRequest<'ch>> for Id<'ch> {
+    fn from(r: ConnRequest<'ch>) -> Self {
+        r.0
+    }
+}
+
 /// An event copied out of librdmacm and acknowledged.
-#[derive(Clone, Debug)]
-pub struct CmEvent {
-    pub event: u32,
+#[derive(Debug)]
+pub struct CmEvent<'ch> {
+    pub event: EventType,
     pub status: i32,
-    pub id: *mut rdma_cm_id,
+    /// The id the event is for (a request's new id for CONNECT_REQUEST).
+    pub id: IdKey,
+    /// CONNECT_REQUEST: the new id, owned by the event until taken.
+    request: Option<ConnRequest<'ch>>,
     pub private_data: Vec<u8>,
     pub responder_resources: u8,
     pub initiator_depth: u8,
@@ -78,25 +162,30 @@ pub struct CmEvent {
     pub qp_num: u32,
 }
 
-// SAFETY: The ids are only used by the thread that owns the channel.
-unsafe impl Send for CmEvent {}
-
-impl CmEvent {
+impl<'ch> CmEvent<'ch> {
     pub fn name(&self) -> &'static str {
-        crate::report::event_name(self.event)
+        self.event.name()
     }
 
     /// `Ok` if this is a `want` event, else an error naming both.
-    pub fn must_be(&self, want: u32) -> Result<()> {
+    pub fn must_be(&self, want: EventType) -> Result<()> {
         if self.event != want {
             bail!(
                 "expected {} but got {} (status {})",
-                crate::report::event_name(want),
+                want.name(),
                 self.name(),
                 self.status
             );
         }
         Ok(())
+    }
+
+    /// A CONNECT_REQUEST's new id, to accept or reject.  Left in the event,
+    /// it is destroyed with it (unless the event is kept).
+    pub fn take_request(&mut self) -> Result<ConnRequest<'ch>> {
+        self.request
+            .take()
+            .with_context(|| format!("{} event without a new id", self.name()))
     }
 
     /// The event as one line for people (`ids` names the id on this side).
@@ -115,22 +204,22 @@ impl CmEvent {
     }
 }
 
-/// An event channel (non-blocking, polled with a timeout).
+/// An event channel (non-blocking, polled with a timeout).  Its ids borrow
+/// it, so it is destroyed after them.
 pub struct Channel {
     raw: *mut rdma_event_channel,
 }
 
-// SAFETY: The channel is used by one thread at a time.
-unsafe impl Send for Channel {}
-
 impl Channel {
     pub fn new() -> Result<Self> {
-        // SAFETY: Plain constructor.
+        // SAFETY: rdma_create_event_channel takes nothing; it returns NULL
+        // (errno set) on failure, checked below.
         let raw = unsafe { rdma_create_event_channel() };
         if raw.is_null() {
             return Err(errno("rdma_create_event_channel"));
         }
-        // SAFETY: `raw` is a live channel; its fd is ours to configure.
+        // SAFETY: `raw` is the live channel just made; `fd` is its open file
+        // descriptor, whose status flags fcntl reads and sets.
         unsafe {
             let fd = (*raw).fd;
             let fl = libc::fcntl(fd, libc::F_GETFL);
@@ -139,31 +228,39 @@ impl Channel {
         Ok(Self { raw })
     }
 
-    pub fn create_id(&self) -> Result<*mut rdma_cm_id> {
+    fn create_id(&self) -> Result<Id<'_>> {
         let mut id = ptr::null_mut();
-        // SAFETY: `self.raw` is live; `id` receives the new id.
-        check(
-            unsafe {
-                rdma_create_id(
-                    self.raw,
-                    &mut id,
-                    ptr::null_mut(),
-                    rdma_port_space::RDMA_PS_TCP,
-                )
-            },
-            "rdma_create_id",
-        )?;
-        Ok(id)
+        // SAFETY: `self.raw` is a live channel; rdma_create_id stores the new
+        // id in `id` on success (0), and takes a NULL context.
+        let r = unsafe {
+            rdma_create_id(
+                self.raw,
+                &mut id,
+                ptr::null_mut(),
+                rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        check(r, "rdma_create_id")?;
+        Ok(Id {
+            raw: id,
+            _channel: PhantomData,
+        })
     }
 
     /// The next event, or an error after `timeout`.
-    pub fn next(&self, timeout: Duration) -> Result<CmEvent> {
+    pub fn next(&self, timeout: Duration) -> Result<CmEvent<'_>> {
         let deadline = Instant::now() + timeout;
         loop {
             let mut ev = ptr::null_mut();
-            // SAFETY: `self.raw` is live; the call does not block (O_NONBLOCK).
+            // SAFETY: `self.raw` is a live channel and `ev` an out pointer;
+            // its fd is O_NONBLOCK, so without an event queued the call
+            // fails with EAGAIN instead of blocking.
             if unsafe { rdma_get_cm_event(self.raw, &mut ev) } == 0 {
-                // SAFETY: `ev` is a valid event until acknowledged below.
+                // SAFETY: On success `ev` points to an event that librdmacm
+                // zeroed and filled, valid until rdma_ack_cm_event below.  Our
+                // ids are RC (RDMA_PS_TCP), so `param.conn` is the member in
+                // use; its private_data is NULL or `private_data_len` bytes
+                // that live until the ack.
                 let out = unsafe {
                     let e = &*ev;
                     let conn = &e.param.conn;
@@ -173,10 +270,21 @@ impl Channel {
                     } else {
                         std::slice::from_raw_parts(conn.private_data.cast::<u8>(), len).to_vec()
                     };
+                    let event = event_type(e.event);
+                    // A request's `id` is a new id librdmacm made on this
+                    // channel for us to own; other events name ids we own.
+                    let request =
+                        (event == EventType::ConnectRequest && !e.id.is_null()).then(|| {
+                            ConnRequest(Id {
+                                raw: e.id,
+                                _channel: PhantomData,
+                            })
+                        });
                     CmEvent {
-                        event: e.event,
+                        event,
                         status: e.status,
-                        id: e.id,
+                        id: IdKey(e.id as usize),
+                        request,
                         private_data: data,
                         responder_resources: conn.responder_resources,
                         initiator_depth: conn.initiator_depth,
@@ -187,7 +295,9 @@ impl Channel {
                         qp_num: conn.qp_num,
                     }
                 };
-                // SAFETY: Acknowledge once, after copying.
+                // SAFETY: `ev` came from rdma_get_cm_event and is acknowledged
+                // once; what we kept of it was copied (the id pointer stays
+                // valid: ids outlive their events).
                 unsafe { rdma_ack_cm_event(ev) };
                 return Ok(out);
             }
@@ -196,19 +306,19 @@ impl Channel {
                 bail!("no CM event within {timeout:?}");
             }
             let mut pfd = libc::pollfd {
-                // SAFETY: `self.raw` is live.
+                // SAFETY: `self.raw` is a live channel.
                 fd: unsafe { (*self.raw).fd },
                 events: libc::POLLIN,
                 revents: 0,
             };
             let ms = (deadline - now).as_millis().min(1000) as i32;
-            // SAFETY: One valid pollfd.
+            // SAFETY: `pfd` is one valid pollfd, and nfds is 1.
             unsafe { libc::poll(&mut pfd, 1, ms.max(1)) };
         }
     }
 
     /// The next event, which must be `want`.
-    pub fn expect(&self, want: u32, timeout: Duration) -> Result<CmEvent> {
+    pub fn expect(&self, want: EventType, timeout: Duration) -> Result<CmEvent<'_>> {
         let ev = self.next(timeout)?;
         ev.must_be(want)?;
         Ok(ev)
@@ -217,36 +327,25 @@ impl Channel {
 
 impl Drop for Channel {
     fn drop(&mut self) {
-        // SAFETY: All ids of the channel are destroyed by their owners first.
+        // SAFETY: `self.raw` is live and destroyed once.  Its ids borrow the
+        // channel, so all are destroyed by now, and `next` acknowledged
+        // every event it returned.
         unsafe { rdma_destroy_event_channel(self.raw) };
     }
 }
 
-/// `rdma_bind_addr` + `rdma_listen`.
-pub fn listen(ch: &Channel, addr: &SocketAddr, backlog: i32) -> Result<Id> {
-    let id = Id(ch.create_id()?);
+/// `rdma_bind_addr` + `rdma_listen`: the listening id.
+pub fn listen<'ch>(ch: &'ch Channel, addr: &SocketAddr, backlog: i32) -> Result<Id<'ch>> {
+    let id = ch.create_id()?;
     let mut ss = sockaddr(addr);
-    // SAFETY: Live id, valid address.
-    check(
-        unsafe { rdma_bind_addr(id.0, ptr::addr_of_mut!(ss).cast()) },
-        "rdma_bind_addr",
-    )?;
-    // SAFETY: Live id.
-    check(unsafe { rdma_listen(id.0, backlog) }, "rdma_listen")?;
+    // SAFETY: `id.raw` is a live id; `ss` holds a sockaddr_in or
+    // sockaddr_in6 (its family gives the length), read during the call.
+    let r = unsafe { rdma_bind_addr(id.raw, ptr::addr_of_mut!(ss).cast()) };
+    check(r, "rdma_bind_addr")?;
+    // SAFETY: `id.raw` is a live id, bound just above.
+    let r = unsafe { rdma_listen(id.raw, backlog) };
+    check(r, "rdma_listen")?;
     Ok(id)
-}
-
-/// An id without a QP (listeners), destroyed on drop.
-pub struct Id(pub *mut rdma_cm_id);
-
-// SAFETY: Used by one thread at a time.
-unsafe impl Send for Id {}
-
-impl Drop for Id {
-    fn drop(&mut self) {
-        // SAFETY: Live id, destroyed once.
-        unsafe { rdma_destroy_id(self.0) };
-    }
 }
 
 /// Connection parameters as librdmacm takes them.
@@ -292,8 +391,9 @@ impl Param {
 /// A connection: the id, its own protection domain, completion queues
 /// (one for sends, one for receives), an RC QP, registered buffers, and
 /// [`DEPTH`] receives of [`MSG`] bytes posted.
-pub struct Conn {
-    id: *mut rdma_cm_id,
+pub struct Conn<'ch> {
+    /// Dropped after `drop` below has freed what uses it.
+    id: Id<'ch>,
     pd: *mut ibv_pd,
     send_cq: *mut ibv_cq,
     recv_cq: *mut ibv_cq,
@@ -313,15 +413,13 @@ pub enum RdmaOp {
     Write,
 }
 
-// SAFETY: Used by one thread at a time.
-unsafe impl Send for Conn {}
-
-impl Conn {
-    /// Takes ownership of `id` (bound to a device: a resolved route or a
-    /// connection request), creates its QP and posts the receives.
-    pub fn new(id: *mut rdma_cm_id) -> Result<Self> {
+impl<'ch> Conn<'ch> {
+    /// Takes ownership of `id` (bound to a device: a resolved route from
+    /// [`resolve`], or a [`ConnRequest`]), creates its QP and posts the
+    /// receives.  On error the id is destroyed.
+    pub fn new(id: impl Into<Id<'ch>>) -> Result<Self> {
         let mut conn = Self {
-            id,
+            id: id.into(),
             pd: ptr::null_mut(),
             send_cq: ptr::null_mut(),
             recv_cq: ptr::null_mut(),
@@ -333,25 +431,30 @@ impl Conn {
             regions: Vec::new(),
         };
         // On error `conn` is dropped, which frees what was made.
-        // SAFETY: `id` is live and bound to a device, so `verbs` is set.
+        let id = conn.id.raw;
+        // SAFETY: `id` is a live id; `verbs` is its device's context, NULL
+        // while it is bound to none (checked).
         let verbs = unsafe { (*id).verbs };
         if verbs.is_null() {
             bail!("the id is not bound to an RDMA device");
         }
-        // SAFETY: `verbs` is the id's open device context.
+        // SAFETY: `verbs` is the open context of the device the id is bound
+        // to (librdmacm keeps it open); NULL on failure, checked below.
         conn.pd = unsafe { ibv_alloc_pd(verbs) };
         if conn.pd.is_null() {
             return Err(errno("ibv_alloc_pd"));
         }
-        // SAFETY: As above; no completion channel (polled).
+        // SAFETY: As above; no CQ context and no completion channel (the CQ
+        // is polled), completion vector 0, which every device has.
         conn.send_cq = unsafe { ibv_create_cq(verbs, 8, ptr::null_mut(), ptr::null_mut(), 0) };
+        let depth = DEPTH as i32;
         // SAFETY: As above.
-        conn.recv_cq =
-            unsafe { ibv_create_cq(verbs, DEPTH as i32, ptr::null_mut(), ptr::null_mut(), 0) };
+        conn.recv_cq = unsafe { ibv_create_cq(verbs, depth, ptr::null_mut(), ptr::null_mut(), 0) };
         if conn.send_cq.is_null() || conn.recv_cq.is_null() {
             return Err(errno("ibv_create_cq"));
         }
-        // SAFETY: Zeroed attributes are valid; the fields set are the ones used.
+        // SAFETY: ibv_qp_init_attr is pointers, integers and enums whose
+        // all-zero value is valid (NULL, 0); the fields used are set below.
         let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         attr.send_cq = conn.send_cq;
         attr.recv_cq = conn.recv_cq;
@@ -361,15 +464,16 @@ impl Conn {
         attr.cap.max_recv_sge = 1;
         attr.qp_type = ibv_qp_type::IBV_QPT_RC;
         attr.sq_sig_all = 1;
-        // SAFETY: Live id, our PD and CQs.
-        check(
-            unsafe { rdma_create_qp(id, conn.pd, &mut attr) },
-            "rdma_create_qp",
-        )?;
+        // SAFETY: `id` is live and without a QP; the PD and CQs were made on
+        // its device's context; `attr` is read (and its `cap` written)
+        // during the call only.
+        let r = unsafe { rdma_create_qp(id, conn.pd, &mut attr) };
+        check(r, "rdma_create_qp")?;
         conn.has_qp = true;
         let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
-        // SAFETY: The buffers live as long as `conn`, which deregisters them
-        // before they are freed.
+        // SAFETY: `conn.pd` is live; each buffer is a heap allocation of the
+        // length given, which does not move (boxed slice) and is freed only
+        // after its MR is deregistered (drop).  NULL on failure, checked.
         unsafe {
             conn.recv_mr = ibv_reg_mr(
                 conn.pd,
@@ -395,8 +499,9 @@ impl Conn {
 
     /// The QP number librdmacm gave the connection.
     pub fn qp_num(&self) -> u32 {
-        // SAFETY: Live id with a QP.
-        unsafe { (*(*self.id).qp).qp_num }
+        // SAFETY: The id is live and has the QP made in `new`, which lives
+        // until drop.
+        unsafe { (*(*self.id.raw).qp).qp_num }
     }
 
     fn post_recv(&mut self, slot: usize) -> Result<()> {
@@ -404,7 +509,8 @@ impl Conn {
             // The slot lies inside the registered receive region.
             addr: self.recv_buf[slot * MSG..].as_ptr() as u64,
             length: MSG as u32,
-            // SAFETY: Live MR.
+            // SAFETY: `recv_mr` is live (registered in `new`, deregistered in
+            // drop).
             lkey: unsafe { (*self.recv_mr).lkey },
         };
         let mut wr = ibv_recv_wr {
@@ -414,8 +520,11 @@ impl Conn {
             num_sge: 1,
         };
         let mut bad = ptr::null_mut();
-        // SAFETY: Live QP; `wr` and `sge` are read during the call only.
-        let r = unsafe { ibv_post_recv((*self.id).qp, &mut wr, &mut bad) };
+        // SAFETY: The id's QP is live; ibv_post_recv reads `wr` and `sge`
+        // during the call only.  The slot's memory stays registered and
+        // allocated while the QP may write it: drop destroys the QP before
+        // it deregisters and frees the buffer.
+        let r = unsafe { ibv_post_recv((*self.id.raw).qp, &mut wr, &mut bad) };
         if r != 0 {
             bail!("ibv_post_recv: {}", std::io::Error::from_raw_os_error(r));
         }
@@ -423,7 +532,12 @@ impl Conn {
     }
 
     /// `rdma_connect`, then the answer (ESTABLISHED, REJECTED, ...).
-    pub fn connect(&self, param: &Param, ch: &Channel, timeout: Duration) -> Result<CmEvent> {
+    pub fn connect(
+        &self,
+        param: &Param,
+        ch: &'ch Channel,
+        timeout: Duration,
+    ) -> Result<CmEvent<'ch>> {
         self.start_connect(param)?;
         ch.next(timeout)
     }
@@ -431,19 +545,27 @@ impl Conn {
     /// `rdma_connect` alone: the answer comes on the id's channel.
     pub fn start_connect(&self, param: &Param) -> Result<()> {
         let mut raw = param.raw();
-        // SAFETY: Live id with a resolved route; `raw` outlives the call.
-        check(unsafe { rdma_connect(self.id, &mut raw) }, "rdma_connect")
+        // SAFETY: The id is live, with a QP; librdmacm reads `raw` and the
+        // private data it points to (owned by `param`) during the call only.
+        // A wrong state (no resolved route) is an error return.
+        let r = unsafe { rdma_connect(self.id.raw, &mut raw) };
+        check(r, "rdma_connect")
     }
 
     pub fn accept(&self, param: &Param) -> Result<()> {
         let mut raw = param.raw();
-        // SAFETY: Live id from a connection request.
-        check(unsafe { rdma_accept(self.id, &mut raw) }, "rdma_accept")
+        // SAFETY: The id is live, with a QP; librdmacm reads `raw` and the
+        // private data it points to during the call only.  An id that is not
+        // a request's gets an error return.
+        let r = unsafe { rdma_accept(self.id.raw, &mut raw) };
+        check(r, "rdma_accept")
     }
 
     pub fn disconnect(&self) -> Result<()> {
-        // SAFETY: Live id.
-        check(unsafe { rdma_disconnect(self.id) }, "rdma_disconnect")
+        // SAFETY: The id is live; in a state that cannot disconnect,
+        // rdma_disconnect returns an error.
+        let r = unsafe { rdma_disconnect(self.id.raw) };
+        check(r, "rdma_disconnect")
     }
 
     /// Registers a region holding `data` with local write access and the
@@ -462,8 +584,10 @@ impl Conn {
         if remote_write {
             access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
         }
-        // SAFETY: The buffer moves into `regions` with the MR and is freed
-        // only after the MR is deregistered (drop).
+        // SAFETY: `self.pd` is live; `buf` is a heap allocation of the length
+        // given, which moves into `regions` with the MR without moving its
+        // bytes, and is freed only after the MR is deregistered (drop).  NULL
+        // on failure, checked.
         let mr = unsafe { ibv_reg_mr(self.pd, buf.as_mut_ptr().cast(), buf.len(), access as i32) };
         if mr.is_null() {
             return Err(errno("ibv_reg_mr (is `ulimit -l` unlimited?)"));
@@ -475,12 +599,9 @@ impl Conn {
     /// What a peer needs to reach region `i`: (address, rkey, length).
     pub fn region_key(&self, i: usize) -> (u64, u32, u32) {
         let (buf, mr) = &self.regions[i];
-        // SAFETY: Live MR.
-        (
-            buf.as_ptr() as u64,
-            unsafe { (**mr).rkey },
-            buf.len() as u32,
-        )
+        // SAFETY: The region's MR is live until drop.
+        let rkey = unsafe { (**mr).rkey };
+        (buf.as_ptr() as u64, rkey, buf.len() as u32)
     }
 
     /// Region `i`'s bytes (the peer may have written them).
@@ -510,10 +631,11 @@ impl Conn {
         let mut sge = ibv_sge {
             addr: buf[offset..].as_ptr() as u64,
             length: len,
-            // SAFETY: Live MR.
+            // SAFETY: The region's MR is live until drop.
             lkey: unsafe { (**mr).lkey },
         };
-        // SAFETY: All-zero is a valid work request; the fields used are set.
+        // SAFETY: ibv_send_wr is pointers, integers and unions of integers,
+        // all valid all-zero; the fields used are set below.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = 2;
         wr.sg_list = &mut sge;
@@ -526,9 +648,13 @@ impl Conn {
         wr.wr.rdma.remote_addr = remote_addr;
         wr.wr.rdma.rkey = rkey;
         let mut bad = ptr::null_mut();
-        // SAFETY: Live QP; the local range lies inside a registered region
-        // that is not touched until the completion below.
-        let r = unsafe { ibv_post_send((*self.id).qp, &mut wr, &mut bad) };
+        // SAFETY: The id's QP is live; ibv_post_send reads `wr` and `sge`
+        // during the call only.  The local range lies inside a registered
+        // region (checked above), which `&mut self` keeps untouched until the
+        // completion is polled below, and which stays allocated and
+        // registered while the QP lives.  The remote side checks the remote
+        // address and key (a bad one fails the work request).
+        let r = unsafe { ibv_post_send((*self.id.raw).qp, &mut wr, &mut bad) };
         if r != 0 {
             bail!("ibv_post_send: {}", std::io::Error::from_raw_os_error(r));
         }
@@ -545,13 +671,15 @@ impl Conn {
         Ok(wc)
     }
 
-    /// The next completion, whatever its status.
+    /// The next completion of `cq` (one of ours, live), whatever its status.
     fn poll_any(cq: *mut ibv_cq, timeout: Duration) -> Result<ibv_wc> {
         let deadline = Instant::now() + timeout;
         loop {
-            // SAFETY: Zeroed wc is valid output space.
+            // SAFETY: ibv_wc is integers and a union of integers, valid
+            // all-zero; it is output space.
             let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
-            // SAFETY: Live CQ.
+            // SAFETY: `cq` is a live CQ of this connection; `wc` has room for
+            // the one completion asked for.
             let n = unsafe { ibv_poll_cq(cq, 1, &mut wc) };
             if n < 0 {
                 bail!("ibv_poll_cq failed");
@@ -575,10 +703,12 @@ impl Conn {
         let mut sge = ibv_sge {
             addr: self.send_buf.as_ptr() as u64,
             length: data.len() as u32,
-            // SAFETY: Live MR.
+            // SAFETY: `send_mr` is live (registered in `new`, deregistered in
+            // drop).
             lkey: unsafe { (*self.send_mr).lkey },
         };
-        // SAFETY: All-zero is a valid work request; the fields used are set.
+        // SAFETY: ibv_send_wr is pointers, integers and unions of integers,
+        // all valid all-zero; the fields used are set below.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = 1;
         wr.sg_list = &mut sge;
@@ -586,9 +716,12 @@ impl Conn {
         wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
         wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
         let mut bad = ptr::null_mut();
-        // SAFETY: Live QP; the data lies inside the registered send region,
-        // which is not touched until the completion below.
-        let r = unsafe { ibv_post_send((*self.id).qp, &mut wr, &mut bad) };
+        // SAFETY: The id's QP is live; ibv_post_send reads `wr` and `sge`
+        // during the call only.  The data lies inside the registered send
+        // buffer, which `&mut self` keeps untouched until the completion is
+        // polled below, and which stays allocated and registered while the QP
+        // lives.
+        let r = unsafe { ibv_post_send((*self.id.raw).qp, &mut wr, &mut bad) };
         if r != 0 {
             bail!("ibv_post_send: {}", std::io::Error::from_raw_os_error(r));
         }
@@ -606,13 +739,16 @@ impl Conn {
     }
 }
 
-impl Drop for Conn {
+impl Drop for Conn<'_> {
     fn drop(&mut self) {
-        // SAFETY: Each object is destroyed once, users before what they use:
-        // QP, then MRs, CQs and PD, then the id.
+        // SAFETY: Each object is live and destroyed once, users before what
+        // they use: the QP (made in `new` when `has_qp`), then the MRs and
+        // CQs no QP uses any more, then the PD nothing of which is left.
+        // NULL ones were never made.  The id itself goes after this, with
+        // the `id` field.
         unsafe {
             if self.has_qp {
-                rdma_destroy_qp(self.id);
+                rdma_destroy_qp(self.id.raw);
             }
             for (_, mr) in self.regions.drain(..) {
                 ibv_dereg_mr(mr);
@@ -630,23 +766,23 @@ impl Drop for Conn {
             if !self.pd.is_null() {
                 ibv_dealloc_pd(self.pd);
             }
-            rdma_destroy_id(self.id);
         }
     }
 }
 
 /// Client side up to a resolved route: returns the id (no QP yet).
-pub fn resolve(ch: &Channel, dst: &SocketAddr, timeout: Duration) -> Result<*mut rdma_cm_id> {
+pub fn resolve<'ch>(ch: &'ch Channel, dst: &SocketAddr, timeout: Duration) -> Result<Id<'ch>> {
     resolve_logged(ch, dst, timeout, &mut |_| {})
 }
 
 /// [`resolve`], handing each event to `log` as it comes.
-pub fn resolve_logged(
-    ch: &Channel,
+pub fn resolve_logged<'ch>(
+    ch: &'ch Channel,
     dst: &SocketAddr,
     timeout: Duration,
-    log: &mut dyn FnMut(&CmEvent),
-) -> Result<*mut rdma_cm_id> {
+    log: &mut dyn FnMut(&CmEvent<'_>),
+) -> Result<Id<'ch>> {
+    // Destroyed on an error below.
     let id = ch.create_id()?;
     let mut ss = sockaddr(dst);
     let ms = timeout.as_millis() as i32;
@@ -656,27 +792,32 @@ pub fn resolve_logged(
         ev.must_be(want)?;
         Ok(())
     };
-    // SAFETY: Live id, valid address.
-    let r = unsafe { rdma_resolve_addr(id, ptr::null_mut(), ptr::addr_of_mut!(ss).cast(), ms) };
-    let result = check(r, "rdma_resolve_addr")
-        .and_then(|()| expect(crate::report::EV_ADDR_RESOLVED))
-        // SAFETY: Live id.
-        .and_then(|()| check(unsafe { rdma_resolve_route(id, ms) }, "rdma_resolve_route"))
-        .and_then(|()| expect(crate::report::EV_ROUTE_RESOLVED));
-    if let Err(e) = result {
-        // SAFETY: Live id without a QP.
-        unsafe { rdma_destroy_id(id) };
-        return Err(e);
-    }
+    // SAFETY: `id.raw` is a live id; no source address (NULL); `ss` holds a
+    // sockaddr_in or sockaddr_in6, read during the call only.
+    let r = unsafe { rdma_resolve_addr(id.raw, ptr::null_mut(), ptr::addr_of_mut!(ss).cast(), ms) };
+    check(r, "rdma_resolve_addr")?;
+    expect(EventType::AddrResolved)?;
+    // SAFETY: `id.raw` is a live id, its address resolved.
+    let r = unsafe { rdma_resolve_route(id.raw, ms) };
+    check(r, "rdma_resolve_route")?;
+    expect(EventType::RouteResolved)?;
     Ok(id)
 }
 
-/// Rejects a connection request (librdmacm sends reason 28, consumer
-/// defined) and destroys its id.
-pub fn reject(id: *mut rdma_cm_id, data: &[u8]) -> Result<()> {
-    // SAFETY: `id` is a request's live id, destroyed once right after.
-    let r = unsafe { rdma_reject(id, data.as_ptr().cast(), data.len() as u8) };
-    // SAFETY: As above.
-    unsafe { rdma_destroy_id(id) };
-    check(r, "rdma_reject")
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// librdmacm's event numbers are the kernel's, which the module's ABI
+    /// and [`EventType::from`] use: one enum serves both sides.
+    #[test]
+    fn librdmacm_events_are_the_kernels() {
+        for n in 0..32 {
+            assert_eq!(event_type(n), EventType::from(n), "{n}");
+        }
+        assert_eq!(
+            event_type(rdma_cm_event_type::RDMA_CM_EVENT_TIMEWAIT_EXIT).name(),
+            "TIMEWAIT_EXIT"
+        );
+    }
 }

@@ -59,7 +59,7 @@ pub fn expect_resources(base: &BTreeMap<&'static str, usize>, what: &str) -> Res
 /// ids (other events are kept in `others`), within `limit`.
 fn collect(
     dev: &Device,
-    kind: u32,
+    kind: EventType,
     count: usize,
     limit: Duration,
     others: &mut usize,
@@ -71,7 +71,7 @@ fn collect(
             Instant::now() < deadline,
             "{} of {count} {} events in {limit:?}",
             got.len(),
-            event_name(kind)
+            kind.name()
         );
         let e = match dev.get_event(1000) {
             Ok(e) => e,
@@ -107,14 +107,14 @@ pub fn device_removal(addr: SocketAddr, connections: usize, bound: Duration) -> 
     client
         .resolve_addr(conn, &addr, 2000)
         .context("resolve_addr")?;
-    module_expect(&client, EV_ADDR_RESOLVED)?;
+    module_expect(&client, EventType::AddrResolved)?;
     client.resolve_route(conn, 2000).context("resolve_route")?;
-    module_expect(&client, EV_ROUTE_RESOLVED)?;
+    module_expect(&client, EventType::RouteResolved)?;
     client.connect(conn, &Param::with_data(b"removal"))?;
-    let accepted = module_expect(&server, EV_CONNECT_REQUEST)?.new_id;
+    let accepted = module_expect(&server, EventType::ConnectRequest)?.new_id;
     server.accept(accepted, None)?;
-    module_expect(&server, EV_ESTABLISHED)?;
-    module_expect(&client, EV_ESTABLISHED)?;
+    module_expect(&server, EventType::Established)?;
+    module_expect(&client, EventType::Established)?;
     // Every kind of device resource exists: QPs, CQs, PDs, regions, and a
     // completed RDMA WRITE proves the data path.
     let (sink, saddr, skey) =
@@ -142,13 +142,19 @@ pub fn device_removal(addr: SocketAddr, connections: usize, bound: Duration) -> 
         clients.push(id);
     }
     let step = Duration::from_secs(60);
-    collect(&client, EV_ADDR_RESOLVED, connections, step, &mut unrelated)?;
+    collect(
+        &client,
+        EventType::AddrResolved,
+        connections,
+        step,
+        &mut unrelated,
+    )?;
     for &id in &clients {
         client.resolve_route(id, 5000)?;
     }
     collect(
         &client,
-        EV_ROUTE_RESOLVED,
+        EventType::RouteResolved,
         connections,
         step,
         &mut unrelated,
@@ -165,7 +171,7 @@ pub fn device_removal(addr: SocketAddr, connections: usize, bound: Duration) -> 
             servers.len()
         );
         match server.get_event(1000) {
-            Ok(e) if e.event == EV_CONNECT_REQUEST => {
+            Ok(e) if e.event == EventType::ConnectRequest => {
                 server.accept(e.new_id, None)?;
                 servers.push(e.new_id);
             }
@@ -174,7 +180,13 @@ pub fn device_removal(addr: SocketAddr, connections: usize, bound: Duration) -> 
             Err(e) => return Err(e).context("GET_EVENT"),
         }
     }
-    collect(&client, EV_ESTABLISHED, connections, step, &mut unrelated)?;
+    collect(
+        &client,
+        EventType::Established,
+        connections,
+        step,
+        &mut unrelated,
+    )?;
     ensure!(
         unrelated == 0,
         "{unrelated} unexpected events on the client"
@@ -209,7 +221,7 @@ pub fn device_removal(addr: SocketAddr, connections: usize, bound: Duration) -> 
         let mut others = 0;
         let events = collect(
             file,
-            EV_DEVICE_REMOVAL,
+            EventType::DeviceRemoval,
             count,
             Duration::from_secs(30),
             &mut others,
@@ -402,20 +414,20 @@ fn listener(addr: SocketAddr) -> Result<(Device, u32)> {
 fn resolved(dev: &Device, addr: SocketAddr) -> Result<u32> {
     let id = dev.create_id(2)?;
     dev.resolve_addr(id, &addr, 2000)?;
-    expect_event(dev, EV_ADDR_RESOLVED)?;
+    expect_event(dev, EventType::AddrResolved)?;
     dev.resolve_route(id, 2000)?;
-    expect_event(dev, EV_ROUTE_RESOLVED)?;
+    expect_event(dev, EventType::RouteResolved)?;
     Ok(id)
 }
 
-fn expect_event(dev: &Device, kind: u32) -> Result<uapi::Event> {
+fn expect_event(dev: &Device, kind: EventType) -> Result<uapi::Event> {
     let e = dev
         .get_event(5000)
-        .with_context(|| format!("waiting for {}", event_name(kind)))?;
+        .with_context(|| format!("waiting for {}", kind.name()))?;
     ensure!(
         e.event == kind,
         "expected {}, got {}",
-        event_name(kind),
+        kind.name(),
         e.line("module")
     );
     Ok(e)
@@ -425,10 +437,10 @@ fn pair(listen: &(Device, u32), addr: SocketAddr) -> Result<Pair> {
     let client = Device::open()?;
     let active = resolved(&client, addr)?;
     client.connect(active, &Param::with_data(b"pair"))?;
-    let passive = expect_event(&listen.0, EV_CONNECT_REQUEST)?.new_id;
+    let passive = expect_event(&listen.0, EventType::ConnectRequest)?.new_id;
     listen.0.accept(passive, None)?;
-    expect_event(&listen.0, EV_ESTABLISHED)?;
-    expect_event(&client, EV_ESTABLISHED)?;
+    expect_event(&listen.0, EventType::Established)?;
+    expect_event(&client, EventType::Established)?;
     Ok(Pair {
         client,
         passive,
@@ -441,7 +453,7 @@ fn pair(listen: &(Device, u32), addr: SocketAddr) -> Result<Pair> {
 fn drain_requests(listen: &(Device, u32)) -> Result<()> {
     loop {
         match listen.0.get_event(300) {
-            Ok(e) if e.event == EV_CONNECT_REQUEST => {
+            Ok(e) if e.event == EventType::ConnectRequest => {
                 let _ = listen.0.destroy(e.new_id);
             }
             Ok(e) if e.id != listen.1 && e.id != 0 => {
@@ -521,9 +533,9 @@ fn one_round(
             if r.is_ok() {
                 // The request went out: the listener refuses it, and the
                 // id learns that.
-                let request = expect_event(&listen()?.0, EV_CONNECT_REQUEST)?.new_id;
+                let request = expect_event(&listen()?.0, EventType::ConnectRequest)?.new_id;
                 listen()?.0.reject(request, 0, b"")?;
-                expect_event(&dev, EV_REJECTED)?;
+                expect_event(&dev, EventType::Rejected)?;
             }
             dev.destroy(id)?;
             drain_requests(listen()?)?;
@@ -533,12 +545,12 @@ fn one_round(
             let dev = Device::open()?;
             let id = resolved(&dev, addr)?;
             dev.connect(id, &Param::with_data(b"fail-nth"))?;
-            let request = expect_event(&listen()?.0, EV_CONNECT_REQUEST)?.new_id;
+            let request = expect_event(&listen()?.0, EventType::ConnectRequest)?.new_id;
             fail.set(n)?;
             let r = listen()?.0.accept(request, None);
             let injected = fail.injected()?;
             if r.is_ok() {
-                expect_event(&dev, EV_ESTABLISHED)?;
+                expect_event(&dev, EventType::Established)?;
             } else {
                 // The request is refused: by the CM itself if the failure
                 // came after it took the request on (rdma_accept rejects
@@ -551,7 +563,7 @@ fn one_round(
                 }
                 let e = dev.get_event(5000)?;
                 ensure!(
-                    e.event == EV_REJECTED,
+                    e.event == EventType::Rejected,
                     "after a failed accept and a reject: {}",
                     e.line("module")
                 );
@@ -732,9 +744,9 @@ pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> 
     dev.bind(l, &local).context("bind")?;
     dev.listen(l, 4).context("listen")?;
     let mut call = crate::agent::Call::start(&agent, &format!("hold addr={local}"))?;
-    let r = expect_event(&dev, EV_CONNECT_REQUEST)?;
+    let r = expect_event(&dev, EventType::ConnectRequest)?;
     dev.accept(r.new_id, None)?;
-    expect_event(&dev, EV_ESTABLISHED)?;
+    expect_event(&dev, EventType::Established)?;
     call.ready()?;
     for _ in 0..5 {
         dev.recv(r.new_id, 4096, 5000)

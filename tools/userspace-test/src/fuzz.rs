@@ -77,7 +77,6 @@ use std::{
 };
 
 use crate::cm;
-use crate::report::{EV_CONNECT_RESPONSE, EV_DEVICE_REMOVAL};
 use crate::uapi::*;
 
 /// Options of one run.
@@ -1136,7 +1135,7 @@ pub fn peer(addr: SocketAddr, span: u16, prefer: &[u16], seed: u64) -> Result<()
         param.initiator_depth = rng.range(0, 2) as u8;
         mark(b'c');
         match conn.connect(&param, &ch, Duration::from_secs(5)) {
-            Ok(ev) if ev.event == EV_ESTABLISHED => {}
+            Ok(ev) if ev.event == EventType::Established => {}
             _ => {
                 failed += 1;
                 mark(b'x');
@@ -1159,7 +1158,7 @@ pub fn peer(addr: SocketAddr, span: u16, prefer: &[u16], seed: u64) -> Result<()
             }
             if ch
                 .next(Duration::from_millis(1))
-                .is_ok_and(|ev| ev.event == EV_DISCONNECTED)
+                .is_ok_and(|ev| ev.event == EventType::Disconnected)
             {
                 break;
             }
@@ -3044,11 +3043,12 @@ impl Worker {
     }
 
     fn on_event(&mut self, f: usize, ev: &rdma_cm_rs_event) {
+        let kind = EventType::from(ev.event);
         let rec = &mut self.files[f];
         let Some(slot) = rec.slot_of(ev.id) else {
             self.sh.finding(format!(
                 "GET_EVENT: event {} names id {} this file was never given",
-                event_name(ev.event),
+                kind.name(),
                 ev.id
             ));
             return;
@@ -3056,7 +3056,7 @@ impl Worker {
         if rec.ids[slot].st == St::Destroyed {
             self.sh.finding(format!(
                 "GET_EVENT: event {} for id {} after DESTROY_ID returned",
-                event_name(ev.event),
+                kind.name(),
                 ev.id
             ));
             return;
@@ -3064,16 +3064,16 @@ impl Worker {
         if rec.ids[slot].st == St::Removed {
             self.sh.finding(format!(
                 "GET_EVENT: event {} for id {} after its DEVICE_REMOVAL (the id's last)",
-                event_name(ev.event),
+                kind.name(),
                 ev.id
             ));
             return;
         }
-        let st = match ev.event {
-            EV_ADDR_RESOLVED => St::AddrResolved,
-            EV_ROUTE_RESOLVED => St::RouteResolved,
-            EV_ESTABLISHED => St::Connected,
-            EV_CONNECT_REQUEST => {
+        let st = match kind {
+            EventType::AddrResolved => St::AddrResolved,
+            EventType::RouteResolved => St::RouteResolved,
+            EventType::Established => St::Connected,
+            EventType::ConnectRequest => {
                 let ud = rec.ids[slot].ud;
                 if ev.new_id == 0 || rec.slot_of(ev.new_id).is_some() {
                     self.sh.finding(format!(
@@ -3090,14 +3090,14 @@ impl Worker {
                 });
                 return;
             }
-            EV_DEVICE_REMOVAL => {
+            EventType::DeviceRemoval => {
                 self.sh.kind("siw: DEVICE_REMOVAL events");
                 for m in rec.mrs.iter_mut().filter(|m| m.id == ev.id) {
                     m.alive = false;
                 }
                 St::Removed
             }
-            EV_TIMEWAIT_EXIT | EV_CONNECT_RESPONSE => return,
+            EventType::TimewaitExit | EventType::ConnectResponse => return,
             _ => St::Down,
         };
         rec.ids[slot].st = st;

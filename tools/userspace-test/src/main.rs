@@ -320,13 +320,13 @@ pub(crate) fn say(line: &str) {
 }
 
 /// The module's next event (printed), which must be `want`.
-pub(crate) fn module_expect(dev: &Device, want: u32) -> Result<uapi::Event> {
+pub(crate) fn module_expect(dev: &Device, want: EventType) -> Result<uapi::Event> {
     let e = dev
         .get_event(WAIT_MS)
-        .with_context(|| format!("module: waiting for {}", event_name(want)))?;
+        .with_context(|| format!("module: waiting for {}", want.name()))?;
     say(&e.line("module"));
     if e.event != want {
-        bail!("module: expected {}", event_name(want));
+        bail!("module: expected {}", want.name());
     }
     Ok(e)
 }
@@ -350,7 +350,7 @@ fn ctl_listen(
         let e = dev.get_event(uapi::RDMA_CM_RS_TIMEOUT_INFINITE)?;
         say(&e.line("module"));
         match e.event {
-            EV_CONNECT_REQUEST => {
+            EventType::ConnectRequest => {
                 // The request's values are the receiver's side already.
                 let mut p = Param::with_data(accept_data);
                 p.responder_resources = e.responder_resources;
@@ -368,7 +368,7 @@ fn ctl_listen(
                     }
                 }
             }
-            EV_ESTABLISHED => match dev.recv(e.id, cm::MSG, WAIT_MS) {
+            EventType::Established => match dev.recv(e.id, cm::MSG, WAIT_MS) {
                 Ok(msg) => {
                     say(&format!(
                         "module: recv id={} {}",
@@ -386,13 +386,13 @@ fn ctl_listen(
                 }
                 Err(err) => say(&format!("module: recv id={}: {err}", e.id)),
             },
-            EV_DISCONNECTED => {
+            EventType::Disconnected => {
                 // Completes the peer's disconnect (the DREP), then frees the id.
                 let _ = dev.disconnect(e.id);
                 dev.destroy(e.id)?;
                 done += 1;
             }
-            EV_REJECTED | EV_UNREACHABLE | EV_CONNECT_ERROR if e.id != l => {
+            EventType::Rejected | EventType::Unreachable | EventType::ConnectError if e.id != l => {
                 dev.destroy(e.id)?;
                 done += 1;
             }
@@ -412,16 +412,16 @@ fn module_connect(dev: &Device, addr: SocketAddr, data: &[u8]) -> Result<u32> {
     let id = dev.create_id(1)?;
     say(&format!("module: id={id} resolving {addr}"));
     dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
-    module_expect(dev, EV_ADDR_RESOLVED)?;
+    module_expect(dev, EventType::AddrResolved)?;
     dev.resolve_route(id, 2000).context("resolve_route")?;
-    module_expect(dev, EV_ROUTE_RESOLVED)?;
+    module_expect(dev, EventType::RouteResolved)?;
     dev.connect(id, &Param::with_data(data))
         .context("connect")?;
     say(&format!(
         "module: connect id={id} {}",
         show("private_data", data)
     ));
-    module_expect(dev, EV_ESTABLISHED)?;
+    module_expect(dev, EventType::Established)?;
     Ok(id)
 }
 
@@ -439,7 +439,7 @@ fn ctl_connect(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
     }
     dev.disconnect(id).context("disconnect")?;
     say(&format!("module: disconnect id={id}"));
-    module_expect(&dev, EV_DISCONNECTED)?;
+    module_expect(&dev, EventType::Disconnected)?;
     dev.destroy(id)?;
     Ok(())
 }
@@ -492,7 +492,7 @@ fn ctl_rping(addr: SocketAddr, count: u32, size: u32, interval: Duration) -> Res
     dev.mr_dereg(id, source)?;
     dev.mr_dereg(id, sink)?;
     dev.disconnect(id).context("disconnect")?;
-    module_expect(&dev, EV_DISCONNECTED)?;
+    module_expect(&dev, EventType::Disconnected)?;
     dev.destroy(id)?;
     Ok(())
 }
@@ -621,7 +621,11 @@ fn peer_hold(addr: SocketAddr) -> Result<()> {
     let id = cm::resolve(&ch, &addr, Duration::from_secs(5))?;
     let mut conn = cm::Conn::new(id)?;
     let ev = conn.connect(&cm::Param::with_data(b"hold"), &ch, WAIT)?;
-    ensure!(ev.event == EV_ESTABLISHED, "not established: {}", ev.name());
+    ensure!(
+        ev.event == EventType::Established,
+        "not established: {}",
+        ev.name()
+    );
     say("established");
     for n in 0u64.. {
         conn.send(format!("hold {n}").as_bytes())?;
@@ -635,7 +639,7 @@ fn peer_hold_request(addr: SocketAddr) -> Result<()> {
     let _listener = cm::listen(&ch, &addr, 4)?;
     say("listening");
     // Neither accepted nor rejected: the request's id stays as it is.
-    let _request = ch.expect(EV_CONNECT_REQUEST, Duration::from_secs(60))?;
+    let _request = ch.expect(EventType::ConnectRequest, Duration::from_secs(60))?;
     say("request");
     loop {
         std::thread::sleep(Duration::from_secs(3600));
@@ -656,7 +660,7 @@ fn peer_client(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
     ));
     let ev = conn.connect(&cm::Param::with_data(data), &ch, WAIT)?;
     say(&ev.line("librdmacm", ""));
-    if ev.event != EV_ESTABLISHED {
+    if ev.event != EventType::Established {
         bail!("librdmacm: not established: {}", ev.name());
     }
     if !message.is_empty() {
@@ -667,7 +671,7 @@ fn peer_client(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
     }
     conn.disconnect()?;
     say("librdmacm: disconnect");
-    let ev = ch.expect(EV_DISCONNECTED, WAIT)?;
+    let ev = ch.expect(EventType::Disconnected, WAIT)?;
     say(&ev.line("librdmacm", ""));
     Ok(())
 }
@@ -685,27 +689,27 @@ fn peer_server(
         "librdmacm: listening on {addr} backlog={backlog}, for {connections} connection(s)"
     ));
     // Connections by their id, with a number for people.
-    let mut conns: HashMap<usize, (u32, cm::Conn)> = HashMap::new();
+    let mut conns: HashMap<cm::IdKey, (u32, cm::Conn)> = HashMap::new();
     let mut numbered = 0;
     let mut done = 0;
     while done < connections {
         // The first request may take as long as people need; then bounded.
-        let ev = loop {
+        let mut ev = loop {
             match ch.next(Duration::from_secs(60)) {
                 Ok(ev) => break ev,
                 Err(_) if conns.is_empty() => continue,
                 Err(e) => return Err(e),
             }
         };
-        let key = ev.id as usize;
+        let key = ev.id;
         let label = conns
             .get(&key)
             .map_or(String::new(), |(n, _)| format!("conn={n}"));
         match ev.event {
-            EV_CONNECT_REQUEST => {
+            EventType::ConnectRequest => {
                 numbered += 1;
                 say(&ev.line("librdmacm", &format!("conn={numbered}")));
-                let conn = cm::Conn::new(ev.id)?;
+                let conn = cm::Conn::new(ev.take_request()?)?;
                 let mut p = cm::Param::with_data(accept_data);
                 p.responder_resources = ev.responder_resources;
                 p.initiator_depth = ev.initiator_depth;
@@ -717,7 +721,7 @@ fn peer_server(
                 ));
                 conns.insert(key, (numbered, conn));
             }
-            EV_ESTABLISHED => {
+            EventType::Established => {
                 say(&ev.line("librdmacm", &label));
                 if let Some((n, conn)) = conns.get_mut(&key) {
                     match conn.recv(WAIT) {
@@ -737,7 +741,10 @@ fn peer_server(
                     }
                 }
             }
-            EV_DISCONNECTED | EV_REJECTED | EV_UNREACHABLE | EV_CONNECT_ERROR => {
+            EventType::Disconnected
+            | EventType::Rejected
+            | EventType::Unreachable
+            | EventType::ConnectError => {
                 say(&ev.line("librdmacm", &label));
                 if let Some((_, conn)) = conns.remove(&key) {
                     let _ = conn.disconnect();

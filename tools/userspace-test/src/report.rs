@@ -5,40 +5,77 @@
 use crate::payload::show;
 use std::{fmt::Write as _, io, time::Duration};
 
-/// The kernel's `enum rdma_cm_event_type` (librdmacm's values too).
-pub const EVENT_NAMES: [&str; 16] = [
-    "ADDR_RESOLVED",
-    "ADDR_ERROR",
-    "ROUTE_RESOLVED",
-    "ROUTE_ERROR",
-    "CONNECT_REQUEST",
-    "CONNECT_RESPONSE",
-    "CONNECT_ERROR",
-    "UNREACHABLE",
-    "REJECTED",
-    "ESTABLISHED",
-    "DISCONNECTED",
-    "DEVICE_REMOVAL",
-    "MULTICAST_JOIN",
-    "MULTICAST_ERROR",
-    "ADDR_CHANGE",
-    "TIMEWAIT_EXIT",
-];
-pub const EV_ADDR_RESOLVED: u32 = 0;
-pub const EV_ADDR_ERROR: u32 = 1;
-pub const EV_ROUTE_RESOLVED: u32 = 2;
-pub const EV_CONNECT_REQUEST: u32 = 4;
-pub const EV_CONNECT_RESPONSE: u32 = 5;
-pub const EV_CONNECT_ERROR: u32 = 6;
-pub const EV_UNREACHABLE: u32 = 7;
-pub const EV_REJECTED: u32 = 8;
-pub const EV_ESTABLISHED: u32 = 9;
-pub const EV_DISCONNECTED: u32 = 10;
-pub const EV_DEVICE_REMOVAL: u32 = 11;
-pub const EV_TIMEWAIT_EXIT: u32 = 15;
+/// Defines [`EventType`] from one table: variant, number, name.
+macro_rules! event_types {
+    ($($variant:ident = $n:literal $name:literal,)*) => {
+        /// The kernel's `enum rdma_cm_event_type`: the numbers of the
+        /// module's ABI (`rdma_cm_rs_event.event`), and librdmacm's enum of
+        /// the same name has the same values (`cm` maps it).  A number
+        /// without a name here stays representable as [`EventType::Unknown`].
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum EventType {
+            $($variant,)*
+            /// A number this tool has no name for (printed `UNKNOWN`).
+            Unknown(UnknownEvent),
+        }
 
-pub fn event_name(e: u32) -> &'static str {
-    EVENT_NAMES.get(e as usize).copied().unwrap_or("UNKNOWN")
+        impl EventType {
+            /// The kernel's name without `RDMA_CM_EVENT_`, or `UNKNOWN`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)*
+                    Self::Unknown(_) => "UNKNOWN",
+                }
+            }
+
+            /// The number, as the ABI carries it.
+            pub fn value(self) -> u32 {
+                match self {
+                    $(Self::$variant => $n,)*
+                    Self::Unknown(u) => u.0,
+                }
+            }
+        }
+
+        impl From<u32> for EventType {
+            fn from(n: u32) -> Self {
+                match n {
+                    $($n => Self::$variant,)*
+                    _ => Self::Unknown(UnknownEvent(n)),
+                }
+            }
+        }
+    };
+}
+
+event_types! {
+    AddrResolved = 0 "ADDR_RESOLVED",
+    AddrError = 1 "ADDR_ERROR",
+    RouteResolved = 2 "ROUTE_RESOLVED",
+    RouteError = 3 "ROUTE_ERROR",
+    ConnectRequest = 4 "CONNECT_REQUEST",
+    ConnectResponse = 5 "CONNECT_RESPONSE",
+    ConnectError = 6 "CONNECT_ERROR",
+    Unreachable = 7 "UNREACHABLE",
+    Rejected = 8 "REJECTED",
+    Established = 9 "ESTABLISHED",
+    Disconnected = 10 "DISCONNECTED",
+    DeviceRemoval = 11 "DEVICE_REMOVAL",
+    MulticastJoin = 12 "MULTICAST_JOIN",
+    MulticastError = 13 "MULTICAST_ERROR",
+    AddrChange = 14 "ADDR_CHANGE",
+    TimewaitExit = 15 "TIMEWAIT_EXIT",
+}
+
+/// An event number without a name: only `EventType::from` makes one, so a
+/// named number is never `Unknown`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UnknownEvent(u32);
+
+impl From<EventType> for u32 {
+    fn from(e: EventType) -> u32 {
+        e.value()
+    }
 }
 
 /// The connection parameters an event carries, from either side.
@@ -85,8 +122,8 @@ fn reject_reason(r: i32) -> Option<&'static str> {
 }
 
 /// `status=N` with what N means for this event.
-pub fn status_text(event: u32, status: i32) -> String {
-    let meaning = if event == EV_REJECTED {
+pub fn status_text(event: EventType, status: i32) -> String {
+    let meaning = if event == EventType::Rejected {
         reject_reason(status)
     } else if status < 0 {
         errno_name(-status)
@@ -101,8 +138,8 @@ pub fn status_text(event: u32, status: i32) -> String {
 
 /// One event, one line: `WHO: event NAME IDS status=N [params] [private_data]`.
 /// `ids` is what names the id on that side (`id=1 new_id=2` for the module).
-pub fn event_line(who: &str, event: u32, ids: &str, status: i32, c: &ConnFields) -> String {
-    let mut line = format!("{who}: event {}", event_name(event));
+pub fn event_line(who: &str, event: EventType, ids: &str, status: i32, c: &ConnFields) -> String {
+    let mut line = format!("{who}: event {}", event.name());
     if !ids.is_empty() {
         line.push(' ');
         line.push_str(ids);
@@ -111,8 +148,9 @@ pub fn event_line(who: &str, event: u32, ids: &str, status: i32, c: &ConnFields)
     line.push_str(&status_text(event, status));
     // A request always has parameters; an ESTABLISHED that carries none
     // (the passive side's: the RTU has no parameters) does not show zeros.
-    let with_param = event == EV_CONNECT_REQUEST
-        || (matches!(event, EV_CONNECT_RESPONSE | EV_ESTABLISHED) && *c != ConnFields::default());
+    let with_param = event == EventType::ConnectRequest
+        || (matches!(event, EventType::ConnectResponse | EventType::Established)
+            && *c != ConnFields::default());
     if with_param {
         let _ = write!(
             line,
@@ -126,7 +164,7 @@ pub fn event_line(who: &str, event: u32, ids: &str, status: i32, c: &ConnFields)
             c.qp_num
         );
     }
-    if with_param || event == EV_REJECTED || !c.private_data.is_empty() {
+    if with_param || event == EventType::Rejected || !c.private_data.is_empty() {
         line.push(' ');
         line.push_str(&show("private_data", &c.private_data));
     }
@@ -194,12 +232,25 @@ mod tests {
 
     #[test]
     fn event_names_are_the_kernels() {
-        assert_eq!(event_name(EV_CONNECT_REQUEST), "CONNECT_REQUEST");
-        assert_eq!(event_name(EV_ESTABLISHED), "ESTABLISHED");
-        assert_eq!(event_name(EV_DISCONNECTED), "DISCONNECTED");
-        assert_eq!(event_name(EV_TIMEWAIT_EXIT), "TIMEWAIT_EXIT");
-        assert_eq!(event_name(EV_UNREACHABLE), "UNREACHABLE");
-        assert_eq!(event_name(99), "UNKNOWN");
+        use EventType::*;
+        assert_eq!(ConnectRequest.name(), "CONNECT_REQUEST");
+        assert_eq!(Established.name(), "ESTABLISHED");
+        assert_eq!(Disconnected.name(), "DISCONNECTED");
+        assert_eq!(TimewaitExit.name(), "TIMEWAIT_EXIT");
+        assert_eq!(Unreachable.name(), "UNREACHABLE");
+        assert_eq!(EventType::from(4), ConnectRequest);
+        assert_eq!(EventType::from(15), TimewaitExit);
+        assert_eq!(EventType::from(99).name(), "UNKNOWN");
+        assert_eq!(EventType::from(16).name(), "UNKNOWN");
+    }
+
+    #[test]
+    fn event_numbers_round_trip() {
+        for n in 0..40 {
+            let e = EventType::from(n);
+            assert_eq!(u32::from(e), n);
+            assert_eq!(matches!(e, EventType::Unknown(_)), n > 15, "{n}");
+        }
     }
 
     #[test]
@@ -214,17 +265,29 @@ mod tests {
         };
         c.private_data.resize(56, 0);
         assert_eq!(
-            event_line("module", EV_CONNECT_REQUEST, "id=1 new_id=2", 0, &c),
+            event_line("module", EventType::ConnectRequest, "id=1 new_id=2", 0, &c),
             "module: event CONNECT_REQUEST id=1 new_id=2 status=0 responder_resources=1 \
              initiator_depth=2 flow_control=0 retry_count=7 rnr_retry_count=7 srq=0 qp_num=0x0 \
              private_data(56)=\"hello\"+51*\\0"
         );
         assert_eq!(
-            event_line("librdmacm", EV_DISCONNECTED, "", 0, &ConnFields::default()),
+            event_line(
+                "librdmacm",
+                EventType::Disconnected,
+                "",
+                0,
+                &ConnFields::default()
+            ),
             "librdmacm: event DISCONNECTED status=0"
         );
         assert_eq!(
-            event_line("module", EV_ESTABLISHED, "id=2", 0, &ConnFields::default()),
+            event_line(
+                "module",
+                EventType::Established,
+                "id=2",
+                0,
+                &ConnFields::default()
+            ),
             "module: event ESTABLISHED id=2 status=0"
         );
         let rej = ConnFields {
@@ -232,11 +295,14 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            event_line("module", EV_REJECTED, "id=3", 28, &rej),
+            event_line("module", EventType::Rejected, "id=3", 28, &rej),
             "module: event REJECTED id=3 status=28 (consumer defined) private_data(1)=hex:ff"
         );
-        assert_eq!(status_text(EV_ADDR_ERROR, -110), "status=-110 (ETIMEDOUT)");
-        assert_eq!(status_text(EV_ADDR_ERROR, -9999), "status=-9999");
+        assert_eq!(
+            status_text(EventType::AddrError, -110),
+            "status=-110 (ETIMEDOUT)"
+        );
+        assert_eq!(status_text(EventType::AddrError, -9999), "status=-9999");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use crate::agent::{Call, SEED_PEER_REGION, SEED_PEER_WRITES};
 use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex, verify, verify_padded};
-use crate::report::{Ktap, EV_CONNECT_ERROR};
+use crate::report::Ktap;
 use crate::uapi::*;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use std::{
@@ -125,7 +125,7 @@ const T: u32 = 10_000;
 
 /// The next module event, which must be `want` (TIMEWAIT_EXIT of earlier
 /// connections, which may come or not, is passed over).
-fn wait(dev: &Device, want: u32) -> Result<Event> {
+fn wait(dev: &Device, want: EventType) -> Result<Event> {
     let deadline = Instant::now() + Duration::from_millis(T.into());
     let ev = loop {
         let left = deadline
@@ -133,15 +133,15 @@ fn wait(dev: &Device, want: u32) -> Result<Event> {
             .as_millis() as u32;
         let ev = dev
             .get_event(left.max(1))
-            .with_context(|| format!("module: waiting for {}", event_name(want)))?;
-        if ev.event != EV_TIMEWAIT_EXIT || want == EV_TIMEWAIT_EXIT {
+            .with_context(|| format!("module: waiting for {}", want.name()))?;
+        if ev.event != EventType::TimewaitExit || want == EventType::TimewaitExit {
             break ev;
         }
     };
     ensure!(
         ev.event == want,
         "module: expected {} but got {} on id {} (status {})",
-        event_name(want),
+        want.name(),
         ev.name(),
         ev.id,
         ev.status
@@ -158,7 +158,7 @@ fn wait(dev: &Device, want: u32) -> Result<Event> {
 /// scenarios test).
 fn disconnect_and_wait(dev: &Device, id: u32) -> Result<()> {
     dev.disconnect(id)?;
-    let d = wait(dev, EV_DISCONNECTED)?;
+    let d = wait(dev, EventType::Disconnected)?;
     ensure!(d.id == id, "DISCONNECTED on id {}", d.id);
     Ok(())
 }
@@ -191,9 +191,9 @@ fn resolve(dev: &Device, dst: SocketAddr) -> Result<u32> {
 fn resolve_ps(dev: &Device, dst: SocketAddr, ps: u32, qpt: u32) -> Result<u32> {
     let id = dev.create_id_ps(1, ps, qpt)?;
     dev.resolve_addr(id, &dst, 2000).context("resolve_addr")?;
-    wait(dev, EV_ADDR_RESOLVED)?;
+    wait(dev, EventType::AddrResolved)?;
     dev.resolve_route(id, 2000).context("resolve_route")?;
-    wait(dev, EV_ROUTE_RESOLVED)?;
+    wait(dev, EventType::RouteResolved)?;
     Ok(id)
 }
 
@@ -235,7 +235,7 @@ fn module_listens(ctx: &mut Ctx, local: IpAddr) -> Result<()> {
             hex(&msg)
         ),
     )?;
-    let req = wait(&dev, EV_CONNECT_REQUEST)?;
+    let req = wait(&dev, EventType::ConnectRequest)?;
     ensure!(
         req.id == l && req.context == 7 && req.new_id != 0,
         "request: {req:?}"
@@ -247,12 +247,12 @@ fn module_listens(ctx: &mut Ctx, local: IpAddr) -> Result<()> {
         &req.private_data,
     )?;
     dev.accept(req.new_id, Some(&Param::with_data(&acc_data)))?;
-    let est = wait(&dev, EV_ESTABLISHED)?;
+    let est = wait(&dev, EventType::Established)?;
     ensure!(est.id == req.new_id, "ESTABLISHED on id {}", est.id);
     let got = dev.recv(req.new_id, 4096, T).context("module recv")?;
     verify("module: received message", &msg, &got)?;
     dev.send(req.new_id, &reply).context("module send")?;
-    let disc = wait(&dev, EV_DISCONNECTED)?;
+    let disc = wait(&dev, EventType::Disconnected)?;
     ensure!(disc.id == req.new_id);
     // The passive side completes the handshake (the IB CM sends the DREP).
     dev.disconnect(req.new_id)?;
@@ -303,7 +303,7 @@ fn module_connects(ctx: &mut Ctx) -> Result<()> {
     call.ready()?;
     let id = resolve(&dev, addr)?;
     dev.connect(id, &Param::with_data(&req_data))?;
-    let est = wait(&dev, EV_ESTABLISHED)?;
+    let est = wait(&dev, EventType::Established)?;
     verify(
         "module: ESTABLISHED private data",
         &acc_data,
@@ -343,7 +343,7 @@ fn echo_then_peer_disconnects(
         msg,
         &dev.recv(id, 4096, T).context("module recv")?,
     )?;
-    wait(dev, EV_DISCONNECTED)?;
+    wait(dev, EventType::Disconnected)?;
     dev.disconnect(id)?;
     let r = call.result()?;
     verify(
@@ -374,9 +374,9 @@ fn private_data_limits(ctx: &mut Ctx) -> Result<()> {
     )?;
     dev.connect(id, &Param::with_data(&[1; 56]))
         .context("connect with 56 bytes")?;
-    wait(&dev, EV_ESTABLISHED)?;
+    wait(&dev, EventType::Established)?;
     dev.disconnect(id)?;
-    wait(&dev, EV_DISCONNECTED)?;
+    wait(&dev, EventType::Disconnected)?;
     call.result()?;
     // Accept: 197 refused, reject: 149 refused, then 196 accepted.
     let addr = SocketAddr::new(ctx.local4, ctx.port());
@@ -385,7 +385,7 @@ fn private_data_limits(ctx: &mut Ctx) -> Result<()> {
         &ctx.agent,
         &format!("connect addr={addr} data=00 disc=peer"),
     )?;
-    let req = wait(&dev, EV_CONNECT_REQUEST)?;
+    let req = wait(&dev, EventType::ConnectRequest)?;
     expect_errno(
         "accept with 197 bytes",
         dev.accept(req.new_id, Some(&Param::with_data(&[2; 197]))),
@@ -397,7 +397,7 @@ fn private_data_limits(ctx: &mut Ctx) -> Result<()> {
         libc::EINVAL,
     )?;
     dev.accept(req.new_id, Some(&Param::with_data(&[2; 196])))?;
-    wait(&dev, EV_ESTABLISHED)?;
+    wait(&dev, EventType::Established)?;
     disconnect_and_wait(&dev, req.new_id)?;
     let r = call.result()?;
     ensure!(unhex(field(&r, "pdata")?)? == [2; 196]);
@@ -410,7 +410,7 @@ fn reject_both_ways(ctx: &mut Ctx) -> Result<()> {
     let addr = SocketAddr::new(ctx.local4, ctx.port());
     listen(&dev, addr, 4, 0)?;
     let call = Call::start(&ctx.agent, &format!("connect addr={addr} data=01"))?;
-    let req = wait(&dev, EV_CONNECT_REQUEST)?;
+    let req = wait(&dev, EventType::ConnectRequest)?;
     let data = pattern(148, 5);
     dev.reject(req.new_id, 0, &data)?;
     let r = call.result()?;
@@ -435,7 +435,7 @@ fn reject_both_ways(ctx: &mut Ctx) -> Result<()> {
     call.ready()?;
     let id = resolve(&dev, addr)?;
     dev.connect(id, &Param::with_data(b"please"))?;
-    let rej = wait(&dev, EV_REJECTED)?;
+    let rej = wait(&dev, EventType::Rejected)?;
     ensure!(rej.status == 28, "module saw status {}", rej.status);
     ensure!(
         rej.private_data == data,
@@ -461,7 +461,7 @@ fn accept_with_request_param(ctx: &mut Ctx) -> Result<()> {
         &ctx.agent,
         &format!("connect addr={addr} data=00 rr=3 id=2 disc=peer"),
     )?;
-    let req = wait(&dev, EV_CONNECT_REQUEST)?;
+    let req = wait(&dev, EventType::ConnectRequest)?;
     // Events give the receiver's side: the peer's initiator depth is our
     // responder resources.
     ensure!(
@@ -471,7 +471,7 @@ fn accept_with_request_param(ctx: &mut Ctx) -> Result<()> {
         req.initiator_depth
     );
     dev.accept(req.new_id, None)?;
-    wait(&dev, EV_ESTABLISHED)?;
+    wait(&dev, EventType::Established)?;
     // rdma_accept(3) with no parameters: the request's values.
     let q = dev.query(req.new_id)?;
     ensure!(
@@ -508,7 +508,7 @@ fn conn_param_negotiation(ctx: &mut Ctx) -> Result<()> {
                 "connect addr={addr} data=00 rr={rr} id={id} retry={retry} rnr={rnr} disc=peer"
             ),
         )?;
-        let req = wait(&dev, EV_CONNECT_REQUEST)?;
+        let req = wait(&dev, EventType::ConnectRequest)?;
         let seen = (
             req.responder_resources,
             req.initiator_depth,
@@ -527,7 +527,7 @@ fn conn_param_negotiation(ctx: &mut Ctx) -> Result<()> {
         p.responder_resources = arr;
         p.initiator_depth = aid;
         dev.accept(req.new_id, Some(&p))?;
-        wait(&dev, EV_ESTABLISHED)?;
+        wait(&dev, EventType::Established)?;
         let q = dev.query(req.new_id)?;
         ensure!(
             (q.responder_resources, q.initiator_depth) == (arr, aid),
@@ -568,7 +568,7 @@ fn messages_all_sizes(ctx: &mut Ctx) -> Result<()> {
     call.ready()?;
     let id = resolve(&dev, addr)?;
     dev.connect(id, &Param::with_data(b"sizes"))?;
-    wait(&dev, EV_ESTABLISHED)?;
+    wait(&dev, EventType::Established)?;
     for (i, &n) in sizes.iter().enumerate() {
         let msg = pattern(n, i as u8);
         dev.send(id, &msg).with_context(|| format!("send {n}"))?;
@@ -590,7 +590,7 @@ fn messages_all_sizes(ctx: &mut Ctx) -> Result<()> {
     }
     ensure!(dev.recv(id, 4096, T)? == [9; 100]);
     dev.disconnect(id)?;
-    wait(&dev, EV_DISCONNECTED)?;
+    wait(&dev, EventType::Disconnected)?;
     let r = call.result()?;
     ensure!(field(&r, "disc0")? == "DISCONNECTED");
     Ok(())
@@ -619,7 +619,7 @@ fn connect_rdma_peer(
     call.ready()?;
     let id = resolve(dev, addr)?;
     dev.connect(id, &Param::with_data(b"rdma"))?;
-    wait(dev, EV_ESTABLISHED)?;
+    wait(dev, EventType::Established)?;
     let advert = parse_advert(&dev.recv(id, 4096, T)?)?;
     Ok((call, id, advert))
 }
@@ -682,7 +682,7 @@ fn rdma_read_write(ctx: &mut Ctx) -> Result<()> {
         other => other.context("send \"dereg\"")?,
     }
     // The peer disconnects after its stale write.
-    let d = wait(&dev, EV_DISCONNECTED)?;
+    let d = wait(&dev, EventType::Disconnected)?;
     ensure!(d.id == id, "DISCONNECTED on id {}", d.id);
     dev.disconnect(id)?;
     let r = call.result()?;
@@ -843,7 +843,7 @@ fn rdma_errors(ctx: &mut Ctx) -> Result<()> {
     // Deregistration still works (the invalidation is flushed).
     dev.mr_dereg(id, small)?;
     dev.disconnect(id)?;
-    wait(&dev, EV_DISCONNECTED)?;
+    wait(&dev, EventType::Disconnected)?;
     let r = call.result()?;
     ensure!(field(&r, "disc0")? == "DISCONNECTED", "peer: {r:?}");
     dev.destroy(unconnected)?;
@@ -902,11 +902,11 @@ fn hundred_connections(ctx: &mut Ctx) -> Result<()> {
     while established < N {
         let ev = dev.get_event(T).context("waiting for connections")?;
         match ev.event {
-            EV_CONNECT_REQUEST => {
+            EventType::ConnectRequest => {
                 dev.accept(ev.new_id, None)?;
                 ids.push(ev.new_id);
             }
-            EV_ESTABLISHED => established += 1,
+            EventType::Established => established += 1,
             _ => bail!("unexpected {} (status {})", ev.name(), ev.status),
         }
     }
@@ -918,7 +918,7 @@ fn hundred_connections(ctx: &mut Ctx) -> Result<()> {
     let mut disconnected = 0;
     while disconnected < N {
         let ev = dev.get_event(T).context("waiting for disconnects")?;
-        if ev.event == EV_DISCONNECTED {
+        if ev.event == EventType::Disconnected {
             dev.disconnect(ev.id)?;
             disconnected += 1;
         }
@@ -942,9 +942,9 @@ fn backlog_enforced(ctx: &mut Ctx) -> Result<()> {
         )
     };
     let c1 = connect("01")?;
-    let r1 = wait(&dev, EV_CONNECT_REQUEST)?;
+    let r1 = wait(&dev, EventType::ConnectRequest)?;
     let c2 = connect("02")?;
-    let r2 = wait(&dev, EV_CONNECT_REQUEST)?;
+    let r2 = wait(&dev, EventType::ConnectRequest)?;
     ensure!(
         dev.query(l)?.backlog == 2,
         "backlog in use {}",
@@ -959,14 +959,14 @@ fn backlog_enforced(ctx: &mut Ctx) -> Result<()> {
     expect_errno("no third request", dev.get_event(0), libc::EAGAIN)?;
     // Accepting one frees a slot.
     dev.accept(r1.new_id, None)?;
-    wait(&dev, EV_ESTABLISHED)?;
+    wait(&dev, EventType::Established)?;
     let c4 = connect("04")?;
-    let r4 = wait(&dev, EV_CONNECT_REQUEST)?;
+    let r4 = wait(&dev, EventType::ConnectRequest)?;
     ensure!(r4.private_data.first() == Some(&4));
     dev.reject(r2.new_id, 0, b"")?;
     dev.reject(r4.new_id, 0, b"")?;
     dev.disconnect(r1.new_id)?;
-    wait(&dev, EV_DISCONNECTED)?;
+    wait(&dev, EventType::Disconnected)?;
     ensure!(field(&c1.result()?, "event")? == "ESTABLISHED");
     ensure!(field(&c2.result()?, "event")? == "REJECTED");
     ensure!(field(&c4.result()?, "event")? == "REJECTED");
@@ -1085,7 +1085,7 @@ fn unreachable_address(_: &mut Ctx) -> Result<()> {
         Ok(()) => {
             let ev = dev.get_event(T)?;
             ensure!(
-                [EV_ADDR_ERROR, EV_UNREACHABLE].contains(&ev.event) && ev.status < 0,
+                [EventType::AddrError, EventType::Unreachable].contains(&ev.event) && ev.status < 0,
                 "got {} status {}",
                 ev.name(),
                 ev.status
@@ -1106,7 +1106,7 @@ fn connect_no_listener(ctx: &mut Ctx) -> Result<()> {
     dev.connect(id, &Param::with_data(b"anyone?"))?;
     let ev = dev.get_event(T)?;
     ensure!(
-        ev.event == EV_REJECTED,
+        ev.event == EventType::Rejected,
         "got {} status {}",
         ev.name(),
         ev.status
@@ -1290,7 +1290,7 @@ fn nonblocking_and_poll(ctx: &mut Ctx) -> Result<()> {
         n == 1 && revents & libc::POLLIN != 0,
         "poll {n} {revents:#x}"
     );
-    ensure!(dev.get_event(0)?.event == EV_ADDR_RESOLVED);
+    ensure!(dev.get_event(0)?.event == EventType::AddrResolved);
     ensure!(poll(0) == (0, 0), "readable after the event was read");
     Ok(())
 }
@@ -1306,11 +1306,11 @@ fn disconnect_either_side(ctx: &mut Ctx) -> Result<()> {
         &ctx.agent,
         &format!("connect addr={addr} data=00 disc=peer"),
     )?;
-    let req = wait(&dev, EV_CONNECT_REQUEST)?;
+    let req = wait(&dev, EventType::ConnectRequest)?;
     dev.accept(req.new_id, None)?;
-    wait(&dev, EV_ESTABLISHED)?;
+    wait(&dev, EventType::Established)?;
     dev.disconnect(req.new_id)?;
-    let d = wait(&dev, EV_DISCONNECTED)?;
+    let d = wait(&dev, EventType::Disconnected)?;
     ensure!(d.id == req.new_id, "DISCONNECTED on id {}", d.id);
     let r = call.result()?;
     ensure!(field(&r, "disc")? == "DISCONNECTED", "peer: {r:?}");
@@ -1324,11 +1324,11 @@ fn disconnect_either_side(ctx: &mut Ctx) -> Result<()> {
     call.ready()?;
     let id = resolve(&dev, addr)?;
     dev.connect(id, &Param::with_data(b"x"))?;
-    wait(&dev, EV_ESTABLISHED)?;
+    wait(&dev, EventType::Established)?;
     // One message first, so that the peer disconnects only now.
     dev.send(id, b"bye")?;
     verify("module: echo", b"bye", &dev.recv(id, 4096, T)?)?;
-    let d = wait(&dev, EV_DISCONNECTED)?;
+    let d = wait(&dev, EventType::Disconnected)?;
     ensure!(d.id == id, "DISCONNECTED on id {}", d.id);
     // Completes the handshake (the DREP).
     dev.disconnect(id)?;
@@ -1357,7 +1357,7 @@ fn afonly_refuses_ipv4(ctx: &mut Ctx) -> Result<()> {
             );
             expect_errno("AFONLY=1: no request", dev.get_event(0), libc::EAGAIN)?;
         } else {
-            let req = wait(&dev, EV_CONNECT_REQUEST).context("AFONLY=0: IPv4 connect")?;
+            let req = wait(&dev, EventType::ConnectRequest).context("AFONLY=0: IPv4 connect")?;
             ensure!(req.id == l, "request on id {}", req.id);
             dev.reject(req.new_id, 0, b"dual")?;
             let r = call.result()?;
@@ -1383,9 +1383,9 @@ fn close_destroys_everything(ctx: &mut Ctx) -> Result<()> {
             &ctx.agent,
             &format!("connect addr={addr} data=00 disc=peer"),
         )?;
-        let req = wait(&dev, EV_CONNECT_REQUEST)?;
+        let req = wait(&dev, EventType::ConnectRequest)?;
         dev.accept(req.new_id, None)?;
-        wait(&dev, EV_ESTABLISHED)?;
+        wait(&dev, EventType::Established)?;
         // And a connection of its own to a librdmacm listener.
         let peer_addr = SocketAddr::new(ctx.peer4, ctx.port());
         let mut server = Call::start(
@@ -1395,7 +1395,7 @@ fn close_destroys_everything(ctx: &mut Ctx) -> Result<()> {
         server.ready()?;
         let id = resolve(&dev, peer_addr)?;
         dev.connect(id, &Param::with_data(b"x"))?;
-        wait(&dev, EV_ESTABLISHED)?;
+        wait(&dev, EventType::Established)?;
         drop(dev);
         // Closing the file disconnected both peers.
         let r = call.result()?;
@@ -1466,17 +1466,17 @@ fn failed_connect_leaves_id_usable(ctx: &mut Ctx) -> Result<()> {
     call.ready()?;
     let id = dev.create_id(1)?;
     dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
-    wait(&dev, EV_ADDR_RESOLVED)?;
+    wait(&dev, EventType::AddrResolved)?;
     expect_errno(
         "connect before the route is resolved",
         dev.connect(id, &Param::with_data(&req_data)),
         libc::EINVAL,
     )?;
     dev.resolve_route(id, 2000).context("resolve_route")?;
-    wait(&dev, EV_ROUTE_RESOLVED)?;
+    wait(&dev, EventType::RouteResolved)?;
     dev.connect(id, &Param::with_data(&req_data))
         .context("connect after a failed connect")?;
-    let est = wait(&dev, EV_ESTABLISHED)?;
+    let est = wait(&dev, EventType::Established)?;
     ensure!(est.id == id, "ESTABLISHED on id {}", est.id);
     verify(
         "module: ESTABLISHED private data",
@@ -1789,7 +1789,12 @@ const KILLED_PEER_BOUND: Duration = Duration::from_secs(10);
 
 /// The next event of `id` among those in `want`, within the bound after
 /// `since`; other ids' events are an error.
-fn event_of_within(dev: &Device, id: u32, want: &[u32], since: Instant) -> Result<(u32, Duration)> {
+fn event_of_within(
+    dev: &Device,
+    id: u32,
+    want: &[EventType],
+    since: Instant,
+) -> Result<(EventType, Duration)> {
     loop {
         let left = KILLED_PEER_BOUND.saturating_sub(since.elapsed());
         ensure!(
@@ -1801,7 +1806,7 @@ fn event_of_within(dev: &Device, id: u32, want: &[u32], since: Instant) -> Resul
             Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => continue,
             Err(e) => return Err(e).context("GET_EVENT"),
         };
-        if e.event == EV_TIMEWAIT_EXIT {
+        if e.event == EventType::TimewaitExit {
             continue;
         }
         ensure!(e.id == id, "event of another id: {}", e.line("module"));
@@ -1827,9 +1832,9 @@ fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
 
     // Mid-transfer.
     let mut peer = KilledPeer::spawn(&["peer", "hold", &addr_arg])?;
-    let r = wait(&dev, EV_CONNECT_REQUEST)?;
+    let r = wait(&dev, EventType::ConnectRequest)?;
     dev.accept(r.new_id, None)?;
-    wait(&dev, EV_ESTABLISHED)?;
+    wait(&dev, EventType::Established)?;
     peer.expect("established")?;
     for _ in 0..3 {
         dev.recv(r.new_id, 4096, 5000)
@@ -1840,7 +1845,7 @@ fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
     while dev.recv(r.new_id, 4096, 100).is_ok() {
         ensure!(killed.elapsed() < KILLED_PEER_BOUND, "still receiving");
     }
-    let (_, took) = event_of_within(&dev, r.new_id, &[EV_DISCONNECTED], killed)?;
+    let (_, took) = event_of_within(&dev, r.new_id, &[EventType::Disconnected], killed)?;
     note(&format!(
         "killed mid-transfer: DISCONNECTED after {} ms",
         took.as_millis()
@@ -1854,22 +1859,22 @@ fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
 
     // Mid-connection, the peer active: its request waits for the module.
     let peer = KilledPeer::spawn(&["peer", "hold", &addr_arg])?;
-    let r = wait(&dev, EV_CONNECT_REQUEST)?;
+    let r = wait(&dev, EventType::ConnectRequest)?;
     let killed = peer.kill()?;
     // The peer's end rejects the request (its CM id, destroyed in
     // REQ_SENT, sends a REJ): the module's id learns it by an event, and
     // an accept made meanwhile fails or is undone.
     let accepted = dev.accept(r.new_id, None);
     let want = [
-        EV_REJECTED,
-        EV_CONNECT_ERROR,
-        EV_UNREACHABLE,
-        EV_ESTABLISHED,
-        EV_DISCONNECTED,
+        EventType::Rejected,
+        EventType::ConnectError,
+        EventType::Unreachable,
+        EventType::Established,
+        EventType::Disconnected,
     ];
     let (ev, took) = event_of_within(&dev, r.new_id, &want, killed)?;
-    let (ev, took) = if ev == EV_ESTABLISHED {
-        event_of_within(&dev, r.new_id, &[EV_DISCONNECTED], killed)?
+    let (ev, took) = if ev == EventType::Established {
+        event_of_within(&dev, r.new_id, &[EventType::Disconnected], killed)?
     } else {
         (ev, took)
     };
@@ -1878,7 +1883,7 @@ fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
         accepted
             .as_ref()
             .map_or_else(|e| e.to_string(), |()| "ok".into()),
-        event_name(ev),
+        ev.name(),
         took.as_millis()
     ));
     dev.destroy(r.new_id)?;
@@ -1894,12 +1899,16 @@ fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
     let (ev, took) = event_of_within(
         &dev,
         id,
-        &[EV_REJECTED, EV_CONNECT_ERROR, EV_UNREACHABLE],
+        &[
+            EventType::Rejected,
+            EventType::ConnectError,
+            EventType::Unreachable,
+        ],
         killed,
     )?;
     note(&format!(
         "killed before answering the module's request: {} after {} ms",
-        event_name(ev),
+        ev.name(),
         took.as_millis()
     ));
     dev.destroy(id)?;
@@ -1909,9 +1918,9 @@ fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
         &ctx.agent,
         &format!("connect addr={addr} data=6f6b disc=peer"),
     )?;
-    let r = wait(&dev, EV_CONNECT_REQUEST)?;
+    let r = wait(&dev, EventType::ConnectRequest)?;
     dev.accept(r.new_id, None)?;
-    wait(&dev, EV_ESTABLISHED)?;
+    wait(&dev, EventType::Established)?;
     disconnect_and_wait(&dev, r.new_id)?;
     ensure!(field(&call.result()?, "event")? == "ESTABLISHED");
     dev.destroy(r.new_id)?;
@@ -1939,7 +1948,7 @@ fn backlog_overflow_burst(ctx: &mut Ctx) -> Result<()> {
     // The four the backlog holds; then, while they wait, nothing else.
     let mut requests = Vec::new();
     for _ in 0..BACKLOG {
-        requests.push(wait(&dev, EV_CONNECT_REQUEST)?.new_id);
+        requests.push(wait(&dev, EventType::ConnectRequest)?.new_id);
     }
     std::thread::sleep(Duration::from_secs(2));
     no_event(&dev, 0, "a request over the backlog")?;
@@ -1950,7 +1959,7 @@ fn backlog_overflow_burst(ctx: &mut Ctx) -> Result<()> {
     );
     for &r in &requests {
         dev.accept(r, None)?;
-        wait(&dev, EV_ESTABLISHED)?;
+        wait(&dev, EventType::Established)?;
     }
     let events = field(&burst.result()?, "events")?.to_string();
     let count = |name: &str| events.split(',').filter(|e| *e == name).count() as u32;
@@ -1968,7 +1977,7 @@ fn backlog_overflow_burst(ctx: &mut Ctx) -> Result<()> {
     // The peers are gone (the agent dropped its ids): every accepted id
     // sees DISCONNECTED, and the backlog is free again.
     for _ in 0..BACKLOG {
-        wait(&dev, EV_DISCONNECTED)?;
+        wait(&dev, EventType::Disconnected)?;
     }
     for r in requests {
         dev.destroy(r)?;

@@ -55,10 +55,7 @@ pub const IOC_MR_WRITE: u32 = iow::<rdma_cm_rs_mr_copy>(0x12);
 pub const IOC_MR_READ: u32 = iow::<rdma_cm_rs_mr_copy>(0x13);
 pub const IOC_RDMA: u32 = iow::<rdma_cm_rs_rdma>(0x14);
 
-pub use crate::report::{
-    event_name, EV_ADDR_ERROR, EV_ADDR_RESOLVED, EV_CONNECT_REQUEST, EV_DISCONNECTED,
-    EV_ESTABLISHED, EV_REJECTED, EV_ROUTE_RESOLVED, EV_TIMEWAIT_EXIT, EV_UNREACHABLE,
-};
+pub use crate::report::EventType;
 
 /// Names of `enum rdma_cm_rs_state` (QUERY).
 pub fn state_name(s: u32) -> &'static str {
@@ -164,7 +161,7 @@ impl Param {
 #[derive(Clone, Debug)]
 pub struct Event {
     pub id: u32,
-    pub event: u32,
+    pub event: EventType,
     pub status: i32,
     pub new_id: u32,
     pub context: u64,
@@ -183,7 +180,7 @@ impl Event {
         let n = usize::from(e.param.private_data_len).min(e.param.private_data.len());
         Self {
             id: e.id,
-            event: e.event,
+            event: EventType::from(e.event),
             status: e.status,
             new_id: e.new_id,
             context: e.context,
@@ -219,7 +216,7 @@ impl Event {
     }
 
     pub fn name(&self) -> &'static str {
-        event_name(self.event)
+        self.event.name()
     }
 }
 
@@ -676,7 +673,7 @@ mod tests {
     fn event_lines_name_the_ids() {
         let e = Event {
             id: 1,
-            event: EV_CONNECT_REQUEST,
+            event: EventType::ConnectRequest,
             status: 0,
             new_id: 2,
             context: 0,
