@@ -90,9 +90,13 @@ pub struct WorkDone {
 
 /// Receives the buffers of completed work requests.
 ///
-/// Runs on the CQ's workqueue (`IB_POLL_WORKQUEUE`, process context).  A
-/// CM id dropped here is destroyed from a workqueue: its QP's drain could
-/// otherwise wait for this very context.
+/// Runs on the CQ's workqueue (`IB_POLL_WORKQUEUE`, process context);
+/// requests the driver never flushed are completed as flushed by the task
+/// that destroys their QP (see the module's Teardown), which may hold the
+/// id's handler mutex: both are callbacks of the layer, where
+/// `CmId::with_lock` on another id refuses.  A CM id dropped here is
+/// destroyed from a workqueue: its QP's shutdown could otherwise wait for
+/// this very context.
 pub trait CompletionHandler: Send + Sync + 'static {
     /// A receive completed: `Ok(len)` bytes arrived, or the error (ECANCELED
     /// when the QP was flushed).
@@ -530,15 +534,19 @@ impl Credit {
     fn track(&mut self, cqe: NonNull<bindings::ib_cqe>) {
         let entry = PostedCqe(cqe);
         // One entry per credit, within the capacity (type invariants of
-        // `WrCredits`): this cannot fail.
+        // `WrCredits`): this cannot fail.  If it did, the request would
+        // only be missing from a reclaim (a leak, never a double free).
         if self.credits.posted.lock().push_within_capacity(entry).is_ok() {
             self.posted = Some(entry);
+        } else {
+            pr_err!("a posted request could not be tracked\n");
         }
     }
 }
 
-impl Drop for Credit {
-    fn drop(&mut self) {
+impl Credit {
+    /// Stops tracking the request (its completion ran, or its post failed).
+    fn untrack(&mut self) {
         if let Some(entry) = self.posted.take() {
             let mut posted = self.credits.posted.lock();
             // Gone already if a reclaim took it.
@@ -547,6 +555,12 @@ impl Drop for Credit {
                 let _ = posted.remove(i);
             }
         }
+    }
+}
+
+impl Drop for Credit {
+    fn drop(&mut self) {
+        self.untrack();
         let count = match self.queue {
             WrQueue::Send => &self.credits.send,
             WrQueue::Recv => &self.credits.recv,
@@ -687,23 +701,45 @@ impl<C: CompletionHandler> Qp<C> {
 
     /// Posts one send-queue work request that `fill` completes from a
     /// zeroed one (returning the request to post, which may embed it) while
-    /// the QP is locked.  The caller keeps whatever the request points to
-    /// alive until its completion.
-    fn post_send_raw(
+    /// the QP is locked.  Under the lock, the request's completion entry
+    /// `cqe` is tracked through `credit` before the post, and untracked if
+    /// the post fails: a shutdown (which takes the QP under that lock) can
+    /// therefore never reclaim a request that was not posted.
+    ///
+    /// # Safety
+    ///
+    /// `cqe` and `credit` must point into one object leaked by the caller,
+    /// live until the request's completion or, if this fails, until the
+    /// caller recovers it; `cqe.done` must be set.
+    unsafe fn post_send_raw(
         &self,
+        cqe: *mut bindings::ib_cqe,
+        credit: *mut Credit,
         fill: impl FnOnce(&mut bindings::ib_send_wr) -> *const bindings::ib_send_wr,
     ) -> Result {
         let guard = self.raw.lock();
         let Some(raw) = *guard else {
             return Err(ENOTCONN);
         };
+        // SAFETY: By the safety requirements; nothing else refers to the
+        // credit, a field apart from `cqe`.
+        let credit = unsafe { &mut *credit };
+        // SAFETY: By the safety requirements, a live entry.
+        credit.track(unsafe { NonNull::new_unchecked(cqe) });
         let mut wr: bindings::ib_send_wr = pin_init::zeroed();
+        wr.__bindgen_anon_1.wr_cqe = cqe;
+        wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
         let wr = fill(&mut wr);
         // SAFETY: `raw` is a live RC QP under the lock; `wr` is an RC send
         // request (or the `wr` of an RC `ib_rdma_wr`/`ib_reg_wr`) that
         // lives, with what it points to, across the call (the caller's
         // contract); the driver copies it before returning.
-        kernel::error::to_result(unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr) })
+        let ret =
+            kernel::error::to_result(unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr) });
+        if ret.is_err() {
+            credit.untrack();
+        }
+        ret
     }
 
     /// Posts a receive of the buffer's full capacity.  On failure the buffer
@@ -723,8 +759,6 @@ impl<C: CompletionHandler> Qp<C> {
             Err(e) => return Err((e, buf)),
         };
         let mut inner = buf.0;
-        let mut credit = credit;
-        credit.track(NonNull::from(&mut inner.cqe));
         inner.credit = Some(credit);
         // The CPU may have read the buffer since its last use: give it back
         // to the device before the device writes it.
@@ -732,9 +766,18 @@ impl<C: CompletionHandler> Qp<C> {
         inner.cqe.done = Some(recv_done::<C>);
         let mut sge = inner.sge(inner.data.len());
         let leaked = KBox::into_raw(inner);
-        let mut wr: bindings::ib_recv_wr = pin_init::zeroed();
         // SAFETY: `leaked` is live until its completion or the failure below.
-        wr.__bindgen_anon_1.wr_cqe = unsafe { &raw mut (*leaked).cqe };
+        let cqe = unsafe { &raw mut (*leaked).cqe };
+        // Tracked under the QP's lock, before the post (the completion may
+        // run before it returns); a failure below untracks it, still under
+        // the lock, when the credit goes.
+        // SAFETY: As above; the credit is a field apart from `cqe`.
+        if let Some(credit) = unsafe { (*leaked).credit.as_mut() } {
+            // SAFETY: `cqe` points into the live object.
+            credit.track(unsafe { NonNull::new_unchecked(cqe) });
+        }
+        let mut wr: bindings::ib_recv_wr = pin_init::zeroed();
+        wr.__bindgen_anon_1.wr_cqe = cqe;
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         // SAFETY: `raw` is live under the lock; `wr` and `sge` live across
@@ -763,23 +806,29 @@ impl<C: CompletionHandler> Qp<C> {
             Err(e) => return Err((e, buf)),
         };
         let mut inner = buf.0;
-        let mut credit = credit;
-        credit.track(NonNull::from(&mut inner.cqe));
         inner.credit = Some(credit);
         inner.sync_for_device(inner.len);
         inner.cqe.done = Some(send_done::<C>);
         let mut sge = inner.sge(inner.len);
         let leaked = KBox::into_raw(inner);
-        let ret = self.post_send_raw(|wr| {
-            // SAFETY: `leaked` is live until its completion or the failure
-            // below.
-            wr.__bindgen_anon_1.wr_cqe = unsafe { &raw mut (*leaked).cqe };
-            wr.sg_list = &raw mut sge;
-            wr.num_sge = 1;
-            wr.opcode = bindings::ib_wr_opcode_IB_WR_SEND;
-            wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
-            wr
-        });
+        // SAFETY: `leaked` is live until its completion or the failure
+        // below; the credit, set above, is a field apart from the entry.
+        let (cqe, credit) = unsafe {
+            (
+                &raw mut (*leaked).cqe,
+                (*leaked).credit.as_mut().map_or(ptr::null_mut(), ptr::from_mut),
+            )
+        };
+        // SAFETY: Both point into `leaked`, recovered below on failure; its
+        // `done` is set.
+        let ret = unsafe {
+            self.post_send_raw(cqe, credit, |wr| {
+                wr.sg_list = &raw mut sge;
+                wr.num_sge = 1;
+                wr.opcode = bindings::ib_wr_opcode_IB_WR_SEND;
+                wr
+            })
+        };
         if let Err(e) = ret {
             // SAFETY: The post failed: the QP does not own the buffer.
             let mut inner = unsafe { KBox::from_raw(leaked) };
@@ -808,17 +857,13 @@ impl<C: CompletionHandler> Qp<C> {
             },
             GFP_KERNEL,
         )?;
-        let mut work = work;
-        let cqe = NonNull::from(&mut work.cqe);
-        work.credit.track(cqe);
         let leaked = KBox::into_raw(work);
-        let ret = self.post_send_raw(|wr| {
-            // SAFETY: `leaked` is live until its completion or the failure
-            // below.
-            wr.__bindgen_anon_1.wr_cqe = unsafe { &raw mut (*leaked).cqe };
-            wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
-            fill(wr)
-        });
+        // SAFETY: `leaked` is live until its completion or the failure
+        // below; the credit is a field apart from the entry.
+        let (cqe, credit) = unsafe { (&raw mut (*leaked).cqe, &raw mut (*leaked).credit) };
+        // SAFETY: Both point into `leaked`, recovered below on failure; its
+        // `done` is set.
+        let ret = unsafe { self.post_send_raw(cqe, credit, fill) };
         if let Err(e) = ret {
             // SAFETY: The post failed: nothing else owns the work.
             drop(unsafe { KBox::from_raw(leaked) });
@@ -965,8 +1010,10 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
             return false;
         };
         // SAFETY: The QP is live (type invariants) and nothing posts to it
-        // any more; `ib_modify_qp` to the error state, which every state
-        // may move to, only changes the QP's state.
+        // any more.  `ib_modify_qp` to the error state (refused from RESET,
+        // which the CM never leaves a QP in) makes the driver flush every
+        // outstanding request through the CQ's workqueue, and on iWARP
+        // drops the connection.
         let moved = unsafe { bindings::rdma_cm_rs_modify_qp_err(raw.as_ptr()) };
         if moved == 0 {
             // The driver now flushes every outstanding request through the
@@ -982,11 +1029,10 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
     }
 
     fn reclaim(&self) {
-        if self.credits.outstanding() == 0 {
-            return;
-        }
         // Completions the driver queued before the QP was destroyed reach
-        // their handlers first; none comes after.
+        // their handlers first, and a handler still running returns (its
+        // request stopped being tracked just before it was called); none
+        // comes after.
         // SAFETY: The CQ is live (the QP holds it) and polled from a
         // workqueue (`Cq::alloc`), whose poll work this waits for.
         unsafe { bindings::rdma_cm_rs_flush_cq_work(self.cq.as_ptr()) };
@@ -997,10 +1043,14 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
             wc.__bindgen_anon_1.wr_cqe = cqe;
             wc.status = bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR;
             // SAFETY: `cqe` is the first field of the `Buffer` or `Work` a
-            // request posted on this QP owns (`track`), whose completion
-            // did not run (it would have removed the entry) and never will:
-            // the QP is destroyed and the CQ holds nothing of it any more.
-            // Its `done` is the function of its kind, set before the post.
+            // request posted on this QP owns (`track`, under the QP's lock
+            // and only for a request that was posted), whose completion did
+            // not run (it would have removed the entry) and never will: the
+            // owner destroyed the QP (`rdma_destroy_qp` waits until rxe and
+            // siw dropped its requests without completing them) and the CQ
+            // holds nothing of it any more.  Popping the entry made this
+            // the object's only owner.  Its `done` is the function of its
+            // kind, set before the post.
             let done = unsafe { (*cqe).done };
             if let Some(done) = done {
                 // SAFETY: As above: `done` takes ownership of the request's
@@ -1010,12 +1060,14 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
                 reclaimed += 1;
             }
         }
-        pr_warn!(
-            "QP {}: {} requests the driver did not flush in {} ms, completed as flushed after its destruction\n",
-            self.qp_num(),
-            reclaimed,
-            FLUSH_TIMEOUT.as_millis()
-        );
+        if reclaimed > 0 {
+            pr_warn!(
+                "QP {}: {} requests the driver did not flush in {} ms, completed as flushed after its destruction\n",
+                self.qp_num(),
+                reclaimed,
+                FLUSH_TIMEOUT.as_millis()
+            );
+        }
     }
 
     fn qp_num(&self) -> u32 {
