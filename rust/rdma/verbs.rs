@@ -473,7 +473,10 @@ struct WrCredits {
 
 impl WrCredits {
     fn new(caps: QpCaps) -> Result<Arc<Self>> {
-        let total = caps.max_send_wr.checked_add(caps.max_recv_wr).ok_or(EINVAL)?;
+        let total = caps
+            .max_send_wr
+            .checked_add(caps.max_recv_wr)
+            .ok_or(EINVAL)?;
         let posted = KVec::with_capacity(total as usize, GFP_KERNEL)?;
         Arc::pin_init(
             pin_init!(Self {
@@ -495,7 +498,6 @@ impl WrCredits {
     fn pop_posted(&self) -> Option<PostedCqe> {
         self.posted.lock().pop()
     }
-
 
     /// One request more on `queue`: `ENOSPC` when the QP has as many in
     /// flight as its caps allow.
@@ -536,7 +538,13 @@ impl Credit {
         // One entry per credit, within the capacity (type invariants of
         // `WrCredits`): this cannot fail.  If it did, the request would
         // only be missing from a reclaim (a leak, never a double free).
-        if self.credits.posted.lock().push_within_capacity(entry).is_ok() {
+        if self
+            .credits
+            .posted
+            .lock()
+            .push_within_capacity(entry)
+            .is_ok()
+        {
             self.posted = Some(entry);
         } else {
             pr_err!("a posted request could not be tracked\n");
@@ -816,7 +824,10 @@ impl<C: CompletionHandler> Qp<C> {
         let (cqe, credit) = unsafe {
             (
                 &raw mut (*leaked).cqe,
-                (*leaked).credit.as_mut().map_or(ptr::null_mut(), ptr::from_mut),
+                (*leaked)
+                    .credit
+                    .as_mut()
+                    .map_or(ptr::null_mut(), ptr::from_mut),
             )
         };
         // SAFETY: Both point into `leaked`, recovered below on failure; its

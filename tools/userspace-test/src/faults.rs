@@ -705,9 +705,9 @@ pub fn fail_nth(
     for (op, outcome, errnos, ms) in results.into_inner().unwrap().into_values() {
         let name = format!("fail-nth: {op:?}");
         match outcome {
-            Ok(sites) => println!(
-                "ok {k} - {name}: {sites} fault points, outcomes {errnos:?} ({ms} ms)"
-            ),
+            Ok(sites) => {
+                println!("ok {k} - {name}: {sites} fault points, outcomes {errnos:?} ({ms} ms)")
+            }
             Err(e) => {
                 all_ok = false;
                 println!("not ok {k} - {name}: {e:#} (outcomes so far {errnos:?})");
