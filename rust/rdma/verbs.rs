@@ -53,10 +53,10 @@ use core::{
     sync::atomic::{AtomicPtr, AtomicU32, Ordering},
 };
 use kernel::{
-    new_mutex, new_spinlock,
+    new_condvar, new_mutex, new_spinlock,
     prelude::*,
-    sync::{aref::ARef, Arc, Mutex, SpinLock},
-    time::{delay::fsleep, Delta, Instant, Monotonic},
+    sync::{aref::ARef, Arc, CondVar, CondVarTimeoutResult, Mutex, SpinLock},
+    time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
 };
 
 /// How long a QP's shutdown waits for the driver to flush its outstanding
@@ -469,6 +469,9 @@ struct WrCredits {
     caps: QpCaps,
     #[pin]
     posted: SpinLock<KVec<PostedCqe>>,
+    /// Notified when `posted` becomes empty.
+    #[pin]
+    flushed: CondVar,
 }
 
 impl WrCredits {
@@ -484,14 +487,35 @@ impl WrCredits {
                 recv: AtomicU32::new(0),
                 caps,
                 posted <- new_spinlock!(posted),
+                flushed <- new_condvar!(),
             }),
             GFP_KERNEL,
         )
     }
 
-    /// Requests posted whose completion has not run.
-    fn outstanding(&self) -> usize {
-        self.posted.lock().len()
+    /// Waits, at most `timeout`, until no request is outstanding.
+    fn wait_flushed(&self, timeout: Delta) {
+        let start = Instant::<Monotonic>::now();
+        let mut posted = self.posted.lock();
+        while !posted.is_empty() {
+            let left = timeout.as_millis() - start.elapsed().as_millis();
+            let Ok(left) = u32::try_from(left) else {
+                break;
+            };
+            if left == 0 {
+                break;
+            }
+            let woken = self
+                .flushed
+                .wait_interruptible_timeout(&mut posted, msecs_to_jiffies(left));
+            if let CondVarTimeoutResult::Signal { .. } = woken {
+                // A pending signal (the task is being killed, say) ends
+                // every interruptible wait at once: poll instead.
+                drop(posted);
+                fsleep(Delta::from_millis(1));
+                posted = self.posted.lock();
+            }
+        }
     }
 
     /// Takes the entry of one outstanding request out of the tracking.
@@ -561,6 +585,9 @@ impl Credit {
             if let Some(i) = posted.iter().position(|&p| p == entry) {
                 // In bounds: just found.
                 let _ = posted.remove(i);
+            }
+            if posted.is_empty() {
+                self.credits.flushed.notify_all();
             }
         }
     }
@@ -1031,10 +1058,7 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
             // CQ's workqueue.  The caller is not a completion of this CQ
             // (the CM defers such destructions): the wait cannot be on
             // itself.
-            let start = Instant::<Monotonic>::now();
-            while self.credits.outstanding() > 0 && start.elapsed() < FLUSH_TIMEOUT {
-                fsleep(Delta::from_millis(1));
-            }
+            self.credits.wait_flushed(FLUSH_TIMEOUT);
         }
         true
     }
