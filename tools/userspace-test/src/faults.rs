@@ -305,7 +305,7 @@ pub fn device_removal(addr: SocketAddr, connections: usize, bound: Duration) -> 
 /// The fault-injection knobs: `fail-nth` alone decides (probability 0),
 /// sleeping allocations and order 0 pages included, no report in dmesg.
 fn enable_fault_injection(verbose: bool) -> Result<()> {
-    // Verbose: each injected failure prints its stack to the kernel log.
+    // Verbose: the kernel logs each injected failure (no stack: that is 2).
     let v = if verbose { "1" } else { "0" };
     let knobs = [
         ("failslab/ignore-gfp-wait", "N"),

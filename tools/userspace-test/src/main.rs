@@ -227,7 +227,8 @@ enum Ctl {
         #[arg(long, value_enum)]
         only: Option<faults::Op>,
         /// Name each fault point on stderr before its round, and have the
-        /// kernel log the stack of each injected failure.
+        /// kernel log each injected failure (the fault injection's
+        /// `verbose` 1: "FAULT_INJECTION: forcing a failure").
         #[arg(long)]
         verbose: bool,
     },
