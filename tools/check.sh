@@ -126,7 +126,12 @@ else
 fi
 
 kmake() { make -C "$kdir" M="$PWD" LLVM=-19 "$@"; }
-kmake clean >/dev/null 2>&1
+# A fresh module build, so that clippy sees every file: the module's own
+# objects go, not Kbuild's `clean`, which deletes every *.o and *.a under
+# M=, the tool's cargo target directory included (cargo would not notice,
+# and the tool's link then misses the static library its build.rs made).
+rm -f ./*.ko ./*.mod ./*.mod.c ./*.o ./modules.order ./Module.symvers
+find rust samples -name '*.o' -delete
 # One build serves both: clippy-driver compiles the module too.  It runs
 # beside the tool's cargo steps below: it is mostly one rustc at a time,
 # and the machine has two cores.
