@@ -769,8 +769,8 @@ impl<C: CompletionHandler> Qp<C> {
         // request (or the `wr` of an RC `ib_rdma_wr`/`ib_reg_wr`) that
         // lives, with what it points to, across the call (the caller's
         // contract); the driver copies it before returning.
-        let ret =
-            kernel::error::to_result(unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr) });
+        let posted = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr) };
+        let ret = kernel::error::to_result(posted);
         if ret.is_err() {
             credit.untrack();
         }
@@ -1047,11 +1047,11 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         let Some(raw) = raw else {
             return false;
         };
-        // SAFETY: The QP is live (type invariants) and nothing posts to it
-        // any more.  `ib_modify_qp` to the error state (refused from RESET,
-        // which the CM never leaves a QP in) makes the driver flush every
-        // outstanding request through the CQ's workqueue, and on iWARP
-        // drops the connection.
+        // `ib_modify_qp` to the error state (refused from RESET, which the
+        // CM never leaves a QP in) makes the driver flush every outstanding
+        // request through the CQ's workqueue, and on iWARP drops the
+        // connection.
+        // SAFETY: The QP is live (type invariants); nothing posts to it.
         let moved = unsafe { bindings::rdma_cm_rs_modify_qp_err(raw.as_ptr()) };
         if moved == 0 {
             // The driver now flushes every outstanding request through the
@@ -1077,15 +1077,16 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
             let mut wc: bindings::ib_wc = pin_init::zeroed();
             wc.__bindgen_anon_1.wr_cqe = cqe;
             wc.status = bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR;
-            // SAFETY: `cqe` is the first field of the `Buffer` or `Work` a
-            // request posted on this QP owns (`track`, under the QP's lock
-            // and only for a request that was posted), whose completion did
-            // not run (it would have removed the entry) and never will: the
-            // owner destroyed the QP (`rdma_destroy_qp` waits until rxe and
-            // siw dropped its requests without completing them) and the CQ
+            // `cqe` is the first field of the `Buffer` or `Work` a request
+            // posted on this QP owns (`track`, under the QP's lock, only for
+            // a request that was posted), whose completion did not run (it
+            // would have removed the entry) and never will: the owner
+            // destroyed the QP (`rdma_destroy_qp` waits until rxe and siw
+            // dropped its requests without completing them) and the CQ
             // holds nothing of it any more.  Popping the entry made this
-            // the object's only owner.  Its `done` is the function of its
-            // kind, set before the post.
+            // the object's only owner.
+            // SAFETY: By the above, `cqe` is live; its `done` was set before
+            // the post.
             let done = unsafe { (*cqe).done };
             if let Some(done) = done {
                 // SAFETY: As above: `done` takes ownership of the request's
