@@ -59,18 +59,14 @@ fi
 logs=${RDMA_CM_RS_LOGS:-$repo_root/build/logs}
 mkdir -p "$logs"
 build_log=$logs/kernel-build.log
-version=$(make -s -C "$kernel_src" kernelversion)
-log "build: $version with LLVM=-19 -j$jobs, about 15 min on 2 cores (25 on a loaded machine), log $build_log"
+log "build: $(kernel_version) with LLVM=-19 -j$jobs, about 15 min on 2 cores (25 on a loaded machine), log $build_log"
 start=$(date +%s)
 kmake -j"$jobs" bzImage modules >"$build_log" 2>&1 &
 pid=$!
 # A heartbeat each minute: the build is silent (make -s) for its whole run.
-while kill -0 "$pid" 2>/dev/null; do
-	for _ in $(seq 60); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 1
-	done
-	kill -0 "$pid" 2>/dev/null || break
+ticks=0
+while sleep 1 && kill -0 "$pid" 2>/dev/null; do
+	((++ticks % 60)) && continue
 	objects=$(find "$build" -name '*.o' | wc -l)
 	last=$(tail -n1 "$build_log" | cut -c1-100)
 	log "build: $(($(date +%s) - start)) s, $objects objects${last:+; last log line: $last}"

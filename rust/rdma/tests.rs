@@ -431,6 +431,20 @@ mod id_tests {
         }
     }
 
+    /// Binds the locked id to rxe and makes a PD and a CQ sized for `caps`
+    /// there, completing to `handler`.
+    fn pd_and_cq_on_rxe<C: CompletionHandler>(
+        l: &LockedId<'_>,
+        caps: QpCaps,
+        handler: C,
+    ) -> Result<(Arc<Pd>, Arc<Cq<C>>)> {
+        l.bind(&rxe_addr())?;
+        let dev = l.device()?;
+        let pd = Pd::alloc(&dev)?;
+        let cq = Cq::alloc(&dev, caps.cq_entries()?, handler)?;
+        Ok((pd, cq))
+    }
+
     /// A UD id has no RC data path: the layer refuses to give it a QP
     /// (posting RC work requests to a UD QP makes rxe follow a missing
     /// address handle, and draining it warns in `ib_drain_sq`).
@@ -438,14 +452,11 @@ mod id_tests {
     fn ud_ids_get_no_rc_qp() {
         let id = CmId::new(Nop, &NetNs::init(), PortSpace::Udp, QpType::Ud).unwrap();
         let made = id.with_lock(|l| {
-            l.bind(&rxe_addr())?;
-            let dev = l.device()?;
-            let pd = Pd::alloc(&dev)?;
             let caps = QpCaps {
                 max_send_wr: 2,
                 max_recv_wr: 2,
             };
-            let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
+            let (pd, cq) = pd_and_cq_on_rxe(l, caps, Nop)?;
             Ok(l.create_qp(&pd, &cq, caps).err())
         });
         match made {
@@ -522,14 +533,11 @@ mod id_tests {
     fn teardown_hands_back_every_posted_buffer() {
         let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let made = id.with_lock(|l| {
-            l.bind(&rxe_addr())?;
-            let dev = l.device()?;
-            let pd = Pd::alloc(&dev)?;
             let caps = QpCaps {
                 max_send_wr: 2,
                 max_recv_wr: 6,
             };
-            let cq = Cq::alloc(&dev, caps.cq_entries()?, CountFlushed(AtomicU32::new(0)))?;
+            let (pd, cq) = pd_and_cq_on_rxe(l, caps, CountFlushed(AtomicU32::new(0)))?;
             let qp = l.create_qp(&pd, &cq, caps)?;
             for _ in 0..6 {
                 qp.post_recv(RecvBuffer::new(&pd, 64)?)

@@ -14,9 +14,10 @@ repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # The kernel build's cache key: anything that changes the built kernel or the
 # ABI the module is compiled against (Rust modules must be built by the same
 # rustc as the kernel).
+kernel_version() { make -s -C "$kernel_src" kernelversion; }
 kernel_cache_key() {
 	local version
-	version=$(make -s -C "$kernel_src" kernelversion)
+	version=$(kernel_version)
 	{
 		echo "$version"
 		cat "$repo_root/.config.fragment"
