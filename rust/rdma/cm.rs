@@ -923,6 +923,12 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
     // SAFETY: `raw_event` is valid for the callback, which outlives `event`;
     // a new id has its listener's QP type.
     let Some(event) = (unsafe { Event::from_raw(raw_event, inner.qp_type == QpType::Ud) }) else {
+        // A value 7.3 does not define: a newer CM than this layer knows.
+        // Its meaning (and whether it carries a new id) is unknown, so it
+        // is not passed on; returning 0 keeps the id, as for any event.
+        // SAFETY: `raw_event` is valid for the callback.
+        let raw_type = unsafe { (*raw_event).event };
+        kernel::pr_warn_once!("CM event {raw_type} is unknown to this layer: dropped\n");
         return 0;
     };
     let _mark = CallbackMark::enter();

@@ -48,11 +48,20 @@ pub enum EventType {
     AddrChange = bindings::rdma_cm_event_type_RDMA_CM_EVENT_ADDR_CHANGE,
     /// The QP left the timewait state.
     TimewaitExit = bindings::rdma_cm_event_type_RDMA_CM_EVENT_TIMEWAIT_EXIT,
+    /// An IB service record query (`rdma_resolve_ib_service`) completed.
+    /// This layer does not expose that query, so its ids never see it.
+    AddrinfoResolved = bindings::rdma_cm_event_type_RDMA_CM_EVENT_ADDRINFO_RESOLVED,
+    /// An IB service record query failed (as for [`Self::AddrinfoResolved`]).
+    AddrinfoError = bindings::rdma_cm_event_type_RDMA_CM_EVENT_ADDRINFO_ERROR,
+    /// Never sent by the CM: `ucma`'s number for events user space injects.
+    User = bindings::rdma_cm_event_type_RDMA_CM_EVENT_USER,
+    /// Never sent by the CM: `ucma`'s number for its own internal events.
+    Internal = bindings::rdma_cm_event_type_RDMA_CM_EVENT_INTERNAL,
 }
 
 impl EventType {
     /// Every event type, in numeric order.
-    pub const ALL: [EventType; 16] = [
+    pub const ALL: [EventType; 20] = [
         Self::AddrResolved,
         Self::AddrError,
         Self::RouteResolved,
@@ -69,6 +78,10 @@ impl EventType {
         Self::MulticastError,
         Self::AddrChange,
         Self::TimewaitExit,
+        Self::AddrinfoResolved,
+        Self::AddrinfoError,
+        Self::User,
+        Self::Internal,
     ];
 
     /// The type of a raw event number, if it is one 7.3 defines.
@@ -76,7 +89,8 @@ impl EventType {
         Self::ALL.iter().copied().find(|t| *t as u32 == raw)
     }
 
-    /// The CM's name for it (`rdma_event_msg`), e.g. `RDMA_CM_EVENT_ESTABLISHED`.
+    /// The CM's name for it (`rdma_event_msg`), e.g. `established`.  The
+    /// CM of 7.3 names the last four types `unrecognized event`.
     pub fn name(self) -> &'static CStr {
         // SAFETY: `rdma_event_msg` accepts any value and returns a pointer to
         // a static NUL-terminated string.
@@ -106,7 +120,8 @@ pub struct Event<'a> {
 }
 
 impl<'a> Event<'a> {
-    /// Wraps a C event; `None` for an event type 7.3 does not define.
+    /// Wraps a C event; `None` for an event type 7.3 does not define (the
+    /// caller decides what to do with it: nothing may be read from it).
     ///
     /// # Safety
     ///

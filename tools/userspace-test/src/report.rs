@@ -65,6 +65,10 @@ event_types! {
     MulticastError = 13 "MULTICAST_ERROR",
     AddrChange = 14 "ADDR_CHANGE",
     TimewaitExit = 15 "TIMEWAIT_EXIT",
+    AddrinfoResolved = 16 "ADDRINFO_RESOLVED",
+    AddrinfoError = 17 "ADDRINFO_ERROR",
+    User = 18 "USER",
+    Internal = 19 "INTERNAL",
 }
 
 /// An event number without a name: only `EventType::from` makes one, so a
@@ -241,7 +245,7 @@ mod tests {
         assert_eq!(EventType::from(4), ConnectRequest);
         assert_eq!(EventType::from(15), TimewaitExit);
         assert_eq!(EventType::from(99).name(), "UNKNOWN");
-        assert_eq!(EventType::from(16).name(), "UNKNOWN");
+        assert_eq!(EventType::from(20).name(), "UNKNOWN");
     }
 
     #[test]
@@ -249,7 +253,7 @@ mod tests {
         for n in 0..40 {
             let e = EventType::from(n);
             assert_eq!(u32::from(e), n);
-            assert_eq!(matches!(e, EventType::Unknown(_)), n > 15, "{n}");
+            assert_eq!(matches!(e, EventType::Unknown(_)), n > 19, "{n}");
         }
     }
 
