@@ -25,6 +25,7 @@ struct net *rdma_cm_rs_get_current_net(void);
 struct net *rdma_cm_rs_get_net(struct net *net);
 void rdma_cm_rs_put_net(struct net *net);
 struct task_struct *rdma_cm_rs_current_task(void);
+void rdma_cm_rs_kunit_skip(const char *reason);
 
 bool rdma_cm_rs_device_try_get(struct ib_device *dev);
 void rdma_cm_rs_device_get(struct ib_device *dev);
