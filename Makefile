@@ -17,7 +17,18 @@ export RDMA_CM_RS_CACHE ?= /var/cache/rdma-cm-rs
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 
-TOOL := tools/userspace-test/target/release/userspace-test
+# The build directory: the checkout, or for a read-only one a directory in
+# the cache (tools/lib/env.sh, RDMA_CM_RS_OUT); the same layout either way.
+OUT := $(shell source tools/lib/env.sh && echo "$$RDMA_CM_RS_OUT")
+export RDMA_CM_RS_OUT := $(OUT)
+ifneq ($(OUT),$(CURDIR))
+export CARGO_TARGET_DIR := $(OUT)/tools/userspace-test/target
+endif
+# Kbuild's M= (and MO=), from env.sh's module_dirs.
+KMAKE = source tools/lib/env.sh && mapfile -t dirs < <(module_dirs) && \
+	$(MAKE) -C "$$(cat $(KDIR_FILE))" "$${dirs[@]}" LLVM=-19
+KDIR_FILE := $(OUT)/.kdir
+TOOL := $(OUT)/tools/userspace-test/target/release/userspace-test
 
 .PHONY: all setup kernel module tool check demo fuzz clean help
 
@@ -31,10 +42,10 @@ setup:
 
 # Prints nothing; writes the kernel build directory to .kdir for later steps.
 kernel: setup
-	@if [ -n "$(KDIR)" ]; then echo "$(KDIR)" > .kdir; else tools/kernel.sh > .kdir; fi
+	@if [ -n "$(KDIR)" ]; then echo "$(KDIR)" > $(KDIR_FILE); else tools/kernel.sh > $(KDIR_FILE); fi
 
 module: kernel
-	$(MAKE) -C "$$(cat .kdir)" M=$(CURDIR) LLVM=-19 modules
+	@$(KMAKE) modules
 
 tool: setup
 	cd tools/userspace-test && cargo build --release --locked
@@ -51,11 +62,11 @@ FUZZ_SEED := $(if $(SEED),$(SEED),$(shell date +%s))
 # The ioctl fuzzer in the test VM for DURATION s; the dmesg gate and
 # kmemleak judge the kernel side.  Logs in build/logs/fuzz-SEED.
 fuzz: module tool
-	tools/vm/run --kernel "$$(cat .kdir)" --timeout $$(($(DURATION) + 600)) \
-		--keep-logs build/logs/fuzz-$(FUZZ_SEED) --module $(CURDIR)/rdma_cm_rs.ko -- \
+	tools/vm/run --kernel "$$(cat $(KDIR_FILE))" --timeout $$(($(DURATION) + 600)) \
+		--keep-logs $(OUT)/build/logs/fuzz-$(FUZZ_SEED) --module $(OUT)/rdma_cm_rs.ko -- \
 		'$(TOOL) fuzz --seed $(FUZZ_SEED) --seconds $(DURATION)'
 
 clean:
-	@if [ -f .kdir ]; then $(MAKE) -C "$$(cat .kdir)" M=$(CURDIR) LLVM=-19 clean; fi
-	rm -f .kdir
+	@if [ -f $(KDIR_FILE) ]; then $(KMAKE) clean; fi
+	rm -f $(KDIR_FILE)
 	cd tools/userspace-test && cargo clean

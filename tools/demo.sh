@@ -9,15 +9,16 @@
 set -euo pipefail
 . "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
-tool=tools/userspace-test/target/release/userspace-test
-kdir=${KDIR:-$(cat .kdir)}
+. tools/lib/env.sh
+tool=$tool_bin
+kdir=${KDIR:-$(cat "$out_dir/.kdir")}
 
 cat <<'TXT'
 rdma-cm-rs demo: the kernel module listens, a librdmacm client connects.
 Booting the test VM (debug kernel under TCG: about 30 s)...
 
 TXT
-tools/vm/run --kernel "$kdir" --timeout 120 --module "$PWD/rdma_cm_rs.ko" -- "
+tools/vm/run --kernel "$kdir" --timeout 120 --module "$out_dir/rdma_cm_rs.ko" -- "
   echo '--- module: rdma_cm_rs.ko loaded; /dev/rdma_cm_rs:' \$($tool ctl info)
   $tool ctl listen 192.0.2.1:7471 --accept-data 'hello from the kernel' \
       --reply 'pong from the kernel' --connections 1 &

@@ -8,12 +8,14 @@
 set -uo pipefail
 . "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
-tool=tools/userspace-test/target/release/userspace-test
+# The build directory (tools/lib/env.sh): the tool and the .ko files.
+built=${RDMA_CM_RS_OUT:-.}
+tool=$built/tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
 port=7500
 . tools/lib/ktap.sh
 
-insmod ./rdma_cm_rs_echo.ko port=$port
+insmod "$built"/rdma_cm_rs_echo.ko port=$port
 result $? "echo: insmod rdma_cm_rs_echo"
 for msg in x "hello, echo" "$(head -c 4000 /dev/zero | tr '\0' 'e')"; do
 	out=$($tool ctl connect "$ip:$port" --message "$msg" 2>&1)

@@ -10,7 +10,9 @@
 set -uo pipefail
 . "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
-tool=tools/userspace-test/target/release/userspace-test
+# The build directory (tools/lib/env.sh): the tool and the .ko files.
+built=${RDMA_CM_RS_OUT:-.}
+tool=$built/tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
 . tools/lib/ktap.sh
 

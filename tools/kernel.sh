@@ -56,7 +56,7 @@ if [ ${#lost[@]} -gt 0 ]; then
 	exit 1
 fi
 
-logs=${RDMA_CM_RS_LOGS:-$repo_root/build/logs}
+logs=${RDMA_CM_RS_LOGS:-$out_dir/build/logs}
 mkdir -p "$logs"
 build_log=$logs/kernel-build.log
 log "build: $(kernel_version) with LLVM=-19 -j$jobs, about 15 min on 2 cores (25 on a loaded machine), log $build_log"

@@ -13,11 +13,13 @@
 set -uo pipefail
 . "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
-tool=tools/userspace-test/target/release/userspace-test
+# The build directory (tools/lib/env.sh): the tool and the .ko files.
+built=${RDMA_CM_RS_OUT:-.}
+tool=$built/tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
 . tools/lib/ktap.sh
 
-insmod ./rdma_cm_rs_rping.ko port=7174
+insmod "$built"/rdma_cm_rs_rping.ko port=7174
 result $? "device removal: insmod rdma_cm_rs_rping"
 # A kernel-to-kernel rping session runs during the removal (a ping every
 # 50 ms: in flight, not a CPU hog competing with the teardown).

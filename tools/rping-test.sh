@@ -9,14 +9,16 @@
 set -uo pipefail
 . "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
-tool=tools/userspace-test/target/release/userspace-test
+# The build directory (tools/lib/env.sh): the tool and the .ko files.
+built=${RDMA_CM_RS_OUT:-.}
+tool=$built/tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
 port=7174
 . tools/lib/ktap.sh
 # ibv_reg_mr in rping needs locked memory.
 ulimit -l unlimited
 
-insmod ./rdma_cm_rs_rping.ko port=$port size=65536
+insmod "$built"/rdma_cm_rs_rping.ko port=$port size=65536
 result $? "rping: insmod rdma_cm_rs_rping"
 for args in "-C 10 -S 64" "-C 3 -S 60000" "-C 25 -S 1000"; do
 	out=$(timeout 120 rping -c -a "$ip" -p $port -V $args 2>&1)

@@ -9,7 +9,47 @@ export LIBCLANG_PATH=/usr/lib/llvm-19/lib
 export LLVM=-19
 kernel_series=7.3
 kernel_src="$RDMA_CM_RS_CACHE/src/linux-source-$kernel_series"
-repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
+
+# Where builds go: the module and samples (Kbuild's objects and .ko files),
+# the tool's cargo target, .kdir, the logs.  The checkout itself when it is
+# writable, as Kbuild and cargo have it by default; for a read-only checkout
+# or one whose path has whitespace (Kbuild splits M= on it)
+# $RDMA_CM_RS_CACHE/out/<hash of its path>.  RDMA_CM_RS_OUT chooses.  The
+# layout is the same either way: the .ko files at the top, the tool at
+# tools/userspace-test/target/release/userspace-test, logs in build/logs
+# (RDMA_CM_RS_LOGS chooses).
+if [ -z "${RDMA_CM_RS_OUT:-}" ]; then
+	if [ -w "$repo_root" ] && [[ $repo_root != *[[:space:]]* ]]; then
+		RDMA_CM_RS_OUT=$repo_root
+	else
+		RDMA_CM_RS_OUT=$RDMA_CM_RS_CACHE/out/$(printf '%s' "$repo_root" | sha256sum | cut -c1-16)
+	fi
+fi
+mkdir -p "$RDMA_CM_RS_OUT"
+RDMA_CM_RS_OUT=$(cd "$RDMA_CM_RS_OUT" && pwd -P)
+export RDMA_CM_RS_OUT
+out_dir=$RDMA_CM_RS_OUT
+tool_bin=$out_dir/tools/userspace-test/target/release/userspace-test
+if [ "$out_dir" != "$repo_root" ]; then
+	export CARGO_TARGET_DIR=$out_dir/tools/userspace-test/target
+fi
+# module_dirs: Kbuild's directory arguments, one a line.  Built elsewhere
+# than in the checkout, the module's sources (Kbuild, rust/, samples/) are
+# copied to $out_dir/src first, their mtimes kept, so that M= is a path
+# Kbuild takes (Kbuild resolves M= and splits it on whitespace); the
+# objects and .ko files go to $out_dir (MO=, Linux 6.13 and later).
+module_dirs() {
+	if [ "$out_dir" = "$repo_root" ]; then
+		echo "M=$repo_root"
+		return
+	fi
+	rm -rf "$out_dir/src"
+	mkdir -p "$out_dir/src"
+	tar -C "$repo_root" --exclude='*.o' --exclude='*.ko' --exclude='*.mod*' \
+		-cf - Kbuild rust samples | tar -C "$out_dir/src" -xf -
+	printf '%s\n' "M=$out_dir/src" "MO=$out_dir"
+}
 
 # The kernel build's cache key: anything that changes the built kernel or the
 # ABI the module is compiled against (Rust modules must be built by the same

@@ -162,6 +162,7 @@ if [ -z "$NIC_MAC" ]; then
 	log "siw0 is up on rxenet1"
 fi
 export RDMA_CM_RS_IN_VM=1 RDMA_CM_RS_NETDEV=$netdev RDMA_CM_RS_RDMA_DEV=rxe0
+export RDMA_CM_RS_OUT=$OUT
 export RDMA_CM_RS_LOCAL_IP=$LOCAL_IP RDMA_CM_RS_PEER_IP=$PEER_IP
 export RDMA_CM_RS_LOCAL_IP6=$LOCAL_IP6 RDMA_CM_RS_PEER_IP6=$PEER_IP6
 # VM A of two may have the host kill VM B (tools/vm/run).
