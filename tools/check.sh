@@ -1,185 +1,246 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: GPL-2.0
 #
-# `make check`: every test of the project, one summary line.
+# `make check`: every test of the project, as nested KTAP v1
+# (tools/testing/kunit/kunit.py parse reads it), then one line
+# "N passed, N failed".
 #
-#   static   rustfmt, the module built with CLIPPY=1 and no warnings allowed,
-#            no `unsafe` in the char device (rust/ctl) or the samples
-#   host     cargo fmt/clippy/test of the userspace tool
-#   vm       one VM (rxe on a dummy netdev, siw beside it): KUnit suites at
-#            insmod, the userspace suite against the module, the sample
-#            echo module, the sample rping server against unmodified rping
-#            and the module's own rping client, a 45 s round of the seeded
-#            ioctl fuzzer (seed 1), the fault scenarios (rmmod while open,
-#            injected allocation failures), then device removal under 101
-#            connections (last: it deletes and re-adds rxe0);
-#            two VMs (rxe over a QEMU socket link): the userspace suite with
-#            the librdmacm peer in the other VM, then the peer VM killed by
-#            the host mid-transfer.  Every guest runs with panic_on_warn=1
-#            and each VM run is gated on a clean dmesg (tools/vm/dmesg-gate).
+#   setup            packages and toolchain (tools/setup.sh), the test kernel
+#                    (tools/kernel.sh, cached)
+#   userspace-test   cargo fmt, clippy -D warnings, every cargo test, the
+#                    release build of the librdmacm tool
+#   module           the module and samples built with CLIPPY=1 and no
+#                    warnings, rustfmt, no `unsafe` in the char device
+#                    (rust/ctl) or the samples, the ioctl ABI page and the
+#                    uapi header in step
+#   vm-one           one VM (rxe on a dummy netdev, siw beside it): the KUnit
+#                    suites at insmod, the userspace suite against the
+#                    module, the sample echo module, the sample rping server
+#                    against unmodified rping and the module's own rping
+#                    client, a 45 s round of the seeded ioctl fuzzer
+#                    (seed 1), the fault scenarios (rmmod while open,
+#                    injected allocation failures), then device removal
+#                    under 101 connections (last: it deletes and re-adds
+#                    rxe0)
+#   vm-two           two VMs (rxe over a QEMU socket link), run from a copy
+#                    of the tree under /tmp: the userspace suite with the
+#                    librdmacm peer in the other VM, then the peer VM killed
+#                    by the host mid-transfer
+#   ktap             kunit.py parse reads all of the above and counts as
+#                    this script does
 #
-# Every KUnit case, every KTAP case of the userspace suite, every cargo test
-# and every gate counts once in "N passed, N failed".  Exit status is
-# non-zero if anything failed.
+# Every guest runs with panic_on_warn=1 and each VM run is gated on a clean
+# dmesg (tools/vm/dmesg-gate).  Each leaf counts once: a KUnit case, a case
+# of the userspace suite or of an in-VM script, a cargo test, a build step
+# or gate.  A leaf that could not run is a "# SKIP", counted apart and shown
+# on a "# skipped" line; in the test VMs, which have every device the cases
+# need, a skipped case is also a failure.  Exit status is non-zero if
+# anything failed.  Long steps print progress as KTAP comments ("# ...") at
+# least once a minute.
 #
-# Logs: $RDMA_CM_RS_LOGS (default build/logs).
+# Builds go to the checkout, or for a read-only one to RDMA_CM_RS_OUT
+# (tools/lib/env.sh).  Logs: $RDMA_CM_RS_LOGS (default build/logs there);
+# the KTAP as printed in check.ktap.
 set -uo pipefail
 . "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
 . tools/lib/env.sh
 
-logs=${RDMA_CM_RS_LOGS:-$PWD/build/logs}
+logs=${RDMA_CM_RS_LOGS:-$out_dir/build/logs}
 rm -rf "$logs"
 mkdir -p "$logs"
-passed=0
-failed=0
+logs=$(cd "$logs" && pwd -P)
+export RDMA_CM_RS_LOGS=$logs
+exec > >(tee "$logs/check.ktap")
+tee_pid=$!
 start_all=$(date +%s)
 
+groups=(setup userspace-test module vm-one vm-two ktap)
+top=0      # top-level results printed
+passed=0   # leaves
+failed=0
+skipped=0
+group=     # the open group
+glines=    # its buffered lines
+gn=0       # its results so far
+gfail=0
+
 note() { printf '# %s\n' "$*"; }
-pass() { passed=$((passed + 1)); printf 'ok - %s\n' "$1"; }
-fail() {
-	failed=$((failed + 1))
-	printf 'not ok - %s\n' "$1"
-	[ -n "${2:-}" ] && [ -f "$2" ] && tail -n 40 "$2" | sed 's/^/#   /'
-	return 0
+# The name of a result: no '#', which would start a KTAP directive.
+clean() { local s=${1//#/No.}; printf '%s' "${s//$'\n'/ }"; }
+gline() { glines+="$1"$'\n'; }
+group_begin() {
+	group=$1 glines= gn=0 gfail=0
+	note "$group: started $(date +%H:%M:%S)"
 }
-# step NAME LOGFILE CMD...: one pass/fail from the command's exit status.
-step() {
-	local name=$1 log=$2
-	shift 2
-	local t0=$(date +%s)
-	if "$@" >"$log" 2>&1; then
-		pass "$name ($(($(date +%s) - t0)) s)"
+# leaf STATUS NAME [LOGFILE]: a result in the open group; a failure shows
+# the last lines of LOGFILE.
+leaf() {
+	local st=$1 name
+	name=$(clean "$2")
+	gn=$((gn + 1))
+	if [ "$st" -eq 0 ]; then
+		passed=$((passed + 1))
+		gline "    ok $gn $name"
 	else
-		fail "$name ($(($(date +%s) - t0)) s)" "$log"
-		return 1
+		failed=$((failed + 1)) gfail=1
+		if [ -n "${3:-}" ] && [ -f "$3" ]; then
+			gline "    # $(clean "$3"), last lines:"
+			gline "$(tail -n 40 "$3" | sed 's/^/    #   /')"
+		fi
+		gline "    not ok $gn $name"
 	fi
 }
-# step_loud NAME LOGFILE CMD...: as step, for the long ones that report
-# progress on stderr: those lines reach the terminal as TAP comments as they
-# are written, and LOGFILE; the command's stdout goes to LOGFILE.out.
-step_loud() {
-	local name=$1 log=$2 rc
-	shift 2
-	local t0=$(date +%s)
-	: >"$log"
-	"$@" 2>&1 >"$log.out" | tee -a "$log" | sed -u 's/^/# /'
-	rc=${PIPESTATUS[0]}
-	if [ "$rc" -eq 0 ]; then
-		pass "$name ($(($(date +%s) - t0)) s)"
-	else
-		fail "$name ($(($(date +%s) - t0)) s)" "$log"
-		return 1
-	fi
+leaf_skip() {
+	gn=$((gn + 1)) skipped=$((skipped + 1))
+	gline "    ok $gn $(clean "$1") # SKIP $2"
 }
+# subtree KIND LOG ARGS...: a nested subtest of the open group from
+# tools/lib/ktap_tree.py, its leaves counted.
+subtree() {
+	local kind=$1 log=$2 p f s rc
+	shift 2
+	gn=$((gn + 1))
+	gline "$(python3 tools/lib/ktap_tree.py "$kind" "$log" --number "$gn" --depth 1 \
+		--counts "$logs/counts" "$@")"
+	rc=$?
+	read -r p f s <"$logs/counts" || { p=0 f=1 s=0; }
+	passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+	[ "$rc" -eq 0 ] || gfail=1
+	rm -f "$logs/counts"
+	return "$rc"
+}
+group_end() {
+	top=$((top + 1))
+	printf '    KTAP version 1\n    # Subtest: %s\n    1..%d\n%s' "$group" "$gn" "$glines"
+	if [ "$gfail" -eq 0 ] && [ "$gn" -gt 0 ]; then
+		echo "ok $top $group"
+	else
+		echo "not ok $top $group"
+	fi
+	group=
+}
+# finish [WHY]: closes the open group; the groups not reached are skipped.
 finish() {
+	[ -z "$group" ] || group_end
+	while [ "$top" -lt "${#groups[@]}" ]; do
+		top=$((top + 1)) skipped=$((skipped + 1))
+		echo "ok $top ${groups[$((top - 1))]} # SKIP not run: ${1:-an earlier failure}"
+	done
 	note "total $(($(date +%s) - start_all)) s; logs in $logs"
+	note "skipped: $skipped"
 	echo "$passed passed, $failed failed"
+	exec >&- 2>&-
+	wait "$tee_pid"
 	[ "$failed" -eq 0 ]
 	exit $?
 }
 
-# KUnit counting: the cases of our suites (rdma_cm_rs_*) in the guest's
-# dmesg, timestamps stripped; the kernel's own boot-time suites and the
-# suite-level summary lines do not count.  No case at all is a failure.
-count_ktap() {
-	local file=$1 label=$2 p f
-	sed -E 's/^\[[^]]*\] ?//' "$file" | awk '
-		/^ *# Subtest: / { ours = ($3 ~ /^rdma_cm_rs_/) ; next }
-		ours && /^ +ok [0-9]+ /     { print "pass " $0 }
-		ours && /^ +not ok [0-9]+ / { print "fail " $0 }' >"$logs/kunit-cases.txt"
-	p=$(grep -c '^pass' "$logs/kunit-cases.txt" || true)
-	f=$(grep -c '^fail' "$logs/kunit-cases.txt" || true)
-	passed=$((passed + p))
-	failed=$((failed + f))
-	note "$label: $p passed, $f failed"
-	sed -n 's/^fail *not ok [0-9]* /not ok - '"$label"': /p' "$logs/kunit-cases.txt"
-	[ "$((p + f))" -gt 0 ] || fail "$label: no KUnit case found in $file"
-	# A case that needs the rxe device says so when it finds none: in the
-	# test VMs that is a failure, not a pass.
-	if grep -q 'rdma_cm_rs: kunit: skipped' "$file"; then
-		fail "$label: a device case was skipped" "$file"
-	fi
+# heartbeat LABEL FILE: every 60 s until killed, a comment with the time
+# so far and FILE's last line, so that a long step shows it is alive.
+heartbeat() {
+	local label=$1 file=$2 t0 last
+	t0=$(date +%s)
+	while sleep 60 </dev/null >/dev/null 2>&1; do
+		last=$(tail -n 1 "$file" 2>/dev/null | cut -c1-150)
+		note "$label: $(($(date +%s) - t0)) s so far; last line: ${last:-(none yet)}"
+	done
 }
-# The userspace suite prints flat KTAP (no indentation).
-count_flat_ktap() {
-	local file=$1 label=$2 p f
-	p=$(grep -cE '^ok [0-9]+ ' "$file" || true)
-	f=$(grep -cE '^not ok [0-9]+ ' "$file" || true)
-	passed=$((passed + p))
-	failed=$((failed + f))
-	note "$label: $p passed, $f failed"
-	grep -E '^not ok [0-9]+ ' "$file" | sed "s/^/not ok - $label: /" || true
-	[ "$((p + f))" -gt 0 ] || fail "$label ran no test" "$file"
+# step NAME LOGFILE CMD...: one leaf from the command's exit status.
+step() {
+	local name=$1 log=$2 t0 hb rc
+	shift 2
+	t0=$(date +%s)
+	heartbeat "$name" "$log" &
+	hb=$!
+	"$@" >"$log" 2>&1
+	rc=$?
+	kill "$hb" 2>/dev/null
+	wait "$hb" 2>/dev/null
+	note "$name: $(($(date +%s) - t0)) s"
+	leaf "$rc" "$name" "$log"
+	return "$rc"
+}
+# step_loud NAME LOGFILE CMD...: as step, for the long ones that report
+# progress on stderr: those lines reach the terminal as KTAP comments as
+# they are written, and LOGFILE; the command's stdout goes to LOGFILE.out.
+step_loud() {
+	local name=$1 log=$2 t0 rc
+	shift 2
+	t0=$(date +%s)
+	: >"$log"
+	"$@" 2>&1 >"$log.out" | tee -a "$log" | sed -u 's/^/# /'
+	rc=${PIPESTATUS[0]}
+	note "$name: $(($(date +%s) - t0)) s"
+	leaf "$rc" "$name" "$log"
+	return "$rc"
 }
 
-echo "TAP version 13"
+echo "KTAP version 1"
+echo "1..${#groups[@]}"
 
-# --- build -----------------------------------------------------------------
-step_loud "setup" "$logs/setup.log" tools/setup.sh || finish
+# --- setup -------------------------------------------------------------------
+group_begin setup
+step_loud "setup (tools/setup.sh)" "$logs/setup.log" tools/setup.sh || finish "setup failed"
 if [ -n "${KDIR:-}" ]; then
 	kdir=$KDIR
-	pass "kernel (KDIR=$kdir)"
+	leaf 0 "kernel: KDIR=$kdir"
 else
-	step_loud "kernel build (cached when unchanged)" "$logs/kernel.log" tools/kernel.sh || finish
+	step_loud "kernel build (tools/kernel.sh, cached when unchanged)" "$logs/kernel.log" \
+		tools/kernel.sh || finish "no kernel"
 	kdir=$(tail -n1 "$logs/kernel.log.out")
 fi
+group_end
 
-kmake() { make -C "$kdir" M="$PWD" LLVM=-19 "$@"; }
+# --- userspace-test ------------------------------------------------------------
+mapfile -t module_dirs < <(module_dirs)
+kmake() { make -C "$kdir" "${module_dirs[@]}" LLVM=-19 "$@"; }
 # A fresh module build, so that clippy sees every file: the module's own
 # objects go, not Kbuild's `clean`, which deletes every *.o and *.a under
 # M=, the tool's cargo target directory included (cargo would not notice,
 # and the tool's link then misses the static library its build.rs made).
-rm -f ./*.ko ./*.mod ./*.mod.c ./*.o ./modules.order ./Module.symvers
-find rust samples -name '*.o' -delete
+rm -f "$out_dir"/*.ko "$out_dir"/*.mod "$out_dir"/*.mod.c "$out_dir"/*.o \
+	"$out_dir/modules.order" "$out_dir/Module.symvers"
+for d in rust samples; do
+	[ ! -d "$out_dir/$d" ] || find "$out_dir/$d" -name '*.o' -delete
+done
 # One build serves both: clippy-driver compiles the module too.  It runs
-# beside the tool's cargo steps below: it is mostly one rustc at a time,
-# and the machine has two cores.
+# beside the tool's cargo steps: it is mostly one rustc at a time, and the
+# machine has two cores.
 t_module=$(date +%s)
 kmake CLIPPY=1 modules >"$logs/module.log" 2>&1 &
 module_pid=$!
 
-# --- host ------------------------------------------------------------------
 # Cargo runs in the tool's directory; its build.rs runs bindgen (the uapi
 # header, librdmacm and verbs) with env.sh's LIBCLANG_PATH (llvm 19).
+group_begin userspace-test
 tool_dir=tools/userspace-test
 tcargo() { (cd "$tool_dir" && cargo "$@"); }
-step "userspace-test: cargo fmt --check" "$logs/cargo-fmt.log" tcargo fmt -- --check
-step "userspace-test: cargo clippy -D warnings" "$logs/cargo-clippy.log" \
+step "cargo fmt --check" "$logs/cargo-fmt.log" tcargo fmt -- --check
+step "cargo clippy -D warnings" "$logs/cargo-clippy.log" \
 	tcargo clippy --locked --all-targets -- -D warnings
-if tcargo test --locked >"$logs/cargo-test.log" 2>&1; then
-	pass "userspace-test: cargo test"
-else
-	fail "userspace-test: cargo test" "$logs/cargo-test.log"
-fi
-p=$(sed -nE 's/^test result: .*\. ([0-9]+) passed; ([0-9]+) failed.*/\1/p' "$logs/cargo-test.log" | paste -sd+ | bc)
-f=$(sed -nE 's/^test result: .*\. ([0-9]+) passed; ([0-9]+) failed.*/\2/p' "$logs/cargo-test.log" | paste -sd+ | bc)
-passed=$((passed + ${p:-0}))
-failed=$((failed + ${f:-0}))
-note "cargo test: ${p:-0} passed, ${f:-0} failed"
+t0=$(date +%s)
+tcargo test --locked >"$logs/cargo-test.log" 2>&1
+rc=$?
+note "cargo test: $(($(date +%s) - t0)) s"
+subtree cargo "$logs/cargo-test.log" --name "cargo test" --status "$rc"
 tool_built=1
-step "userspace-test: release build" "$logs/cargo-build.log" tcargo build --locked --release || tool_built=0
-tool=$tool_dir/target/release/userspace-test
+step "release build" "$logs/cargo-build.log" tcargo build --locked --release || tool_built=0
+tool=$tool_bin
+group_end
 
-# --- module ----------------------------------------------------------------
-if wait "$module_pid"; then
-	pass "module build with CLIPPY=1 ($(($(date +%s) - t_module)) s)"
-	if grep -qE '^(warning|error)' "$logs/module.log"; then
-		fail "module build has no warnings" "$logs/module.log"
-	else
-		pass "module build has no warnings"
-	fi
-else
-	fail "module build with CLIPPY=1 ($(($(date +%s) - t_module)) s)" "$logs/module.log"
-	finish
-fi
-[ "$tool_built" = 1 ] || finish
-
-rustfmt_cfg="$kernel_src/.rustfmt.toml"
+# --- module ------------------------------------------------------------------
+group_begin module
+wait "$module_pid"
+rc=$?
+note "module build: $(($(date +%s) - t_module)) s"
+leaf "$rc" "module and samples build with CLIPPY=1" "$logs/module.log"
+[ "$rc" -eq 0 ] || finish "the module did not build"
+! grep -qE '^(warning|error)' "$logs/module.log"
+leaf $? "the build has no warnings" "$logs/module.log"
 step "rustfmt --check (module and samples)" "$logs/rustfmt.log" \
-	rustfmt --edition 2021 --config-path "$rustfmt_cfg" --check \
+	rustfmt --edition 2021 --config-path "$kernel_src/.rustfmt.toml" --check \
 	rust/rdma_cm_rs.rs samples/rdma_cm_rs_echo.rs samples/rdma_cm_rs_rping.rs
-
 # No `unsafe` in the layer's consumers: the char device forbids it,
 # the samples deny it; this catches an `allow` slipping in.
 unsafe_outside() {
@@ -187,43 +248,133 @@ unsafe_outside() {
 		grep -vE 'deny\(unsafe_code\)|forbid\(unsafe_code\)|allow\(dead_code, unsafe_code\)|unsafe_code` is denied|no `unsafe`|owns no `unsafe`'
 }
 step "no unsafe in rust/ctl and samples" "$logs/unsafe.log" unsafe_outside
+step "ioctl-abi.rst and the uapi header name the same commands and structures" \
+	"$logs/abi-doc.log" tools/abi-doc-check.sh
+group_end
+[ "$tool_built" = 1 ] || finish "the userspace tool did not build"
 
-# --- one VM ----------------------------------------------------------------
+# A VM's command: each part of it between "ktap-part NAME" and
+# "ktap-part-end NAME STATUS" lines, a subtest of its own.
+part='part() { local n=$1 s; shift; echo "ktap-part $n"; "$@"; s=$?; echo "ktap-part-end $n $s"; return $s; }'
+# vm_group LOG STATUS DESCRIPTION [ARGS...]: the VM run's results.
+vm_group() {
+	local log=$1 st=$2 what=$3
+	shift 3
+	subtree vm "$log" --name "VM run" --status "$st" --status-name "$what" "$@"
+}
+# The skip rule: in our VMs every case's device is there.
+no_skip_in() {
+	local n
+	n=$(grep -cE '^\s*ok [0-9]+ .*# SKIP' "$1")
+	[ "$n" -eq 0 ] || grep -E '^\s*ok [0-9]+ .*# SKIP' "$1" | sed 's/^ */# skipped: /' >>"$logs/skips.log"
+	return $((n > 0))
+}
+
+# --- vm-one ------------------------------------------------------------------
+group_begin vm-one
 vm_one="$logs/vm-one"
-step "VM (one, rxe loopback): KUnit + userspace suite + echo and rping samples + 45 s ioctl fuzz + fault scenarios, clean dmesg" "$logs/vm-one.log" \
-	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" \
-	--module "$PWD/rdma_cm_rs.ko" -- \
-	"$tool suite; s=\$?; tools/echo-test.sh || s=1; tools/rping-test.sh || s=1; $tool fuzz --seed 1 --seconds 45 --shrink-secs 0 || s=1; tools/fault-test.sh || s=1; tools/removal-test.sh || s=1; exit \$s"
-if [ -f "$vm_one/dmesg" ]; then
-	count_ktap "$vm_one/dmesg" "KUnit"
-else
-	fail "KUnit results (no dmesg saved)"
-fi
-count_flat_ktap "$logs/vm-one.log" "suite, one VM"
+t0=$(date +%s)
+tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" --stream \
+	--module "$out_dir/rdma_cm_rs.ko" -- \
+	"$part; part suite $tool suite; s=\$?; part echo tools/echo-test.sh || s=1; part rping tools/rping-test.sh || s=1; part fuzz $tool fuzz --seed 1 --seconds 45 --shrink-secs 0 || s=1; part faults tools/fault-test.sh || s=1; part removal tools/removal-test.sh || s=1; exit \$s" \
+	>"$logs/vm-one.log" 2>&1 &
+vm_pid=$!
+heartbeat "vm-one" "$logs/vm-one.log" &
+hb=$!
+wait "$vm_pid"
+rc=$?
+kill "$hb" 2>/dev/null
+wait "$hb" 2>/dev/null
+note "vm-one: $(($(date +%s) - t0)) s"
+kunit_args=(--kunit)
+[ ! -f "$vm_one/dmesg" ] || kunit_args+=(--dmesg "$vm_one/dmesg")
+vm_group "$logs/vm-one.log" "$rc" \
+	"the VM ran to its end: modules unloaded, dmesg and kmemleak clean" "${kunit_args[@]}"
+printf '%s' "$glines" >"$logs/vm-one.ktap"
+no_skip_in "$logs/vm-one.ktap"
+leaf $? "no case skipped (the VM has rxe0 and siw0)" "$logs/skips.log"
+group_end
 
-# --- two VMs ---------------------------------------------------------------
+# --- vm-two ------------------------------------------------------------------
 # Run from a copy of the tree under /tmp, in a directory whose name has a
-# space: a checkout anywhere must work, though the guests mount their own
-# tmpfs over /tmp (tools/vm/run shares the repository explicitly).
+# space, mounted read-only: a checkout anywhere must work, though the
+# guests mount their own tmpfs over /tmp (tools/vm/run shares the checkout
+# and the build directory explicitly).  The copy holds the tool and the
+# module where a build in it would put them, and is its own build directory.
+group_begin vm-two
 copy=$(mktemp -d "/tmp/rdma-cm-rs check.XXXXXX")
-trap 'rm -rf "$copy"' EXIT
-tar -C "$PWD" --exclude=./.git --exclude=./build --exclude=./tools/userspace-test/target -cf - . |
-	tar -C "$copy" -xf -
-mkdir -p "$copy/$(dirname "$tool")"
-cp "$tool" "$copy/$tool"
-cp rdma_cm_rs.ko "$copy/"
-vm_two="$logs/vm-two"
-# The guest's cwd is the copy's: `pwd` proves which tree it ran.
-step "VMs (two, socket link, from a copy under '$copy'): userspace suite across the wire, then the peer VM killed mid-transfer, clean dmesg" "$logs/vm-two.log" \
-	"$copy/tools/vm/run" --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
-	--module "$copy/rdma_cm_rs.ko" --two-vms \
-	--peer-cmd "$tool agent --listen 0.0.0.0:7999" -- \
-	"echo \"guest cwd: \$PWD\"; $tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; $tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s"
-count_flat_ktap "$logs/vm-two.log" "suite, two VMs"
-if grep -qxF "guest cwd: $copy" "$logs/vm-two.log"; then
-	pass "any checkout location: the two VMs ran the copy under /tmp"
-else
-	fail "any checkout location: the two VMs ran the copy under /tmp (no 'guest cwd: $copy')" "$logs/vm-two.log"
+trap 'umount "$copy" 2>/dev/null; rm -rf "$copy"' EXIT
+tar -C "$PWD" --exclude=./.git --exclude=./build --exclude=./tools/userspace-test/target \
+	--exclude='*.o' --exclude='*.ko' -cf - . | tar -C "$copy" -xf -
+tool_rel=tools/userspace-test/target/release/userspace-test
+mkdir -p "$copy/$(dirname "$tool_rel")"
+cp "$tool" "$copy/$tool_rel"
+cp "$out_dir/rdma_cm_rs.ko" "$copy/"
+read_only=no
+if mount --bind "$copy" "$copy" 2>"$logs/ro-mount.log" &&
+	mount -o remount,bind,ro "$copy" 2>>"$logs/ro-mount.log" && ! touch "$copy/.w" 2>/dev/null; then
+	read_only=yes
 fi
+vm_two="$logs/vm-two"
+t0=$(date +%s)
+# The guest's cwd is the copy's: `pwd` proves which tree it ran.
+guest_tool='$RDMA_CM_RS_OUT/'$tool_rel
+RDMA_CM_RS_OUT=$copy "$copy/tools/vm/run" --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
+	--stream --module "$copy/rdma_cm_rs.ko" --two-vms \
+	--peer-cmd "$guest_tool agent --listen 0.0.0.0:7999" -- \
+	"$part; echo \"guest cwd: \$PWD\"; part suite $guest_tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; part peer-vm-killed $guest_tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s" \
+	>"$logs/vm-two.log" 2>&1 &
+vm_pid=$!
+heartbeat "vm-two" "$logs/vm-two.log" &
+hb=$!
+wait "$vm_pid"
+rc=$?
+kill "$hb" 2>/dev/null
+wait "$hb" 2>/dev/null
+note "vm-two: $(($(date +%s) - t0)) s"
+# VM A's lines only (VM B's are its agent's log).
+sed -n 's/^VM A: //p' "$logs/vm-two.log" >"$logs/vm-two-a.log"
+vm_group "$logs/vm-two-a.log" "$rc" \
+	"both VMs ran to their end: dmesg and kmemleak clean (VM B killed on request)"
+grep -qxF "guest cwd: $copy" "$logs/vm-two-a.log"
+leaf $? "any checkout location: the VMs ran the copy under '$copy'" "$logs/vm-two.log"
+if [ "$read_only" = yes ]; then
+	leaf 0 "any checkout location: that copy was mounted read-only"
+else
+	leaf_skip "any checkout location: that copy was mounted read-only" \
+		"no read-only bind mount here: $(head -c 200 "$logs/ro-mount.log" | tr '\n' ' ')"
+fi
+umount "$copy" 2>/dev/null
+group_end
+
+# --- ktap --------------------------------------------------------------------
+# What was printed so far, read by the kernel's own KTAP parser: it must
+# find no error and count what this script counted.  Its plan line is
+# shortened to the groups printed (this one is not, yet).
+group_begin ktap
+ktap_check() {
+	local out
+	sed "2s/^1\.\.[0-9]*$/1..$top/" "$logs/check.ktap" >"$logs/check-so-far.ktap"
+	out=$(python3 "$kernel_src/tools/testing/kunit/kunit.py" parse "$logs/check-so-far.ktap" 2>&1)
+	printf '%s\n' "$out" >"$logs/kunit-parse.log"
+	if grep -q '\[ERROR\]' <<<"$out"; then
+		echo "kunit.py parse reported errors"
+		return 1
+	fi
+	# kunit_parser.TestCounts: the non-zero counts, in this order.
+	local want=() n
+	for n in "passed: $passed" "failed: $failed" "skipped: $skipped"; do
+		[ "${n##* }" = 0 ] || want+=("$n")
+	done
+	want=$(IFS=,; echo "${want[*]}")
+	grep -qE "Ran $((passed + failed + skipped)) tests: ${want//,/, }\$" <<<"$out" || {
+		echo "kunit.py parse counts otherwise: we have $passed passed, $failed failed, $skipped skipped"
+		return 1
+	}
+}
+sleep 0.5 # tee has written what was printed
+ktap_check >>"$logs/kunit-parse.log" 2>&1
+leaf $? "kunit.py parse reads the KTAP above without error, counting $passed passed, $failed failed, $skipped skipped" "$logs/kunit-parse.log"
+group_end
 
 finish
