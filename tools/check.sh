@@ -98,12 +98,13 @@ leaf_skip() {
 # subtree KIND LOG ARGS...: a nested subtest of the open group from
 # tools/lib/ktap_tree.py, its leaves counted.
 subtree() {
-	local kind=$1 log=$2 p f s rc
+	local kind=$1 log=$2 p f s rc tree
 	shift 2
 	gn=$((gn + 1))
-	gline "$(python3 tools/lib/ktap_tree.py "$kind" "$log" --number "$gn" --depth 1 \
-		--counts "$logs/counts" "$@")"
+	tree=$(python3 tools/lib/ktap_tree.py "$kind" "$log" --number "$gn" --depth 1 \
+		--counts "$logs/counts" "$@")
 	rc=$?
+	gline "$tree"
 	read -r p f s <"$logs/counts" || { p=0 f=1 s=0; }
 	passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 	[ "$rc" -eq 0 ] || gfail=1
@@ -318,7 +319,7 @@ fi
 vm_two="$logs/vm-two"
 t0=$(date +%s)
 # The guest's cwd is the copy's: `pwd` proves which tree it ran.
-guest_tool='$RDMA_CM_RS_OUT/'$tool_rel
+guest_tool='"$RDMA_CM_RS_OUT"/'$tool_rel
 RDMA_CM_RS_OUT=$copy "$copy/tools/vm/run" --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
 	--stream --module "$copy/rdma_cm_rs.ko" --two-vms \
 	--peer-cmd "$guest_tool agent --listen 0.0.0.0:7999" -- \
