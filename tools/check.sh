@@ -138,13 +138,15 @@ finish() {
 }
 
 # heartbeat LABEL FILE: every 60 s until killed, a comment with the time
-# so far and FILE's last line, so that a long step shows it is alive.
+# so far, the part of a VM command running (its last "ktap-part" line) and
+# FILE's last line, so that a long step shows it is alive.
 heartbeat() {
-	local label=$1 file=$2 t0 last
+	local label=$1 file=$2 t0 last part
 	t0=$(date +%s)
 	while sleep 60 </dev/null >/dev/null 2>&1; do
+		part=$(sed -nE 's/^(VM A: )?ktap-part ([^ ]+)$/\2/p' "$file" 2>/dev/null | tail -n 1)
 		last=$(tail -n 1 "$file" 2>/dev/null | cut -c1-150)
-		note "$label: $(($(date +%s) - t0)) s so far; last line: ${last:-(none yet)}"
+		note "$label: $(($(date +%s) - t0)) s so far${part:+, in $part}; last line: ${last:-(none yet)}"
 	done
 }
 # step NAME LOGFILE CMD...: one leaf from the command's exit status.
