@@ -149,8 +149,9 @@ heartbeat() {
 		note "$label: $(($(date +%s) - t0)) s so far${part:+, in $part}; last line: ${last:-(none yet)}"
 	done
 }
-# step NAME LOGFILE CMD...: one leaf from the command's exit status.
-step() {
+# watched NAME LOGFILE CMD...: runs CMD, output to LOGFILE, with a
+# heartbeat; notes its time and returns its status.
+watched() {
 	local name=$1 log=$2 t0 hb rc
 	shift 2
 	t0=$(date +%s)
@@ -161,7 +162,14 @@ step() {
 	kill "$hb" 2>/dev/null
 	wait "$hb" 2>/dev/null
 	note "$name: $(($(date +%s) - t0)) s"
-	leaf "$rc" "$name" "$log"
+	return "$rc"
+}
+# step NAME LOGFILE CMD...: one leaf from the command's exit status.
+step() {
+	local rc
+	watched "$@"
+	rc=$?
+	leaf "$rc" "$1" "$2"
 	return "$rc"
 }
 # step_loud NAME LOGFILE CMD...: as step, for the long ones that report
@@ -276,19 +284,11 @@ no_skip_in() {
 # --- vm-one ------------------------------------------------------------------
 group_begin vm-one
 vm_one="$logs/vm-one"
-t0=$(date +%s)
-tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" --stream \
+watched vm-one "$logs/vm-one.log" \
+	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" --stream \
 	--module "$out_dir/rdma_cm_rs.ko" -- \
-	"$part; part suite $tool suite; s=\$?; part echo tools/echo-test.sh || s=1; part rping tools/rping-test.sh || s=1; part fuzz $tool fuzz --seed 1 --seconds 45 --shrink-secs 0 || s=1; part faults tools/fault-test.sh || s=1; part removal tools/removal-test.sh || s=1; exit \$s" \
-	>"$logs/vm-one.log" 2>&1 &
-vm_pid=$!
-heartbeat "vm-one" "$logs/vm-one.log" &
-hb=$!
-wait "$vm_pid"
+	"$part; part suite $tool suite; s=\$?; part echo tools/echo-test.sh || s=1; part rping tools/rping-test.sh || s=1; part fuzz $tool fuzz --seed 1 --seconds 45 --shrink-secs 0 || s=1; part faults tools/fault-test.sh || s=1; part removal tools/removal-test.sh || s=1; exit \$s"
 rc=$?
-kill "$hb" 2>/dev/null
-wait "$hb" 2>/dev/null
-note "vm-one: $(($(date +%s) - t0)) s"
 kunit_args=(--kunit)
 [ ! -f "$vm_one/dmesg" ] || kunit_args+=(--dmesg "$vm_one/dmesg")
 vm_group "$logs/vm-one.log" "$rc" \
@@ -319,22 +319,14 @@ if mount --bind "$copy" "$copy" 2>"$logs/ro-mount.log" &&
 	read_only=yes
 fi
 vm_two="$logs/vm-two"
-t0=$(date +%s)
 # The guest's cwd is the copy's: `pwd` proves which tree it ran.
 guest_tool='"$RDMA_CM_RS_OUT"/'$tool_rel
-RDMA_CM_RS_OUT=$copy "$copy/tools/vm/run" --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
+RDMA_CM_RS_OUT=$copy watched vm-two "$logs/vm-two.log" \
+	"$copy/tools/vm/run" --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
 	--stream --module "$copy/rdma_cm_rs.ko" --two-vms \
 	--peer-cmd "$guest_tool agent --listen 0.0.0.0:7999" -- \
-	"$part; echo \"guest cwd: \$PWD\"; part suite $guest_tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; part peer-vm-killed $guest_tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s" \
-	>"$logs/vm-two.log" 2>&1 &
-vm_pid=$!
-heartbeat "vm-two" "$logs/vm-two.log" &
-hb=$!
-wait "$vm_pid"
+	"$part; echo \"guest cwd: \$PWD\"; part suite $guest_tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; part peer-vm-killed $guest_tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s"
 rc=$?
-kill "$hb" 2>/dev/null
-wait "$hb" 2>/dev/null
-note "vm-two: $(($(date +%s) - t0)) s"
 # VM A's lines only (VM B's are its agent's log).
 sed -n 's/^VM A: //p' "$logs/vm-two.log" >"$logs/vm-two-a.log"
 vm_group "$logs/vm-two-a.log" "$rc" \
