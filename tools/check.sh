@@ -137,13 +137,22 @@ finish() {
 	exit $?
 }
 
-# heartbeat LABEL FILE: every 60 s until killed, a comment with the time
-# so far, the part of a VM command running (its last "ktap-part" line) and
-# FILE's last line, so that a long step shows it is alive.
+# heartbeat LABEL FILE [shown]: every 60 s until killed, a comment with
+# the time so far, the part of a VM command running (its last "ktap-part"
+# line) and FILE's last line, so that a long step shows it is alive.  With
+# "shown" (FILE's lines reach the terminal as they come) only after a
+# minute in which FILE did not grow.
 heartbeat() {
-	local label=$1 file=$2 t0 last part
+	local label=$1 file=$2 shown=${3:-} t0 last part size seen
 	t0=$(date +%s)
+	seen=$(stat -c %s "$file" 2>/dev/null || echo 0)
 	while sleep 60 </dev/null >/dev/null 2>&1; do
+		size=$(stat -c %s "$file" 2>/dev/null || echo 0)
+		if [ -n "$shown" ] && [ "$size" != "$seen" ]; then
+			seen=$size
+			continue
+		fi
+		seen=$size
 		part=$(sed -nE 's/^(VM A: )?ktap-part ([^ ]+)$/\2/p' "$file" 2>/dev/null | tail -n 1)
 		last=$(tail -n 1 "$file" 2>/dev/null | cut -c1-150)
 		note "$label: $(($(date +%s) - t0)) s so far${part:+, in $part}; last line: ${last:-(none yet)}"
@@ -176,12 +185,16 @@ step() {
 # progress on stderr: those lines reach the terminal as KTAP comments as
 # they are written, and LOGFILE; the command's stdout goes to LOGFILE.out.
 step_loud() {
-	local name=$1 log=$2 t0 rc
+	local name=$1 log=$2 t0 rc hb
 	shift 2
 	t0=$(date +%s)
 	: >"$log"
+	heartbeat "$name" "$log" shown &
+	hb=$!
 	"$@" 2>&1 >"$log.out" | tee -a "$log" | sed -u 's/^/# /'
 	rc=${PIPESTATUS[0]}
+	kill "$hb" 2>/dev/null
+	wait "$hb" 2>/dev/null
 	note "$name: $(($(date +%s) - t0)) s"
 	leaf "$rc" "$name" "$log"
 	return "$rc"
