@@ -17,18 +17,13 @@ export RDMA_CM_RS_CACHE ?= /var/cache/rdma-cm-rs
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 
-# The build directory: the checkout, or for a read-only one a directory in
-# the cache (tools/lib/env.sh, RDMA_CM_RS_OUT); the same layout either way.
-OUT := $(shell source tools/lib/env.sh && echo "$$RDMA_CM_RS_OUT")
-export RDMA_CM_RS_OUT := $(OUT)
-ifneq ($(OUT),$(CURDIR))
-export CARGO_TARGET_DIR := $(OUT)/tools/userspace-test/target
-endif
-# Kbuild's M= (and MO=), from env.sh's module_dirs.
-KMAKE = source tools/lib/env.sh && mapfile -t dirs < <(module_dirs) && \
-	$(MAKE) -C "$$(cat $(KDIR_FILE))" "$${dirs[@]}" LLVM=-19
-KDIR_FILE := $(OUT)/.kdir
-TOOL := $(OUT)/tools/userspace-test/target/release/userspace-test
+# Each recipe takes its paths from tools/lib/env.sh: the build directory
+# $out_dir (the checkout, or for a read-only one a directory in the cache;
+# the same layout either way, RDMA_CM_RS_OUT chooses), the tool $tool_bin,
+# the cargo target, Kbuild's M=/MO= (module_dirs).
+ENV := source tools/lib/env.sh &&
+KMAKE = mapfile -t dirs < <(module_dirs) && \
+	$(MAKE) -C "$$(cat "$$out_dir/.kdir")" "$${dirs[@]}" LLVM=-19
 
 .PHONY: all setup kernel module tool check demo fuzz clean help
 
@@ -42,13 +37,14 @@ setup:
 
 # Prints nothing; writes the kernel build directory to .kdir for later steps.
 kernel: setup
-	@if [ -n "$(KDIR)" ]; then echo "$(KDIR)" > $(KDIR_FILE); else tools/kernel.sh > $(KDIR_FILE); fi
+	@$(ENV) if [ -n "$(KDIR)" ]; then echo "$(KDIR)" >"$$out_dir/.kdir"; \
+		else tools/kernel.sh >"$$out_dir/.kdir"; fi
 
 module: kernel
-	@$(KMAKE) modules
+	@$(ENV) $(KMAKE) modules
 
 tool: setup
-	cd tools/userspace-test && cargo build --release --locked
+	@$(ENV) cd tools/userspace-test && cargo build --release --locked
 
 check: setup
 	@tools/check.sh
@@ -62,11 +58,10 @@ FUZZ_SEED := $(if $(SEED),$(SEED),$(shell date +%s))
 # The ioctl fuzzer in the test VM for DURATION s; the dmesg gate and
 # kmemleak judge the kernel side.  Logs in build/logs/fuzz-SEED.
 fuzz: module tool
-	tools/vm/run --kernel "$$(cat $(KDIR_FILE))" --timeout $$(($(DURATION) + 600)) \
-		--keep-logs $(OUT)/build/logs/fuzz-$(FUZZ_SEED) --module $(OUT)/rdma_cm_rs.ko -- \
-		'$(TOOL) fuzz --seed $(FUZZ_SEED) --seconds $(DURATION)'
+	$(ENV) tools/vm/run --kernel "$$(cat "$$out_dir/.kdir")" --timeout $$(($(DURATION) + 600)) \
+		--keep-logs "$$out_dir/build/logs/fuzz-$(FUZZ_SEED)" --module "$$out_dir/rdma_cm_rs.ko" -- \
+		"$$tool_bin fuzz --seed $(FUZZ_SEED) --seconds $(DURATION)"
 
 clean:
-	@if [ -f $(KDIR_FILE) ]; then $(KMAKE) clean; fi
-	rm -f $(KDIR_FILE)
-	cd tools/userspace-test && cargo clean
+	@$(ENV) if [ -f "$$out_dir/.kdir" ]; then $(KMAKE) clean; fi
+	@$(ENV) rm -f "$$out_dir/.kdir" && cd tools/userspace-test && cargo clean

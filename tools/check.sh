@@ -158,21 +158,39 @@ heartbeat() {
 		note "$label: $(($(date +%s) - t0)) s so far${part:+, in $part}; last line: ${last:-(none yet)}"
 	done
 }
-# watched NAME LOGFILE CMD...: runs CMD, output to LOGFILE, with a
-# heartbeat; notes its time and returns its status.
-watched() {
-	local name=$1 log=$2 t0 hb rc
-	shift 2
+# timed NAME LOGFILE MODE CMD...: runs CMD with a heartbeat on LOGFILE
+# (MODE "" or "shown", as for heartbeat), notes its time and returns its
+# status.
+timed() {
+	local name=$1 log=$2 mode=$3 t0 hb rc
+	shift 3
 	t0=$(date +%s)
-	heartbeat "$name" "$log" &
+	heartbeat "$name" "$log" "$mode" &
 	hb=$!
-	"$@" >"$log" 2>&1
+	"$@"
 	rc=$?
 	kill "$hb" 2>/dev/null
 	wait "$hb" 2>/dev/null
 	note "$name: $(($(date +%s) - t0)) s"
 	return "$rc"
 }
+# into_log LOGFILE CMD...: CMD's output to LOGFILE.
+into_log() {
+	local log=$1
+	shift
+	"$@" >"$log" 2>&1
+}
+# shown_and_logged LOGFILE CMD...: CMD's stderr (its progress) to the
+# terminal as KTAP comments as it is written, and to LOGFILE; its stdout
+# to LOGFILE.out.
+shown_and_logged() {
+	local log=$1
+	shift
+	"$@" 2>&1 >"$log.out" | tee -a "$log" | sed -u 's/^/# /'
+	return "${PIPESTATUS[0]}"
+}
+# watched NAME LOGFILE CMD...: CMD with a heartbeat, its output to LOGFILE.
+watched() { timed "$1" "$2" "" into_log "$2" "${@:3}"; }
 # step NAME LOGFILE CMD...: one leaf from the command's exit status.
 step() {
 	local rc
@@ -182,21 +200,13 @@ step() {
 	return "$rc"
 }
 # step_loud NAME LOGFILE CMD...: as step, for the long ones that report
-# progress on stderr: those lines reach the terminal as KTAP comments as
-# they are written, and LOGFILE; the command's stdout goes to LOGFILE.out.
+# progress on stderr (shown_and_logged).
 step_loud() {
-	local name=$1 log=$2 t0 rc hb
-	shift 2
-	t0=$(date +%s)
-	: >"$log"
-	heartbeat "$name" "$log" shown &
-	hb=$!
-	"$@" 2>&1 >"$log.out" | tee -a "$log" | sed -u 's/^/# /'
-	rc=${PIPESTATUS[0]}
-	kill "$hb" 2>/dev/null
-	wait "$hb" 2>/dev/null
-	note "$name: $(($(date +%s) - t0)) s"
-	leaf "$rc" "$name" "$log"
+	local rc
+	: >"$2"
+	timed "$1" "$2" shown shown_and_logged "$2" "${@:3}"
+	rc=$?
+	leaf "$rc" "$1" "$2"
 	return "$rc"
 }
 

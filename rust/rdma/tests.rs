@@ -9,13 +9,14 @@ use kernel::{
 };
 
 /// Marks the running case skipped (KTAP `ok N case # SKIP reason`), for a
-/// case that needs a device the machine lacks: counted apart from passes,
-/// and `tools/check.sh` fails on it in its test VMs, which have both.
-fn skip(reason: core::fmt::Arguments<'_>) {
-    let owned = CString::try_from_fmt(reason);
+/// case that could not set up on the test bed's devices (`rxe0` at
+/// 192.0.2.1, `siw0` at 203.0.113.1): counted apart from passes, and
+/// `tools/check.sh` fails on it in its test VMs, which have both.
+fn skip_without_devices(e: Error) {
+    let owned = CString::try_from_fmt(fmt!("needs the test bed's rxe0 (and siw0): {e:?}"));
     let reason: &CStr = match &owned {
         Ok(reason) => reason,
-        Err(_) => c"needs a device (no memory for the reason)",
+        Err(_) => c"needs the test bed's rxe0 (and siw0)",
     };
     // SAFETY: `reason` is a NUL-terminated string that outlives the call;
     // `rdma_cm_rs_kunit_skip` copies it (scnprintf) into this task's case,
@@ -452,7 +453,7 @@ mod id_tests {
         });
         match bound {
             Ok(msg) => assert_eq!(msg.map(|m| m.to_bytes()), Some(&b"consumer defined"[..])),
-            Err(e) => super::skip(fmt!("needs the test bed's rxe0 (and siw0): {e:?}")),
+            Err(e) => super::skip_without_devices(e),
         }
     }
 
@@ -486,7 +487,7 @@ mod id_tests {
         });
         match made {
             Ok(refused) => assert_eq!(refused, Some(EOPNOTSUPP)),
-            Err(e) => super::skip(fmt!("needs the test bed's rxe0 (and siw0): {e:?}")),
+            Err(e) => super::skip_without_devices(e),
         }
     }
 
@@ -513,7 +514,7 @@ mod id_tests {
         let (too_small, small_free, cq, qp, busy) = match made {
             Ok(made) => made,
             Err(e) => {
-                super::skip(fmt!("needs the test bed's rxe0 (and siw0): {e:?}"));
+                super::skip_without_devices(e);
                 return;
             }
         };
@@ -573,7 +574,7 @@ mod id_tests {
         let (cq, qp) = match made {
             Ok(made) => made,
             Err(e) => {
-                super::skip(fmt!("needs the test bed's rxe0 (and siw0): {e:?}"));
+                super::skip_without_devices(e);
                 return;
             }
         };
@@ -604,7 +605,7 @@ mod id_tests {
         let siw = match siw {
             Ok(siw) => siw,
             Err(e) => {
-                super::skip(fmt!("needs the test bed's rxe0 (and siw0): {e:?}"));
+                super::skip_without_devices(e);
                 return;
             }
         };
@@ -627,7 +628,7 @@ mod id_tests {
         let (rxe, foreign_pd, foreign_cq, qp, pd_siw) = match made {
             Ok(made) => made,
             Err(e) => {
-                super::skip(fmt!("needs the test bed's rxe0 (and siw0): {e:?}"));
+                super::skip_without_devices(e);
                 return;
             }
         };
@@ -714,7 +715,7 @@ mod id_tests {
             port: 7,
         };
         if let Err(e) = id.with_lock(|l| l.resolve_addr(None, &dst, ms(2000))) {
-            super::skip(fmt!("needs the test bed's rxe0 (and siw0): {e:?}"));
+            super::skip_without_devices(e);
             return;
         }
         // ADDR_RESOLVED comes first; then resolve the route.
@@ -788,7 +789,7 @@ mod id_tests {
             port: 7,
         };
         if let Err(e) = id.with_lock(|l| l.resolve_addr(None, &dst, ms(2000))) {
-            super::skip(fmt!("needs the test bed's rxe0 (and siw0): {e:?}"));
+            super::skip_without_devices(e);
             return;
         }
         for _ in 0..5000 {
@@ -966,7 +967,7 @@ mod mr_tests {
         let (pd, qp) = match made {
             Ok(made) => made,
             Err(e) => {
-                super::skip(fmt!("needs the test bed's rxe0 (and siw0): {e:?}"));
+                super::skip_without_devices(e);
                 return;
             }
         };

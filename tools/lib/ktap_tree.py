@@ -80,6 +80,24 @@ class Node:
         out.append(line)
 
 
+def result_leaf(match, log):
+    """A leaf from a RESULT match; a SKIP counts as ok."""
+    skip = match.group(6) if match.group(5) == 'SKIP' else None
+    return Node(match.group(4), ok=match.group(2) == 'ok' or skip is not None,
+                skip=skip, log=log)
+
+
+def with_status(leaves, what, status):
+    """A program's leaves and its exit status: the status is the only leaf
+    of a program that printed none, and a failing one of its own when
+    every leaf passed."""
+    if not leaves:
+        return [Node(f'{what}: exit status {status}', ok=status == 0)]
+    if status != 0 and all(l.ok for l in leaves):
+        return leaves + [Node(f'{what}: exit status {status}', ok=False)]
+    return leaves
+
+
 def flat_results(lines):
     """Leaves from flat (T)KTAP: the unindented results, with the
     diagnostics before each as its log."""
@@ -87,9 +105,7 @@ def flat_results(lines):
     for line in lines:
         m = RESULT.match(line)
         if m and m.group(1) == '':
-            ok = m.group(2) == 'ok'
-            skip = m.group(6) if m.group(5) == 'SKIP' else None
-            leaves.append(Node(m.group(4), ok=ok or skip is not None, skip=skip, log=log))
+            leaves.append(result_leaf(m, log))
             log = []
         elif line.startswith('#'):
             log.append(line[1:].strip())
@@ -121,8 +137,8 @@ def cargo(args):
         leaves.append(Node('cargo test: every test binary ran to its summary', ok=False,
                            log=[f'{running} binaries started, {summaries} summaries',
                                 f'see {args.log}']))
-    elif args.status != 0 and all(l.ok for l in leaves):
-        leaves.append(Node(f'cargo test: exit status {args.status}', ok=False))
+    else:
+        leaves = with_status(leaves, 'cargo test', args.status)
     return Node.group(args.name, leaves)
 
 
@@ -147,12 +163,11 @@ def kunit_suites(dmesg):
                 closed = True
                 i += 1
                 break
+            header = SUBTEST.match(line)
             if r and len(r.group(1)) >= base:
-                ok = r.group(2) == 'ok'
-                skip = r.group(6) if r.group(5) == 'SKIP' else None
-                cases.append(Node(r.group(4), ok=ok or skip is not None, skip=skip, log=log))
+                cases.append(result_leaf(r, log))
                 log = []
-            elif SUBTEST.match(line) and len(SUBTEST.match(line).group(1)) < base:
+            elif header and len(header.group(1)) < base:
                 break  # another suite began: this one never ended
             elif not re.match(r'^\s*(KTAP version|1\.\.)', line):
                 text = line.strip().lstrip('#').strip()
@@ -186,12 +201,7 @@ def vm(args):
             continue
         m = re.match(r'^ktap-part-end (\S+) (-?[0-9]+)$', line)
         if m and part == m.group(1):
-            status = int(m.group(2))
-            leaves = flat_results(body)
-            if not leaves:
-                leaves = [Node(f'{part}: exit status {status}', ok=status == 0)]
-            elif status != 0 and all(l.ok for l in leaves):
-                leaves.append(Node(f'{part}: exit status {status}', ok=False))
+            leaves = with_status(flat_results(body), part, int(m.group(2)))
             children.append(Node.group(part, leaves))
             part = None
             continue
