@@ -2,16 +2,21 @@
 
 //! The data path of one connection: the module's QP, receives kept posted,
 //! one send at a time, and registered regions for RDMA READ/WRITE with one
-//! memory work request at a time.
+//! memory work request at a time (RC); or, on a UD id, datagrams to and from
+//! the peers the id knows: the one its SIDR lookup found, and every sender
+//! it received from.
 
 use super::wait::{wait_for, Wait};
 use crate::{
     abi,
     rdma::{
+        ah::{UdDest, GRH_SIZE},
         cm::LockedId,
         mr::{Mr, MrAccess, RemoteRegion},
         pd::Pd,
-        verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer, WorkDone, WorkOp},
+        verbs::{
+            CompletionHandler, Cq, Qp, QpCaps, QpType, RecvBuffer, SendBuffer, WorkDone, WorkOp,
+        },
     },
 };
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -100,6 +105,20 @@ impl CompletionHandler for ConnCompletions {
 /// The regions of a connection, by handle - 1.
 type MrTable = [Option<Arc<Mr>>; abi::MAX_MRS];
 
+/// The peers of a UD id, by handle - 1: a peer stays until the id goes, so
+/// a handle user space holds never names another peer.
+type PeerTable = KVec<UdDest>;
+
+/// A received datagram, as `UD_RECV` reports it.
+pub(crate) struct DatagramInfo {
+    pub(crate) len: usize,
+    pub(crate) imm: Option<u32>,
+    /// 0 when the sender could not be given a handle (table full).
+    pub(crate) peer: u32,
+    pub(crate) src_qp: u32,
+    pub(crate) src_gid: Option<[u8; 16]>,
+}
+
 /// One connection's data path.
 #[pin_data]
 pub(crate) struct Conn {
@@ -111,6 +130,9 @@ pub(crate) struct Conn {
     /// Serialises memory work requests: one in flight at a time.
     #[pin]
     work_ops: Mutex<()>,
+    /// UD ids: the peers.
+    #[pin]
+    peers: Mutex<PeerTable>,
 }
 
 /// Send and memory work timeout when the caller gives none.
@@ -125,10 +147,12 @@ fn timeout_or_default(timeout_ms: u32) -> u32 {
 }
 
 impl Conn {
-    /// Creates PD, CQ and QP on a locked id and posts the receives.  On
-    /// failure the caller destroys the QP, if one was made.
+    /// Creates PD, CQ and QP (of the id's type) on a locked id and posts
+    /// the receives.  On failure the caller destroys the QP, if one was
+    /// made.
     pub(crate) fn setup(id: &LockedId<'_>) -> Result<Arc<Self>> {
         let dev = id.device()?;
+        let qp_type = id.qp_type();
         let pd = Pd::alloc(&dev)?;
         let mut rx = KVec::new();
         rx.reserve(abi::RECV_DEPTH, GFP_KERNEL)?;
@@ -162,9 +186,18 @@ impl Conn {
             },
         )?;
         let qp = id.create_qp(&pd, &cq, caps)?;
+        // A UD receive starts with the global route header.
+        let recv_size = match qp_type {
+            QpType::Rc => abi::MAX_MESSAGE,
+            QpType::Ud => abi::MAX_MESSAGE + GRH_SIZE,
+        };
         for _ in 0..abi::RECV_DEPTH {
-            let buf = RecvBuffer::new(&pd, abi::MAX_MESSAGE)?;
+            let buf = RecvBuffer::new(&pd, recv_size)?;
             qp.post_recv(buf).map_err(|(e, _)| e)?;
+        }
+        let mut peers = KVec::new();
+        if qp_type == QpType::Ud {
+            peers.reserve(abi::MAX_UD_PEERS, GFP_KERNEL)?;
         }
         shared.tx.lock().buf = Some(SendBuffer::new(&pd, abi::MAX_MESSAGE)?);
         Arc::pin_init(
@@ -174,6 +207,7 @@ impl Conn {
                 shared,
                 mrs <- new_mutex!([const { None }; abi::MAX_MRS]),
                 work_ops <- new_mutex!(()),
+                peers <- new_mutex!(peers),
             }),
             GFP_KERNEL,
         )
@@ -181,11 +215,79 @@ impl Conn {
 
     /// Sends one message and waits for its completion.
     pub(crate) fn send(&self, data: &[u8], timeout_ms: u32) -> Result {
-        let timeout_ms = if timeout_ms == 0 {
-            DEFAULT_SEND_TIMEOUT_MS
-        } else {
-            timeout_ms
+        self.send_with(data, None, timeout_ms, |buf| self.qp.post_send(buf))
+    }
+
+    /// Sends one datagram to a peer and waits for its completion: `EINVAL`
+    /// for a handle the id does not have, `EMSGSIZE` above the path MTU.
+    pub(crate) fn ud_send(
+        &self,
+        peer: u32,
+        data: &[u8],
+        imm: Option<u32>,
+        timeout_ms: u32,
+    ) -> Result {
+        let dest = {
+            let index = usize::try_from(peer).map_err(|_| EINVAL)?.wrapping_sub(1);
+            self.peers.lock().get(index).cloned().ok_or(EINVAL)?
         };
+        if data.len() > self.max_datagram() {
+            return Err(EMSGSIZE);
+        }
+        self.send_with(data, imm, timeout_ms, |buf| {
+            self.qp.post_send_ud(buf, &dest)
+        })
+    }
+
+    /// The QP's type.
+    pub(crate) fn qp_type(&self) -> QpType {
+        self.qp.qp_type()
+    }
+
+    /// UD: the largest datagram (the path MTU, within the ABI's message
+    /// size); 0 on RC.
+    pub(crate) fn max_datagram(&self) -> usize {
+        self.qp.max_datagram().min(abi::MAX_MESSAGE)
+    }
+
+    /// UD: the QP's Q_Key.
+    pub(crate) fn qkey(&self) -> u32 {
+        self.qp.qkey()
+    }
+
+    /// The PD of the QP: address handles for it are made on this one.
+    pub(crate) fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    /// Gives a destination a peer handle, or returns the handle of the
+    /// peer it already is (same remote QP and GID): `ENOSPC` once the id
+    /// has [`abi::MAX_UD_PEERS`].
+    pub(crate) fn add_peer(&self, dest: UdDest) -> Result<u32> {
+        let mut peers = self.peers.lock();
+        if let Some(found) = Self::find_peer(&peers, dest.qp_num(), dest.gid()) {
+            return Ok(found);
+        }
+        // Reserved for every peer at setup: never allocates.
+        peers.push_within_capacity(dest).map_err(|_| ENOSPC)?;
+        Ok(peers.len() as u32)
+    }
+
+    fn find_peer(peers: &PeerTable, qp_num: u32, gid: Option<[u8; 16]>) -> Option<u32> {
+        peers
+            .iter()
+            .position(|p| p.qp_num() == qp_num && p.gid() == gid)
+            .map(|i| i as u32 + 1)
+    }
+
+    fn send_with(
+        &self,
+        data: &[u8],
+        imm: Option<u32>,
+        timeout_ms: u32,
+        post: impl FnOnce(SendBuffer) -> core::result::Result<(), (Error, SendBuffer)>,
+    ) -> Result {
+        let timeout_ms = timeout_or_default(timeout_ms);
         let mut tx = self.shared.tx.lock();
         // A send that timed out earlier may still hold the buffer.
         wait_for(
@@ -201,8 +303,9 @@ impl Conn {
             tx.buf = Some(buf);
             return Err(e);
         }
+        buf.set_imm(imm);
         tx.result = None;
-        if let Err((e, buf)) = self.qp.post_send(buf) {
+        if let Err((e, buf)) = post(buf) {
             tx.buf = Some(buf);
             return Err(e);
         }
@@ -223,6 +326,54 @@ impl Conn {
         capacity: usize,
         wait: Wait,
     ) -> Result<usize> {
+        self.recv_with(out, capacity, wait, |_| Ok(()))
+    }
+
+    /// UD: copies the oldest datagram to `out` like [`Self::recv`] and
+    /// reports its sender, giving a sender seen for the first time a peer
+    /// handle (an address handle back to it: this may sleep).
+    pub(crate) fn ud_recv(
+        &self,
+        out: &mut UserSliceWriter,
+        capacity: usize,
+        wait: Wait,
+    ) -> Result<DatagramInfo> {
+        let mut info = DatagramInfo {
+            len: 0,
+            imm: None,
+            peer: 0,
+            src_qp: 0,
+            src_gid: None,
+        };
+        info.len = self.recv_with(out, capacity, wait, |buf| {
+            let datagram = buf.datagram().ok_or(EIO)?;
+            info.imm = buf.imm();
+            info.src_qp = datagram.src_qp();
+            info.src_gid = datagram.src_gid();
+            let known = Self::find_peer(&self.peers.lock(), info.src_qp, info.src_gid);
+            info.peer = match known {
+                Some(peer) => peer,
+                // A sender that cannot get a handle (table full, no
+                // memory, no route back) is still reported, with peer 0:
+                // the datagram is delivered, only a reply is impossible.
+                None => self
+                    .qp
+                    .reply_dest(buf)
+                    .and_then(|dest| self.add_peer(dest))
+                    .unwrap_or(0),
+            };
+            Ok(())
+        })?;
+        Ok(info)
+    }
+
+    fn recv_with(
+        &self,
+        out: &mut UserSliceWriter,
+        capacity: usize,
+        wait: Wait,
+        inspect: impl FnOnce(&RecvBuffer) -> Result,
+    ) -> Result<usize> {
         let buf = {
             let mut rx = self.shared.rx.lock();
             let closed = &self.shared.rx_closed;
@@ -239,7 +390,7 @@ impl Conn {
         };
         // The copy may fault and sleep: not with the receive lock held,
         // which the completion handler, the drain and device removal need.
-        if let Err(e) = out.write_slice(buf.data()) {
+        if let Err(e) = inspect(&buf).and_then(|()| out.write_slice(buf.data())) {
             // A bad user pointer loses nothing: the message goes back first
             // (capacity for every receive buffer was reserved).
             let mut rx = self.shared.rx.lock();

@@ -171,10 +171,25 @@ impl IdEvents {
 }
 
 impl Handler for IdEvents {
-    fn event(&self, _id: &LockedId<'_>, event: &Event<'_>) {
+    fn event(&self, id: &LockedId<'_>, event: &Event<'_>) {
         let mut st = self.shared.state.lock();
         if st.retired {
             return;
+        }
+        let mut out = self.abi_event(event);
+        if event.kind() == EventType::Established && st.qp_type == QpType::Ud {
+            // The SIDR reply: its address vector lives only as long as this
+            // callback, so the address handle is made now.  Without one
+            // user space learns why from the status, and has no peer.
+            let peer = st
+                .conn
+                .clone()
+                .ok_or(ENOTCONN)
+                .and_then(|conn| conn.add_peer(id.ud_dest(event, conn.pd())?));
+            match peer {
+                Ok(handle) => out.ud_peer = handle,
+                Err(e) => out.status = e.to_errno(),
+            }
         }
         st.state = match event.kind() {
             EventType::AddrResolved => abi::state::ADDR_RESOLVED,
@@ -200,7 +215,7 @@ impl Handler for IdEvents {
             }
         }
         // Queued with the id's state locked: see the module documentation.
-        self.file.push_event(self.abi_event(event));
+        self.file.push_event(out);
         if event.kind() == EventType::DeviceRemoval {
             // The device waits for every id on it to be destroyed: drop the
             // file's reference now.  Dropped inside its own callback, the id

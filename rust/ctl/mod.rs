@@ -402,6 +402,8 @@ impl CtlFile {
             MR_WRITE => this.mr_copy(arg, CopyDirection::ToRegion),
             MR_READ => this.mr_copy(arg, CopyDirection::FromRegion),
             RDMA => this.rdma(arg),
+            UD_SEND => this.ud_send(arg),
+            UD_RECV => this.ud_recv(arg, nonblock),
             _ => Err(ENOTTY),
         }
     }
@@ -413,6 +415,7 @@ impl CtlFile {
         info.max_message = abi::MAX_MESSAGE as u32;
         info.max_ids = MAX_IDS as u32;
         info.recv_depth = abi::RECV_DEPTH as u32;
+        info.max_ud_peers = abi::MAX_UD_PEERS as u32;
         write_arg(arg, &info)
     }
 
@@ -421,7 +424,7 @@ impl CtlFile {
         require_zero(&[c.reserved, c.id])?;
         let ps = PortSpace::from_raw(c.port_space)?;
         let qp_type = QpType::from_raw(c.qp_type)?;
-        if !qp_type.allowed_in(ps) {
+        if !ps.carries(qp_type) {
             return Err(EINVAL);
         }
         let handle = self.insert(|handle| {
@@ -509,22 +512,20 @@ impl CtlFile {
         let param = conn_param_from_abi(&c.param)?;
         let id = self.get(c.id)?;
         id.with_lock(|l| {
-            let conn = match l.qp_type() {
-                // The SIDR lookup of the remote QP: UD ids have no data
-                // path here yet.
-                QpType::Ud => {
-                    l.connect(&param)?;
-                    None
-                }
-                QpType::Rc => {
-                    // Refuse bad parameters before a QP exists.
-                    l.check_param(&param, PrivateDataUse::ConnectRc)?;
-                    let conn = Self::with_new_qp(l, |conn| l.connect(&param).map(|()| conn))?;
-                    Some(conn)
-                }
+            // Refuse bad parameters before a QP exists.
+            let usage = match l.qp_type() {
+                // The SIDR lookup of the remote QP, for the id's UD QP.
+                QpType::Ud => PrivateDataUse::ConnectUd,
+                QpType::Rc => PrivateDataUse::ConnectRc,
             };
+            l.check_param(&param, usage)?;
+            // The ESTABLISHED event may run as soon as the connect is
+            // sent, and needs the data path (a UD id makes its peer
+            // there): it is in place first.  The handler mutex held here
+            // keeps the event from running before this returns.
+            let conn = Self::with_new_qp(l, |conn| l.connect(&param).map(|()| conn))?;
             let mut st = Self::shared(&id).state.lock();
-            st.conn = conn;
+            st.conn = Some(conn);
             st.state = abi::state::CONNECT;
             (st.responder_resources, st.initiator_depth) = param.rd_atom();
             Ok(())
@@ -573,15 +574,13 @@ impl CtlFile {
         };
         let id = self.get(c.id)?;
         id.with_lock(|l| {
-            if l.qp_type() != QpType::Rc {
-                // A SIDR reply needs a UD QP: not provided yet.
-                return Err(EOPNOTSUPP);
-            }
-            let param = match user_param {
-                Some(p) => p,
-                None => l.request_accept_param()?,
+            let (param, usage) = match (l.qp_type(), user_param) {
+                (QpType::Rc, Some(p)) => (p, PrivateDataUse::AcceptRc),
+                (QpType::Rc, None) => (l.request_accept_param()?, PrivateDataUse::AcceptRc),
+                // A SIDR reply: the request's values mean nothing to it.
+                (QpType::Ud, p) => (p.unwrap_or_default(), PrivateDataUse::AcceptUd),
             };
-            l.check_param(&param, PrivateDataUse::AcceptRc)?;
+            l.check_param(&param, usage)?;
             let conn = Self::with_new_qp(l, |conn| l.accept(Some(&param)).map(|()| conn))?;
             let mut st = Self::shared(&id).state.lock();
             st.conn = Some(conn);
@@ -694,6 +693,10 @@ impl CtlFile {
             out.responder_resources = st.responder_resources;
             out.initiator_depth = st.initiator_depth;
             out.backlog = st.backlog.as_ref().map_or(0, |b| b.pending());
+            if let Some(conn) = st.conn.as_ref().filter(|c| c.qp_type() == QpType::Ud) {
+                out.max_datagram = conn.max_datagram() as u32;
+                out.qkey = conn.qkey();
+            }
         }
         write_arg(arg, &out)
     }
@@ -716,12 +719,13 @@ impl CtlFile {
         Ok(())
     }
 
-    /// The data path of a connected RC id: `EOPNOTSUPP` on a UD id (no
-    /// datagram path yet), `ENOTCONN` before connect or accept.
-    fn conn_of(&self, handle: u32) -> Result<Arc<conn::Conn>> {
+    /// The data path of an id of type `qp_type`: `EOPNOTSUPP` on an id of
+    /// the other type (RC ids have messages and regions, UD ids
+    /// datagrams), `ENOTCONN` before connect or accept.
+    fn conn_of(&self, handle: u32, qp_type: QpType) -> Result<Arc<conn::Conn>> {
         let id = self.get(handle)?;
         let st = Self::shared(&id).state.lock();
-        if st.qp_type != QpType::Rc {
+        if st.qp_type != qp_type {
             return Err(EOPNOTSUPP);
         }
         st.conn.clone().ok_or(ENOTCONN)
@@ -733,11 +737,12 @@ impl CtlFile {
     /// kernel CM leaves the QP ready to send after the peer's disconnect
     /// until the id disconnects too: a SEND then would only retry into the
     /// void until its timeout.  Receiving (what arrived before) and the
-    /// regions' own calls still work.
-    fn live_conn_of(&self, handle: u32) -> Result<Arc<conn::Conn>> {
+    /// regions' own calls still work.  On a UD id: once its SIDR lookup
+    /// failed or its device went.
+    fn live_conn_of(&self, handle: u32, qp_type: QpType) -> Result<Arc<conn::Conn>> {
         let id = self.get(handle)?;
         let st = Self::shared(&id).state.lock();
-        if st.qp_type != QpType::Rc {
+        if st.qp_type != qp_type {
             return Err(EOPNOTSUPP);
         }
         if st.state == abi::state::DISCONNECT || st.state == abi::state::DEVICE_REMOVAL {
@@ -753,7 +758,7 @@ impl CtlFile {
         if len == 0 || len > abi::MAX_MESSAGE {
             return Err(EINVAL);
         }
-        let conn = self.live_conn_of(c.id)?;
+        let conn = self.live_conn_of(c.id, QpType::Rc)?;
         let mut data = KVec::new();
         UserSlice::new(UserPtr::from_addr(c.buf as usize), len).read_all(&mut data, GFP_KERNEL)?;
         conn.send(&data, c.timeout_ms)
@@ -762,10 +767,53 @@ impl CtlFile {
     fn recv(&self, arg: usize, nonblock: bool) -> Result {
         let mut c: abi::Recv = read_arg(arg)?;
         require_zero(&[c.reserved])?;
-        let conn = self.conn_of(c.id)?;
+        let conn = self.conn_of(c.id, QpType::Rc)?;
         let capacity = c.len as usize;
         let mut writer = UserSlice::new(UserPtr::from_addr(c.buf as usize), capacity).writer();
         c.len = conn.recv(&mut writer, capacity, Wait::new(c.timeout_ms, nonblock))? as u32;
+        write_arg(arg, &c)
+    }
+
+    fn ud_send(&self, arg: usize) -> Result {
+        let c: abi::UdSend = read_arg(arg)?;
+        if c.flags & !abi::UD_WITH_IMM != 0 {
+            return Err(EINVAL);
+        }
+        let len = c.len as usize;
+        if len == 0 || len > abi::MAX_MESSAGE {
+            return Err(EINVAL);
+        }
+        let imm = (c.flags & abi::UD_WITH_IMM != 0).then_some(c.imm_data);
+        if imm.is_none() && c.imm_data != 0 {
+            return Err(EINVAL);
+        }
+        let conn = self.live_conn_of(c.id, QpType::Ud)?;
+        let mut data = KVec::new();
+        UserSlice::new(UserPtr::from_addr(c.buf as usize), len).read_all(&mut data, GFP_KERNEL)?;
+        conn.ud_send(c.peer, &data, imm, c.timeout_ms)
+    }
+
+    fn ud_recv(&self, arg: usize, nonblock: bool) -> Result {
+        let mut c: abi::UdRecv = read_arg(arg)?;
+        // flags, imm_data, peer, src_qp and src are outputs.
+        require_zero(&[c.reserved])?;
+        let conn = self.conn_of(c.id, QpType::Ud)?;
+        let capacity = c.len as usize;
+        let mut writer = UserSlice::new(UserPtr::from_addr(c.buf as usize), capacity).writer();
+        let got = conn.ud_recv(&mut writer, capacity, Wait::new(c.timeout_ms, nonblock))?;
+        c.len = got.len as u32;
+        c.flags = if got.imm.is_some() {
+            abi::UD_WITH_IMM
+        } else {
+            0
+        };
+        c.imm_data = got.imm.unwrap_or(0);
+        c.peer = got.peer;
+        c.src_qp = got.src_qp;
+        c.src.bytes = got
+            .src_gid
+            .map(|gid| SocketAddr::from_gid(&gid).to_sockaddr().0)
+            .unwrap_or([0; 128]);
         write_arg(arg, &c)
     }
 
@@ -786,7 +834,7 @@ impl CtlFile {
             remote_read: c.access & abi::ACCESS_REMOTE_READ != 0,
             remote_write: c.access & abi::ACCESS_REMOTE_WRITE != 0,
         };
-        let conn = self.live_conn_of(c.id)?;
+        let conn = self.live_conn_of(c.id, QpType::Rc)?;
         let (handle, remote) = conn.register(c.length as usize, access, c.timeout_ms)?;
         c.mr = handle;
         c.addr = remote.addr;
@@ -802,12 +850,13 @@ impl CtlFile {
     fn mr_dereg(&self, arg: usize) -> Result {
         let c: abi::MrCmd = read_arg(arg)?;
         require_zero(&[c.reserved])?;
-        self.conn_of(c.id)?.deregister(c.mr, c.timeout_ms)
+        self.conn_of(c.id, QpType::Rc)?
+            .deregister(c.mr, c.timeout_ms)
     }
 
     fn mr_copy(&self, arg: usize, direction: CopyDirection) -> Result {
         let c: abi::MrCopy = read_arg(arg)?;
-        let conn = self.conn_of(c.id)?;
+        let conn = self.conn_of(c.id, QpType::Rc)?;
         let (offset, len) = (c.offset as usize, c.len as usize);
         conn.mr_check(c.mr, offset, len)?;
         let user = UserSlice::new(UserPtr::from_addr(c.buf as usize), len);
@@ -841,7 +890,7 @@ impl CtlFile {
         if c.len == 0 {
             return Err(EINVAL);
         }
-        self.live_conn_of(c.id)?
+        self.live_conn_of(c.id, QpType::Rc)?
             .rdma(op, c.mr, c.offset as usize, remote, c.timeout_ms)
     }
 }

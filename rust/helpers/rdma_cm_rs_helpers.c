@@ -228,3 +228,47 @@ void rdma_cm_rs_kunit_skip(const char *reason)
 	if (test)
 		kunit_mark_skipped(test, "%s", reason);
 }
+
+/*
+ * A UD QP's Q_Key and port: ib_qp_attr embeds address vectors whose unions
+ * Rust cannot zero-initialise, so the query runs here.
+ */
+int rdma_cm_rs_query_ud_qp(struct ib_qp *qp, u32 *qkey, u32 *port_num)
+{
+	struct ib_qp_attr attr = {};
+	struct ib_qp_init_attr init_attr = {};
+	int ret;
+
+	ret = ib_query_qp(qp, &attr, IB_QP_QKEY | IB_QP_PORT, &init_attr);
+	if (ret)
+		return ret;
+	*qkey = attr.qkey;
+	*port_num = attr.port_num;
+	return 0;
+}
+
+/* The port's active MTU in bytes, or a negative errno. */
+int rdma_cm_rs_port_active_mtu(struct ib_device *dev, u32 port_num)
+{
+	struct ib_port_attr attr;
+	int ret;
+
+	ret = ib_query_port(dev, port_num, &attr);
+	if (ret)
+		return ret;
+	ret = ib_mtu_enum_to_int(attr.active_mtu);
+	return ret > 0 ? ret : -EINVAL;
+}
+
+/*
+ * An address handle from an address vector the caller holds (a CM event's):
+ * rdma_create_ah may fill in and restore the vector's GID reference, so it
+ * works on a copy, which borrows the caller's reference for the call.
+ */
+struct ib_ah *rdma_cm_rs_create_ah(struct ib_pd *pd,
+				   const struct rdma_ah_attr *ah_attr)
+{
+	struct rdma_ah_attr copy = *ah_attr;
+
+	return rdma_create_ah(pd, &copy, RDMA_CREATE_AH_SLEEPABLE);
+}

@@ -60,6 +60,23 @@ impl Default for SockaddrBuf {
 }
 
 impl SocketAddr {
+    /// The address of a RoCE GID (port 0): an IPv4-mapped GID is the IPv4
+    /// address, as `rdma_gid2ip` has it; any other one an IPv6 address.
+    pub fn from_gid(gid: &[u8; 16]) -> Self {
+        if gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff {
+            let mut ip = [0u8; 4];
+            ip.copy_from_slice(&gid[12..]);
+            Self::V4 { ip, port: 0 }
+        } else {
+            Self::V6 {
+                ip: *gid,
+                port: 0,
+                flowinfo: 0,
+                scope_id: 0,
+            }
+        }
+    }
+
     /// The address family (`AF_INET` or `AF_INET6`).
     pub fn family(&self) -> u16 {
         match self {

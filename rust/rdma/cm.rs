@@ -41,8 +41,8 @@
 //!   dropped unadopted makes the callback return non-zero, so the CM
 //!   destroys the new id (take-once ownership: the id is destroyed by
 //!   exactly one party).
-//! * The id owns its QP ([`LockedId::create_qp`], reliable connected ids
-//!   only).  Destruction first marks the id dying under its handler mutex,
+//! * The id owns its QP ([`LockedId::create_qp`]: reliable connected on
+//!   TCP ids, unreliable datagram on UDP ids).  Destruction first marks the id dying under its handler mutex,
 //!   which waits for a running callback and makes every later `create_qp`
 //!   fail, then shuts down (flushes) and destroys the QP, then destroys
 //!   the id.
@@ -50,8 +50,10 @@
 //!   before the device goes.  Consumers drop their ids on that event (from
 //!   the handler, which defers the destruction).
 
+pub use super::verbs::QpType;
 use super::{
     addr::{SockaddrBuf, SocketAddr},
+    ah::{Ah, UdDest},
     bindings,
     callback::{current_task, in_any_callback, CallbackMark},
     conn_param::{ConnParam, PrivateDataUse, MAX_RETRY_COUNT},
@@ -100,30 +102,12 @@ impl PortSpace {
     }
 }
 
-/// QP types the CM can connect.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(u32)]
-pub enum QpType {
-    /// Reliable connected.
-    Rc = bindings::ib_qp_type_IB_QPT_RC,
-    /// Unreliable datagram.
-    Ud = bindings::ib_qp_type_IB_QPT_UD,
-}
-
-impl QpType {
-    /// The QP type of a raw value.
-    pub fn from_raw(raw: u32) -> Result<Self> {
-        match raw {
-            bindings::ib_qp_type_IB_QPT_RC => Ok(Self::Rc),
-            bindings::ib_qp_type_IB_QPT_UD => Ok(Self::Ud),
-            _ => Err(EINVAL),
-        }
-    }
-
-    /// Whether `ps` can carry this QP type (`rdma_create_id(3)`).
-    pub fn allowed_in(self, ps: PortSpace) -> bool {
+impl PortSpace {
+    /// Whether the port space carries QPs of type `qp_type`
+    /// (`rdma_create_id(3)`).
+    pub fn carries(self, qp_type: QpType) -> bool {
         matches!(
-            (ps, self),
+            (self, qp_type),
             (PortSpace::Tcp, QpType::Rc)
                 | (PortSpace::Udp, QpType::Ud)
                 | (PortSpace::Ipoib, QpType::Ud)
@@ -263,7 +247,7 @@ impl<H: Handler> CmId<H> {
     /// `ENXIO` if the module holds no [`DestroyQueue`].  The id takes its
     /// own reference on the namespace.
     pub fn new(handler: H, ns: &NetNs, ps: PortSpace, qp_type: QpType) -> Result<Self> {
-        if !qp_type.allowed_in(ps) {
+        if !ps.carries(qp_type) {
             return Err(EINVAL);
         }
         if !deferred::available() {
@@ -681,17 +665,17 @@ impl LockedId<'_> {
 
     /// Connects (`rdma_connect_locked`): after ROUTE_RESOLVED.  On a UD id
     /// this is the SIDR lookup of the remote QP (up to 180 bytes of private
-    /// data), on an RC id a connection request (up to 56) for the id's QP,
-    /// which must exist (`ENOTCONN` otherwise, see [`Self::create_qp`]).
+    /// data), whose ESTABLISHED event [`Self::ud_dest`] turns into a
+    /// destination; on an RC id a connection request (up to 56).  Either
+    /// way for the id's QP, which must exist (`ENOTCONN` otherwise, see
+    /// [`Self::create_qp`]).
     pub fn connect(&self, param: &ConnParam) -> Result {
+        if !self.has_live_qp() {
+            return Err(ENOTCONN);
+        }
         let usage = match self.qp_type {
             QpType::Ud => PrivateDataUse::ConnectUd,
-            QpType::Rc => {
-                if !self.has_live_qp() {
-                    return Err(ENOTCONN);
-                }
-                PrivateDataUse::ConnectRc
-            }
+            QpType::Rc => PrivateDataUse::ConnectRc,
         };
         self.check_param(param, usage)?;
         let mut raw = param.as_raw();
@@ -721,14 +705,24 @@ impl LockedId<'_> {
 
     /// Accepts a connection request (`rdma_accept`) with the id's QP, which
     /// must exist (`ENOTCONN`: adopt the request's id and create it first);
-    /// `None` uses [`Self::request_accept_param`].  `EOPNOTSUPP` on UD ids,
-    /// whose SIDR reply would name a UD QP this layer does not provide yet.
+    /// `None` uses [`Self::request_accept_param`].  On a UD id this is the
+    /// SIDR reply: it names the id's UD QP and its Q_Key, and carries up to
+    /// 136 bytes of private data (the other parameters mean nothing to
+    /// SIDR); no event follows on this side.
     pub fn accept(&self, param: Option<&ConnParam>) -> Result {
-        if self.qp_type != QpType::Rc {
-            return Err(EOPNOTSUPP);
-        }
         if !self.has_live_qp() {
             return Err(ENOTCONN);
+        }
+        if self.qp_type == QpType::Ud {
+            let param = param.copied().unwrap_or_default();
+            param.data().check(PrivateDataUse::AcceptUd)?;
+            let mut raw = param.as_raw();
+            // SAFETY: The handler mutex is held (type invariants), as
+            // `rdma_accept` asserts; `raw` and the private data it points
+            // into outlive the call.  A zero `qkey` makes the CM answer
+            // with the port space's default Q_Key, the one the QP was
+            // created with.
+            return to_result(unsafe { bindings::rdma_accept(self.as_ptr(), &mut raw) });
         }
         let defaults;
         let param = match param {
@@ -746,9 +740,14 @@ impl LockedId<'_> {
     }
 
     /// Rejects a connection request (`rdma_reject`) with an IB CM reason
-    /// (0 means consumer defined, 28) and up to 148 bytes of private data.
+    /// (0 means consumer defined, 28) and up to 148 bytes of private data,
+    /// 136 on a UD id (a SIDR reply carries the rejection).
     pub fn reject(&self, reason: u8, data: &[u8]) -> Result {
-        if data.len() > PrivateDataUse::Reject.limit() {
+        let limit = match self.qp_type {
+            QpType::Rc => PrivateDataUse::Reject.limit(),
+            QpType::Ud => PrivateDataUse::AcceptUd.limit(),
+        };
+        if data.len() > limit {
             return Err(EINVAL);
         }
         let reason = if reason == 0 {
@@ -827,11 +826,36 @@ impl LockedId<'_> {
         to_result(unsafe { bindings::rdma_set_min_rnr_timer(self.as_ptr(), timer) })
     }
 
-    /// Creates the id's QP (`rdma_create_qp`) on `pd`, completing on `cq`.
+    /// The destination a SIDR lookup found: on the ESTABLISHED event of a
+    /// UD id's [`Self::connect`], an address handle on `pd` (the PD of the
+    /// id's QP) from the event's address vector, with the remote QP number
+    /// and Q_Key the reply named.  Call it from the handler: the vector
+    /// lives only as long as the event.  `EINVAL` for another event or a
+    /// non-UD id, `EXDEV` for a PD of another device than the id's.
+    pub fn ud_dest(&self, event: &Event<'_>, pd: &Arc<Pd>) -> Result<UdDest> {
+        if self.qp_type != QpType::Ud || event.kind() != EventType::Established {
+            return Err(EINVAL);
+        }
+        let ud = event.ud_param().ok_or(EINVAL)?;
+        self.device()?.check_same(pd.device())?;
+        let attr = &ud.raw.ah_attr;
+        // SAFETY: `attr` is the address vector the CM filled for this
+        // ESTABLISHED event (`cma_sidr_rep_handler`), whose source GID
+        // reference the CM holds until the handler returns, which this call
+        // (borrowing the event) does not outlive.
+        let ah = unsafe { Ah::from_attr(pd, attr) }?;
+        let routed = u32::from(attr.ah_flags) & bindings::ib_ah_flags_IB_AH_GRH != 0;
+        // SAFETY: Any bytes are a valid GID.
+        let dgid = unsafe { attr.grh.dgid.raw };
+        let gid = routed.then_some(dgid);
+        UdDest::new(ah, ud.qp_num(), ud.qkey(), gid)
+    }
+
+    /// Creates the id's QP (`rdma_create_qp`) on `pd`, completing on `cq`,
+    /// of the id's QP type (a UD QP gets the port space's Q_Key and is
+    /// ready to send and receive at once).
     ///
-    /// The id owns the QP: its destruction drains and destroys it.  Only
-    /// reliable connected ids have one here (`EOPNOTSUPP` on UD ids, whose
-    /// datagram path this layer does not provide yet).  `EXDEV` if `pd` or
+    /// The id owns the QP: its destruction drains and destroys it.  `EXDEV` if `pd` or
     /// `cq` is of another device than the id's, `ENOSPC` if `cq` has no
     /// room for `caps` and the drain, `EBUSY` if the id has a QP,
     /// `ESHUTDOWN` once the id is being destroyed, `EINVAL` on an id not
@@ -843,9 +867,6 @@ impl LockedId<'_> {
         caps: QpCaps,
     ) -> Result<Arc<Qp<C>>> {
         let slot = self.qp_slot.ok_or(EINVAL)?;
-        if self.qp_type != QpType::Rc {
-            return Err(EOPNOTSUPP);
-        }
         let dev = self.device()?;
         let mut slot = slot.lock();
         match *slot {
@@ -853,7 +874,7 @@ impl LockedId<'_> {
             QpSlot::Live(_) => return Err(EBUSY),
             QpSlot::Dying => return Err(ESHUTDOWN),
         }
-        let (qp, mut attr) = Qp::prepare(&dev, pd, cq, caps)?;
+        let (qp, mut attr) = Qp::prepare(&dev, pd, cq, caps, self.qp_type)?;
         // SAFETY: The id is live, locked and bound to `dev`, the device of
         // `pd` and of the CQs in `attr` (checked by `prepare`), which `qp`
         // keeps alive.
@@ -866,8 +887,13 @@ impl LockedId<'_> {
         };
         // SAFETY: `raw` was created from `attr`; the slot keeps `qp` until
         // the id's destruction or `destroy_qp` shuts it down and only then
-        // destroys it.
-        unsafe { qp.set_created(raw) };
+        // destroys it (or it is destroyed below, never recorded).
+        if let Err(e) = unsafe { qp.set_created(raw) } {
+            // SAFETY: The id is live and locked; its QP was just created,
+            // nothing was posted to it and nobody else knows it.
+            unsafe { bindings::rdma_destroy_qp(self.as_ptr()) };
+            return Err(e);
+        }
         *slot = QpSlot::Live(qp.clone());
         Ok(qp)
     }

@@ -159,6 +159,17 @@ impl Device {
         self.attrs().device_cap_flags & flag != 0
     }
 
+    /// The active MTU of `port` in bytes (`ib_query_port`): the largest
+    /// datagram a UD QP on that port can send.  `EINVAL` for a port the
+    /// device does not have.
+    pub fn port_active_mtu(&self, port: u32) -> Result<u32> {
+        // SAFETY: The device is valid; `ib_query_port` checks the port
+        // number and may sleep (callers are in process context).
+        let mtu = unsafe { bindings::rdma_cm_rs_port_active_mtu(self.as_ptr(), port) };
+        kernel::error::to_result(mtu)?;
+        Ok(mtu as u32)
+    }
+
     /// The longest page list one fast registration maps.
     pub fn max_fast_reg_page_list_len(&self) -> u32 {
         self.attrs().max_fast_reg_page_list_len

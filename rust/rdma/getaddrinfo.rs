@@ -106,7 +106,7 @@ pub fn getaddrinfo(node: Option<&[u8]>, service: Option<&[u8]>, hints: &Hints) -
         QpType::Rc => PortSpace::Tcp,
         QpType::Ud => PortSpace::Udp,
     });
-    if !qp_type.allowed_in(port_space) {
+    if !port_space.carries(qp_type) {
         return Err(EINVAL);
     }
     let passive = hints.flags & RAI_PASSIVE != 0;

@@ -11,9 +11,10 @@
 //!
 //! * [`callback`]: which tasks are inside the layer's callbacks.
 //! * [`device`]: RDMA devices ([`device::Device`], counted with `ARef`).
-//! * [`pd`], [`mr`], [`verbs`]: protection domains, registered regions,
-//!   CQs, RC queue pairs, buffers and work requests, all bound to one
-//!   device.  They know nothing of the CM.
+//! * [`pd`], [`mr`], [`ah`], [`verbs`]: protection domains, registered
+//!   regions, address handles and datagram destinations, CQs, RC and UD
+//!   queue pairs, buffers and work requests, all bound to one device.
+//!   They know nothing of the CM.
 //! * [`net`]: network namespaces.
 //! * [`addr`], [`conn_param`], [`event`]: socket addresses, connection
 //!   parameters with the man pages' limits, typed events.
@@ -27,6 +28,7 @@
 //! See `Documentation/rdma_cm_rs/design.rst` for the object model.
 
 pub mod addr;
+pub mod ah;
 pub mod callback;
 pub mod cm;
 pub mod conn_param;

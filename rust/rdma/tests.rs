@@ -324,6 +324,7 @@ mod id_tests {
         cm::*,
         deferred::flush_deferred_destroys,
         event::*,
+        mr::{Mr, MrAccess},
         net::NetNs,
         pd::Pd,
         verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer},
@@ -358,11 +359,11 @@ mod id_tests {
 
     #[test]
     fn qp_type_must_fit_port_space() {
-        assert!(QpType::Rc.allowed_in(PortSpace::Tcp));
-        assert!(!QpType::Ud.allowed_in(PortSpace::Tcp));
-        assert!(QpType::Ud.allowed_in(PortSpace::Udp));
-        assert!(!QpType::Rc.allowed_in(PortSpace::Udp));
-        assert!(QpType::Rc.allowed_in(PortSpace::Ib));
+        assert!(PortSpace::Tcp.carries(QpType::Rc));
+        assert!(!PortSpace::Tcp.carries(QpType::Ud));
+        assert!(PortSpace::Udp.carries(QpType::Ud));
+        assert!(!PortSpace::Udp.carries(QpType::Rc));
+        assert!(PortSpace::Ib.carries(QpType::Rc));
     }
 
     struct Nop;
@@ -471,11 +472,12 @@ mod id_tests {
         Ok((pd, cq))
     }
 
-    /// A UD id has no RC data path: the layer refuses to give it a QP
-    /// (posting RC work requests to a UD QP makes rxe follow a missing
-    /// address handle, and draining it warns in `ib_drain_sq`).
+    /// A UD id gets a UD QP, which takes datagrams only: an RC SEND (no
+    /// address handle: rxe would follow a null one) and memory work are
+    /// refused before they reach the driver, and so is a datagram above the
+    /// port's MTU (rxe would drop it and report success).
     #[test]
-    fn ud_ids_get_no_rc_qp() {
+    fn ud_qp_takes_only_datagrams() {
         let id = CmId::new(Nop, &NetNs::init(), PortSpace::Udp, QpType::Ud).unwrap();
         let made = id.with_lock(|l| {
             let caps = QpCaps {
@@ -483,10 +485,39 @@ mod id_tests {
                 max_recv_wr: 2,
             };
             let (pd, cq) = pd_and_cq_on_rxe(l, caps, Nop)?;
-            Ok(l.create_qp(&pd, &cq, caps).err())
+            let qp = l.create_qp(&pd, &cq, caps)?;
+            let mut buf = SendBuffer::new(&pd, 64)?;
+            buf.fill(b"datagram")?;
+            let rc_send = qp.post_send(buf).err().map(|(e, _)| e);
+            let mr = Mr::new(&pd, 4096)?;
+            let access = MrAccess {
+                remote_read: true,
+                remote_write: false,
+            };
+            let register = qp.register(&mr, access, 1).err();
+            let recv_without_room = qp
+                .post_recv(RecvBuffer::new(&pd, crate::rdma::ah::GRH_SIZE)?)
+                .err()
+                .map(|(e, _)| e);
+            Ok((
+                qp.qp_type(),
+                qp.qkey(),
+                qp.max_datagram(),
+                rc_send,
+                register,
+                recv_without_room,
+            ))
         });
         match made {
-            Ok(refused) => assert_eq!(refused, Some(EOPNOTSUPP)),
+            Ok((qp_type, qkey, max_datagram, rc_send, register, recv_without_room)) => {
+                assert_eq!(qp_type, QpType::Ud);
+                // RDMA_UDP_QKEY, the CM's Q_Key for RDMA_PS_UDP.
+                assert_eq!(qkey, 0x0123_4567);
+                assert!((256..=4096).contains(&max_datagram));
+                assert_eq!(rc_send, Some(EOPNOTSUPP));
+                assert_eq!(register, Some(EOPNOTSUPP));
+                assert_eq!(recv_without_room, Some(EINVAL));
+            }
             Err(e) => super::skip_without_devices(e),
         }
     }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Verbs for the data path: completion queues, reliable connected queue
-//! pairs, DMA-mapped message buffers, and the memory work requests
-//! (registration, invalidation, RDMA READ/WRITE) over [`Mr`]s.
+//! Verbs for the data path: completion queues, reliable connected and
+//! unreliable datagram queue pairs, DMA-mapped message buffers, datagrams
+//! to [`UdDest`]s, and the memory work requests (registration,
+//! invalidation, RDMA READ/WRITE) over [`Mr`]s on reliable connected QPs.
 //!
 //! This level knows nothing of the connection manager: a [`Qp`] is
 //! prepared here ([`Qp::prepare`]), created by whoever owns the QP's
@@ -21,6 +22,15 @@
 //!   buffers and regions of that device (`EXDEV` otherwise) and of its own
 //!   PD (`EINVAL` otherwise), before any of it reaches the driver.  A
 //!   buffer holds its PD: the local key it is posted with is the PD's.
+//! * A UD send holds its destination's address handle until its
+//!   completion; the address handle holds its PD.  A UD receive reserves
+//!   the first [`GRH_SIZE`] bytes of its buffer for the global route
+//!   header and reports the payload after it, with the sender
+//!   ([`Datagram`]).  A QP takes only the work its type has: SENDs without
+//!   a destination and memory work on RC QPs, datagrams on UD QPs
+//!   (`EOPNOTSUPP` otherwise), and no datagram larger than the port's MTU
+//!   (`EMSGSIZE`: rxe would report such a send as successful and emit
+//!   nothing, as the IBTA allows).
 //! * A QP keeps its PD and CQ alive; they are freed after it.  A QP takes
 //!   no more work requests than its [`QpCaps`] (`ENOSPC`), counted from
 //!   post to completion; it reserves room on its CQ for all of them plus
@@ -42,6 +52,7 @@
 //! buffer and region comes back to the [`CompletionHandler`] exactly once.
 
 use super::{
+    ah::{Datagram, UdDest, GRH_SIZE},
     bindings,
     callback::CallbackMark,
     device::Device,
@@ -58,6 +69,27 @@ use kernel::{
     sync::{aref::ARef, Arc, CondVar, CondVarTimeoutResult, Mutex, SpinLock},
     time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
 };
+
+/// The QP types this layer makes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u32)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc = bindings::ib_qp_type_IB_QPT_RC,
+    /// Unreliable datagram.
+    Ud = bindings::ib_qp_type_IB_QPT_UD,
+}
+
+impl QpType {
+    /// The QP type of a raw value.
+    pub fn from_raw(raw: u32) -> Result<Self> {
+        match raw {
+            bindings::ib_qp_type_IB_QPT_RC => Ok(Self::Rc),
+            bindings::ib_qp_type_IB_QPT_UD => Ok(Self::Ud),
+            _ => Err(EINVAL),
+        }
+    }
+}
 
 /// How long a QP's shutdown waits for the driver to flush its outstanding
 /// requests before it reclaims them after destroying the QP.
@@ -241,9 +273,20 @@ struct Buffer {
     pd: Arc<Pd>,
     /// Held from post to completion: the QP's count of requests in flight.
     credit: Option<Credit>,
+    /// A UD send's destination, held from post to completion.
+    dest: Option<UdDest>,
+    /// Sends: the immediate data to carry (SEND_WITH_IMM).  Receives: what
+    /// arrived with the last completion.
+    imm: Option<u32>,
+    /// Receives on a UD QP: the sender of the last completion.
+    datagram: Option<Datagram>,
+    /// Receives: posted on a UD QP, whose completions start with the GRH.
+    on_ud: bool,
     dma: u64,
     direction: bindings::dma_data_direction,
     lkey: u32,
+    /// Where the payload starts in `data` (after the GRH on UD receives).
+    offset: usize,
     len: usize,
     data: KVec<u8>,
 }
@@ -285,9 +328,14 @@ impl Buffer {
                 cqe: bindings::ib_cqe { done: None },
                 pd: pd.clone(),
                 credit: None,
+                dest: None,
+                imm: None,
+                datagram: None,
+                on_ud: false,
                 dma,
                 direction,
                 lkey: pd.local_dma_lkey(),
+                offset: 0,
                 len: 0,
                 data,
             },
@@ -373,14 +421,26 @@ impl RecvBuffer {
         )?))
     }
 
-    /// The bytes the last completion delivered.
+    /// The bytes the last completion delivered (on a UD QP, the payload
+    /// after the global route header).
     pub fn data(&self) -> &[u8] {
-        &self.0.data[..self.0.len]
+        &self.0.data[self.0.offset..self.0.offset + self.0.len]
     }
 
-    /// How much one receive can take.
+    /// How much one receive can take (on a UD QP, [`GRH_SIZE`] of it is
+    /// the global route header).
     pub fn capacity(&self) -> usize {
         self.0.data.len()
+    }
+
+    /// The immediate data of the last completion (SEND_WITH_IMM), host order.
+    pub fn imm(&self) -> Option<u32> {
+        self.0.imm
+    }
+
+    /// The sender of the last completion, on a UD QP.
+    pub fn datagram(&self) -> Option<&Datagram> {
+        self.0.datagram.as_ref()
     }
 }
 
@@ -410,6 +470,12 @@ impl SendBuffer {
     /// The bytes that will be sent.
     pub fn data(&self) -> &[u8] {
         &self.0.data[..self.0.len]
+    }
+
+    /// Immediate data to send with the contents (SEND_WITH_IMM, host
+    /// order; sent big-endian), or none (SEND).
+    pub fn set_imm(&mut self, imm: Option<u32>) {
+        self.0.imm = imm;
     }
 
     /// How much one send can carry.
@@ -622,19 +688,24 @@ pub(crate) trait QpShutdown: Send + Sync {
     fn qp_num(&self) -> u32;
 }
 
-/// A reliable connected queue pair.
+/// A queue pair: reliable connected or unreliable datagram.
 ///
 /// # Invariants
 ///
 /// * `raw` holds the live QP from [`Qp::set_created`] until
 ///   [`QpShutdown::shutdown`] takes it; it was created on `pd` with `cq`
-///   as send and receive CQ.
+///   as send and receive CQ, of type `qp_type`.
 /// * The object owns a reservation of `cq_room` entries on `cq`.
 #[pin_data(PinnedDrop)]
 pub struct Qp<C: CompletionHandler> {
     #[pin]
     raw: Mutex<Option<NonNull<bindings::ib_qp>>>,
+    qp_type: QpType,
     qp_num: AtomicU32,
+    /// UD: the QP's Q_Key, port and largest datagram, read once created.
+    qkey: AtomicU32,
+    port_num: AtomicU32,
+    max_datagram: AtomicU32,
     cq_room: u32,
     credits: Arc<WrCredits>,
     pd: Arc<Pd>,
@@ -651,12 +722,14 @@ impl<C: CompletionHandler> Qp<C> {
     /// Checks that `pd` and `cq` live on `dev` (`EXDEV`) and that `cq` has
     /// room for `caps` and two spare entries (`ENOSPC`), reserves that
     /// room, and returns a QP object not created yet with the attributes
-    /// to create it with (RC, one SGE a request, one spare slot a queue).
+    /// to create it with (`qp_type`, one SGE a request, one spare slot a
+    /// queue).
     pub(crate) fn prepare(
         dev: &Device,
         pd: &Arc<Pd>,
         cq: &Arc<Cq<C>>,
         caps: QpCaps,
+        qp_type: QpType,
     ) -> Result<(Arc<Self>, bindings::ib_qp_init_attr)> {
         dev.check_same(pd.device())?;
         dev.check_same(cq.device())?;
@@ -664,7 +737,7 @@ impl<C: CompletionHandler> Qp<C> {
         let mut attr: bindings::ib_qp_init_attr = pin_init::zeroed();
         attr.send_cq = cq.as_ptr();
         attr.recv_cq = cq.as_ptr();
-        attr.qp_type = bindings::ib_qp_type_IB_QPT_RC;
+        attr.qp_type = qp_type as u32;
         attr.sq_sig_type = bindings::ib_sig_type_IB_SIGNAL_ALL_WR;
         attr.cap.max_send_wr = caps.max_send_wr.checked_add(1).ok_or(EINVAL)?;
         attr.cap.max_recv_wr = caps.max_recv_wr.checked_add(1).ok_or(EINVAL)?;
@@ -676,7 +749,11 @@ impl<C: CompletionHandler> Qp<C> {
         let qp = Arc::pin_init(
             pin_init!(Self {
                 raw <- new_mutex!(None),
+                qp_type,
                 qp_num: AtomicU32::new(0),
+                qkey: AtomicU32::new(0),
+                port_num: AtomicU32::new(0),
+                max_datagram: AtomicU32::new(0),
                 cq_room: room,
                 credits,
                 pd: pd.clone(),
@@ -700,12 +777,64 @@ impl<C: CompletionHandler> Qp<C> {
     /// `raw` must be a live QP created from those attributes (on this
     /// object's PD and CQ), which its owner destroys only after
     /// [`QpShutdown::shutdown`] returned `true`.
-    pub(crate) unsafe fn set_created(&self, raw: NonNull<bindings::ib_qp>) {
+    pub(crate) unsafe fn set_created(&self, raw: NonNull<bindings::ib_qp>) -> Result {
         // SAFETY: `raw` is live by the safety requirements.
         let num = unsafe { (*raw.as_ptr()).qp_num };
         self.qp_num.store(num, Ordering::Release);
+        if self.qp_type == QpType::Ud {
+            let (mut qkey, mut port_num) = (0u32, 0u32);
+            // SAFETY: `raw` is live; both outputs are writable for the call
+            // (`ib_query_qp`, process context).
+            kernel::error::to_result(unsafe {
+                bindings::rdma_cm_rs_query_ud_qp(raw.as_ptr(), &mut qkey, &mut port_num)
+            })?;
+            self.qkey.store(qkey, Ordering::Release);
+            self.port_num.store(port_num, Ordering::Release);
+            let mtu = self.device().port_active_mtu(port_num)?;
+            self.max_datagram.store(mtu, Ordering::Release);
+        }
         // INVARIANT: By the safety requirements.
         *self.raw.lock() = Some(raw);
+        Ok(())
+    }
+
+    /// The QP's type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// UD QPs: the Q_Key datagrams to this QP must carry.
+    pub fn qkey(&self) -> u32 {
+        self.qkey.load(Ordering::Acquire)
+    }
+
+    /// UD QPs: the largest datagram a send may carry (the port's active
+    /// MTU), 0 on RC QPs.
+    pub fn max_datagram(&self) -> usize {
+        self.max_datagram.load(Ordering::Acquire) as usize
+    }
+
+    /// `EOPNOTSUPP` unless the QP is of type `want`.
+    fn check_type(&self, want: QpType) -> Result {
+        if self.qp_type == want {
+            Ok(())
+        } else {
+            Err(EOPNOTSUPP)
+        }
+    }
+
+    /// A destination back to the sender of a datagram this QP received:
+    /// an address handle on the QP's PD (made from the receive's
+    /// completion and global route header; sleeps), the sender's QP number
+    /// and this QP's Q_Key (a UD service answers with its own).  `EINVAL`
+    /// if the buffer holds no datagram or is of another PD, `EXDEV` of
+    /// another device.
+    pub fn reply_dest(&self, buf: &RecvBuffer) -> Result<UdDest> {
+        self.check_type(QpType::Ud)?;
+        self.check_pd(&buf.0.pd)?;
+        let datagram = buf.datagram().ok_or(EINVAL)?;
+        let ah = datagram.reply_ah(&self.pd, self.port_num.load(Ordering::Acquire))?;
+        UdDest::new(ah, datagram.src_qp(), self.qkey(), datagram.src_gid())
     }
 
     /// The PD's device.
@@ -745,7 +874,10 @@ impl<C: CompletionHandler> Qp<C> {
     ///
     /// `cqe` and `credit` must point into one object leaked by the caller,
     /// live until the request's completion or, if this fails, until the
-    /// caller recovers it; `cqe.done` must be set.
+    /// caller recovers it; `cqe.done` must be set.  The request `fill`
+    /// returns must be one of the QP's type, and what it points to must
+    /// live across the call (an address handle it names until the
+    /// request's completion).
     unsafe fn post_send_raw(
         &self,
         cqe: *mut bindings::ib_cqe,
@@ -765,10 +897,12 @@ impl<C: CompletionHandler> Qp<C> {
         wr.__bindgen_anon_1.wr_cqe = cqe;
         wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
         let wr = fill(&mut wr);
-        // SAFETY: `raw` is a live RC QP under the lock; `wr` is an RC send
-        // request (or the `wr` of an RC `ib_rdma_wr`/`ib_reg_wr`) that
-        // lives, with what it points to, across the call (the caller's
-        // contract); the driver copies it before returning.
+        // SAFETY: `raw` is a live QP under the lock; `wr` is a send request
+        // of the QP's type (on RC a SEND or the `wr` of an
+        // `ib_rdma_wr`/`ib_reg_wr`, on UD the `wr` of an `ib_ud_wr` whose
+        // address handle is live) that lives, with what it points to,
+        // across the call (the caller's contract); the driver copies it
+        // before returning.
         let posted = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr) };
         let ret = kernel::error::to_result(posted);
         if ret.is_err() {
@@ -795,6 +929,12 @@ impl<C: CompletionHandler> Qp<C> {
         };
         let mut inner = buf.0;
         inner.credit = Some(credit);
+        inner.on_ud = self.qp_type == QpType::Ud;
+        if inner.on_ud && inner.data.len() <= GRH_SIZE {
+            let credit = inner.credit.take();
+            drop(credit);
+            return Err((EINVAL, RecvBuffer(inner)));
+        }
         // The CPU may have read the buffer since its last use: give it back
         // to the device before the device writes it.
         inner.sync_for_device(inner.data.len());
@@ -828,11 +968,46 @@ impl<C: CompletionHandler> Qp<C> {
         Ok(())
     }
 
-    /// Posts a SEND of the buffer's contents (signaled).  On failure the
-    /// buffer comes back with the error: `EXDEV`/`EINVAL` for a buffer of
-    /// another device or PD, `ENOSPC` with `max_send_wr` requests in
-    /// flight, `ENOTCONN` once the QP is shut down.
+    /// Posts a SEND (or SEND_WITH_IMM, see [`SendBuffer::set_imm`]) of the
+    /// buffer's contents (signaled) on an RC QP.  On failure the buffer
+    /// comes back with the error: `EOPNOTSUPP` on a UD QP (see
+    /// [`Self::post_send_ud`]), `EXDEV`/`EINVAL` for a buffer of another
+    /// device or PD, `ENOSPC` with `max_send_wr` requests in flight,
+    /// `ENOTCONN` once the QP is shut down.
     pub fn post_send(&self, buf: SendBuffer) -> core::result::Result<(), (Error, SendBuffer)> {
+        if let Err(e) = self.check_type(QpType::Rc) {
+            return Err((e, buf));
+        }
+        self.post_send_to(buf, None)
+    }
+
+    /// Posts one datagram (SEND or SEND_WITH_IMM, signaled) of the buffer's
+    /// contents to `dest` on a UD QP; the request holds `dest` until its
+    /// completion.  Errors as [`Self::post_send`], and `EOPNOTSUPP` on an
+    /// RC QP, `EXDEV`/`EINVAL` for an address handle of another device or
+    /// PD, `EMSGSIZE` above [`Self::max_datagram`].
+    pub fn post_send_ud(
+        &self,
+        buf: SendBuffer,
+        dest: &UdDest,
+    ) -> core::result::Result<(), (Error, SendBuffer)> {
+        if let Err(e) = self
+            .check_type(QpType::Ud)
+            .and_then(|()| self.check_pd(dest.ah.pd()))
+        {
+            return Err((e, buf));
+        }
+        if buf.0.len > self.max_datagram() {
+            return Err((EMSGSIZE, buf));
+        }
+        self.post_send_to(buf, Some(dest.clone()))
+    }
+
+    fn post_send_to(
+        &self,
+        buf: SendBuffer,
+        dest: Option<UdDest>,
+    ) -> core::result::Result<(), (Error, SendBuffer)> {
         if let Err(e) = self.check_pd(&buf.0.pd) {
             return Err((e, buf));
         }
@@ -845,6 +1020,11 @@ impl<C: CompletionHandler> Qp<C> {
         inner.sync_for_device(inner.len);
         inner.cqe.done = Some(send_done::<C>);
         let mut sge = inner.sge(inner.len);
+        let imm = inner.imm;
+        // The request keeps the address handle; a copy of its fields goes
+        // into the work request.
+        let ud = dest.as_ref().map(|d| (d.ah.as_ptr(), d.qp_num, d.qkey));
+        inner.dest = dest;
         let leaked = KBox::into_raw(inner);
         // SAFETY: `leaked` is live until its completion or the failure
         // below; the credit, set above, is a field apart from the entry.
@@ -857,20 +1037,39 @@ impl<C: CompletionHandler> Qp<C> {
                     .map_or(ptr::null_mut(), ptr::from_mut),
             )
         };
+        // The UD form of the request, filled in below on UD QPs.
+        let mut ud_wr: bindings::ib_ud_wr = pin_init::zeroed();
         // SAFETY: Both point into `leaked`, recovered below on failure; its
-        // `done` is set.
+        // `done` is set.  The address handle `ud` names is held by the
+        // request (`dest`) until its completion.
         let ret = unsafe {
             self.post_send_raw(cqe, credit, |wr| {
                 wr.sg_list = &raw mut sge;
                 wr.num_sge = 1;
-                wr.opcode = bindings::ib_wr_opcode_IB_WR_SEND;
-                wr
+                wr.opcode = match imm {
+                    Some(imm) => {
+                        wr.ex.imm_data = imm.to_be();
+                        bindings::ib_wr_opcode_IB_WR_SEND_WITH_IMM
+                    }
+                    None => bindings::ib_wr_opcode_IB_WR_SEND,
+                };
+                match ud {
+                    Some((ah, remote_qpn, remote_qkey)) => {
+                        ud_wr.wr = *wr;
+                        ud_wr.ah = ah;
+                        ud_wr.remote_qpn = remote_qpn;
+                        ud_wr.remote_qkey = remote_qkey;
+                        &raw const ud_wr.wr
+                    }
+                    None => wr,
+                }
             })
         };
         if let Err(e) = ret {
             // SAFETY: The post failed: the QP does not own the buffer.
             let mut inner = unsafe { KBox::from_raw(leaked) };
             inner.credit = None;
+            inner.dest = None;
             return Err((e, SendBuffer(inner)));
         }
         Ok(())
@@ -882,6 +1081,7 @@ impl<C: CompletionHandler> Qp<C> {
         cpu_sync: Option<(usize, usize)>,
         fill: impl FnOnce(&mut bindings::ib_send_wr) -> *const bindings::ib_send_wr,
     ) -> Result {
+        self.check_type(QpType::Rc)?;
         self.check_pd(done.mr.pd())?;
         let credit = self.credits.take(WrQueue::Send)?;
         let work = KBox::new(
@@ -920,6 +1120,7 @@ impl<C: CompletionHandler> Qp<C> {
     /// the region is registered already, `EXDEV` if it lives on another
     /// device, `EINVAL` in another PD.
     pub fn register(&self, mr: &Arc<Mr>, access: MrAccess, tag: u64) -> Result<RemoteRegion> {
+        self.check_type(QpType::Rc)?;
         self.check_pd(mr.pd())?;
         let mut reg = mr.registration();
         if reg.valid {
@@ -957,6 +1158,7 @@ impl<C: CompletionHandler> Qp<C> {
     /// once it has executed, the advertised key grants nothing.  `EINVAL` if
     /// the region is not registered.
     pub fn invalidate(&self, mr: &Arc<Mr>, tag: u64) -> Result {
+        self.check_type(QpType::Rc)?;
         self.check_pd(mr.pd())?;
         let mut reg = mr.registration();
         if !reg.valid {
@@ -1148,12 +1350,32 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
     let handler = unsafe { handler_of::<C>(cq) };
     // SAFETY: `wc` is valid during the callback.
     let wc = unsafe { &*wc };
-    // Nothing arrived on an error: no stale bytes from an earlier use.
+    // Nothing arrived on an error: no stale bytes or sender from an
+    // earlier use.
     buf.len = 0;
-    let result = wc_result(wc).map(|()| {
-        buf.len = (wc.byte_len as usize).min(buf.data.len());
-        buf.sync_for_cpu(buf.len);
-        buf.len
+    buf.offset = 0;
+    buf.imm = None;
+    buf.datagram = None;
+    let result = wc_result(wc).and_then(|()| {
+        let total = (wc.byte_len as usize).min(buf.data.len());
+        buf.sync_for_cpu(total);
+        if wc.wc_flags & bindings::ib_wc_flags_IB_WC_WITH_IMM as i32 != 0 {
+            // SAFETY: With IB_WC_WITH_IMM the device set `imm_data`.
+            buf.imm = Some(u32::from_be(unsafe { wc.ex.imm_data }));
+        }
+        if buf.on_ud {
+            // A UD receive always starts with the GRH's 40 bytes, counted
+            // in `byte_len` (IBTA 11.4.1.1): fewer is a device error.
+            if total < GRH_SIZE {
+                return Err(EIO);
+            }
+            buf.datagram = Some(Datagram::new(wc, &buf.data[..GRH_SIZE]));
+            buf.offset = GRH_SIZE;
+            buf.len = total - GRH_SIZE;
+        } else {
+            buf.len = total;
+        }
+        Ok(buf.len)
     });
     handler.recv_done(RecvBuffer(buf), result);
 }
@@ -1170,6 +1392,8 @@ unsafe extern "C" fn send_done<C: CompletionHandler>(
     // SAFETY: By the safety requirements.
     let mut buf = unsafe { Buffer::from_wc(wc) };
     buf.credit = None;
+    // The destination's address handle is free to go once the send is done.
+    buf.dest = None;
     // SAFETY: As in `recv_done`.
     let handler = unsafe { handler_of::<C>(cq) };
     // SAFETY: `wc` is valid during the callback.

@@ -79,7 +79,8 @@ struct rdma_cm_rs_info {
 	__u32 max_message;		/* RDMA_CM_RS_MAX_MESSAGE */
 	__u32 max_ids;			/* ids one file may hold */
 	__u32 recv_depth;		/* RDMA_CM_RS_RECV_DEPTH */
-	__u32 reserved[11];
+	__u32 max_ud_peers;		/* RDMA_CM_RS_MAX_UD_PEERS */
+	__u32 reserved[10];
 };
 
 /* RDMA_CM_RS_IOC_CREATE_ID */
@@ -181,7 +182,9 @@ struct rdma_cm_rs_query {
 	struct rdma_cm_rs_sockaddr src;
 	struct rdma_cm_rs_sockaddr dst;
 	char device[64];		/* NUL-terminated, empty while unbound */
-	__u64 reserved[4];
+	__u32 max_datagram;		/* UD ids with a QP: largest UD_SEND (path MTU) */
+	__u32 qkey;			/* UD ids with a QP: the QP's Q_Key */
+	__u64 reserved[3];
 };
 
 /* States reported by RDMA_CM_RS_IOC_QUERY (the CM's enum rdma_cm_state). */
@@ -206,10 +209,11 @@ struct rdma_cm_rs_event {
 	__u32 event;			/* enum rdma_cm_event_type (RDMA_CM_EVENT_*) */
 	__s32 status;			/* 0 or a negative errno; REJECTED: the reject reason */
 	__u32 new_id;			/* CONNECT_REQUEST: handle of the new id, else 0 */
-	__u32 ud_qp_num;		/* UD (SIDR) events */
-	__u32 ud_qkey;
+	__u32 ud_qp_num;		/* UD ESTABLISHED (SIDR reply): the peer's QP */
+	__u32 ud_qkey;			/* ... and its Q_Key */
 	struct rdma_cm_rs_conn_param param;
-	__u64 reserved[2];
+	__u32 ud_peer;			/* UD ESTABLISHED: the peer's handle for UD_SEND */
+	__u32 reserved[3];
 };
 
 struct rdma_cm_rs_get_event {
@@ -310,6 +314,47 @@ struct rdma_cm_rs_rdma {
 	__u32 reserved;
 };
 
+/*
+ * Datagrams on UD ids (RDMA_CM_RS_PS_UDP, RDMA_CM_RS_QPT_UD).  CONNECT
+ * creates the id's UD QP and performs the SIDR lookup (private data <= 180);
+ * its ESTABLISHED event names the remote QP (ud_qp_num, ud_qkey) and a peer
+ * handle.  ACCEPT on an id from a SIDR request creates the UD QP and
+ * answers with its QP number and Q_Key (private data <= 136).  A peer is an
+ * address handle plus the remote QP number and Q_Key, kept by the id until
+ * it is destroyed; UD_RECV makes one for every new sender, so replies go
+ * back to whoever sent.  Receives leave room for the 40-byte GRH, which
+ * UD_RECV strips.
+ */
+#define RDMA_CM_RS_GRH_SIZE 40
+#define RDMA_CM_RS_MAX_UD_PEERS 64		/* peers one UD id keeps */
+
+#define RDMA_CM_RS_UD_WITH_IMM (1U << 0)	/* SEND_WITH_IMM / imm_data valid */
+
+/* RDMA_CM_RS_IOC_UD_SEND: one datagram to a peer, returns after its completion. */
+struct rdma_cm_rs_ud_send {
+	__u32 id;
+	__u32 peer;			/* a peer handle of the id */
+	__u64 buf;			/* user pointer */
+	__u32 len;			/* 1..max_datagram (QUERY) */
+	__u32 flags;			/* RDMA_CM_RS_UD_WITH_IMM */
+	__u32 imm_data;			/* with UD_WITH_IMM, host order (sent big-endian) */
+	__u32 timeout_ms;		/* wait for the completion; 0 = 5000 */
+};
+
+/* RDMA_CM_RS_IOC_UD_RECV: the oldest datagram received on the id. */
+struct rdma_cm_rs_ud_recv {
+	__u32 id;
+	__u32 len;			/* in: buffer size; out: datagram length (GRH excluded) */
+	__u64 buf;			/* user pointer */
+	__u32 timeout_ms;		/* 0 = do not wait; RDMA_CM_RS_TIMEOUT_INFINITE */
+	__u32 flags;			/* out: RDMA_CM_RS_UD_WITH_IMM when imm_data is set */
+	__u32 imm_data;			/* out: host order */
+	__u32 peer;			/* out: the sender's peer handle; 0 when the table is full */
+	__u32 src_qp;			/* out: the sender's QP number */
+	__u32 reserved;
+	struct rdma_cm_rs_sockaddr src;	/* out: the sender's address (port 0), from the GRH */
+};
+
 #define RDMA_CM_RS_IOCTL_MAGIC 0xD7
 
 #define RDMA_CM_RS_IOC_INFO		_IOR(RDMA_CM_RS_IOCTL_MAGIC, 0x00, struct rdma_cm_rs_info)
@@ -333,5 +378,7 @@ struct rdma_cm_rs_rdma {
 #define RDMA_CM_RS_IOC_MR_WRITE		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x12, struct rdma_cm_rs_mr_copy)
 #define RDMA_CM_RS_IOC_MR_READ		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x13, struct rdma_cm_rs_mr_copy)
 #define RDMA_CM_RS_IOC_RDMA		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x14, struct rdma_cm_rs_rdma)
+#define RDMA_CM_RS_IOC_UD_SEND		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x15, struct rdma_cm_rs_ud_send)
+#define RDMA_CM_RS_IOC_UD_RECV		_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x16, struct rdma_cm_rs_ud_recv)
 
 #endif /* _UAPI_RDMA_CM_RS_H */
