@@ -908,6 +908,312 @@ mod id_tests {
     }
 }
 
+#[kunit_tests(rdma_cm_rs_ud)]
+mod ud_tests {
+    use crate::rdma::{
+        addr::SocketAddr,
+        ah::UdDest,
+        cm::*,
+        conn_param::ConnParam,
+        event::*,
+        net::NetNs,
+        pd::Pd,
+        verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer},
+    };
+    use core::sync::atomic::{AtomicU32, Ordering};
+    use kernel::{
+        new_mutex,
+        prelude::*,
+        sync::{Arc, Mutex},
+        time::{delay::fsleep, Delta},
+    };
+
+    fn ms(ms: i64) -> Delta {
+        Delta::from_millis(ms)
+    }
+
+    /// Datagrams one side received, and its sends' completions.
+    #[pin_data]
+    struct Inbox {
+        #[pin]
+        got: Mutex<KVec<RecvBuffer>>,
+        sent: AtomicU32,
+    }
+
+    struct InboxRef(Arc<Inbox>);
+    impl CompletionHandler for InboxRef {
+        fn recv_done(&self, buf: RecvBuffer, result: Result<usize>) {
+            if result.is_ok() {
+                let _ = self.0.got.lock().push(buf, GFP_KERNEL);
+            }
+        }
+        fn send_done(&self, _buf: SendBuffer, result: Result) {
+            if result.is_ok() {
+                self.0.sent.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    struct Side {
+        qp: Arc<Qp<InboxRef>>,
+        inbox: Arc<Inbox>,
+    }
+
+    /// Makes a UD QP on a locked id, with receives posted.
+    fn side(l: &LockedId<'_>) -> Result<Side> {
+        let dev = l.device()?;
+        let pd = Pd::alloc(&dev)?;
+        let inbox = Arc::pin_init(
+            pin_init!(Inbox {
+                got <- new_mutex!(KVec::new()),
+                sent: AtomicU32::new(0),
+            }),
+            GFP_KERNEL,
+        )?;
+        let caps = QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+        };
+        let cq = Cq::alloc(&dev, caps.cq_entries()?, InboxRef(inbox.clone()))?;
+        let qp = l.create_qp(&pd, &cq, caps)?;
+        for _ in 0..4 {
+            qp.post_recv(RecvBuffer::new(&pd, 256)?)
+                .map_err(|(e, _)| e)?;
+        }
+        Ok(Side { qp, inbox })
+    }
+
+    /// What the handlers saw and made, for the test thread.
+    #[derive(Default)]
+    struct Seen {
+        server: Option<CmId<UdNode>>,
+        server_side: Option<Side>,
+        request_data: usize,
+        accept_137: Option<Error>,
+        client_side: Option<Side>,
+        connect_181: Option<Error>,
+        dest: Option<Result<UdDest>>,
+    }
+
+    #[pin_data]
+    struct World {
+        #[pin]
+        seen: Mutex<Seen>,
+    }
+
+    struct UdNode {
+        world: Arc<World>,
+        client: bool,
+    }
+
+    impl Handler for UdNode {
+        fn event(&self, id: &LockedId<'_>, event: &Event<'_>) {
+            if !self.client {
+                return;
+            }
+            let mut seen = self.world.seen.lock();
+            match event.kind() {
+                EventType::AddrResolved => {
+                    if let Err(e) = id.resolve_route(ms(2000)) {
+                        seen.dest = Some(Err(e));
+                    }
+                }
+                EventType::RouteResolved => {
+                    let connected = side(id).and_then(|side| {
+                        seen.connect_181 = ConnParam::new()
+                            .private_data(&[0x5a; 181])
+                            .and_then(|p| id.connect(&p))
+                            .err();
+                        seen.client_side = Some(side);
+                        id.connect(&ConnParam::new().private_data(&[0x5a; 180])?)
+                    });
+                    if let Err(e) = connected {
+                        seen.dest = Some(Err(e));
+                    }
+                }
+                EventType::Established => {
+                    let dest = match &seen.client_side {
+                        Some(side) => id.ud_dest(event, side.qp.pd()),
+                        None => Err(ENOTCONN),
+                    };
+                    seen.dest = Some(dest);
+                }
+                _ => seen.dest = Some(Err(event.result().err().unwrap_or(EPROTO))),
+            }
+        }
+
+        fn connect_request(&self, request: ConnectRequest<'_, Self>, event: &Event<'_>) {
+            let data = event.ud_param().map_or(0, |ud| ud.private_data().len());
+            let Ok(server) = request.adopt(UdNode {
+                world: self.world.clone(),
+                client: false,
+            }) else {
+                return;
+            };
+            let made = server.with_lock(|l| {
+                let side = side(l)?;
+                let refused = ConnParam::new()
+                    .private_data(&[0xa5; 137])
+                    .and_then(|p| l.accept(Some(&p)))
+                    .err();
+                l.accept(Some(&ConnParam::new().private_data(&[0xa5; 136])?))?;
+                Ok((side, refused))
+            });
+            let mut seen = self.world.seen.lock();
+            seen.request_data = data;
+            if let Ok((side, refused)) = made {
+                seen.server_side = Some(side);
+                seen.accept_137 = refused;
+            }
+            // Kept by the test, which drops it (an id in its own world
+            // would keep itself alive).
+            seen.server = Some(server);
+        }
+    }
+
+    fn wait_until(mut done: impl FnMut() -> bool) -> bool {
+        for _ in 0..500 {
+            if done() {
+                return true;
+            }
+            fsleep(ms(10));
+        }
+        false
+    }
+
+    fn take_one(inbox: &Inbox) -> Option<RecvBuffer> {
+        let mut got = inbox.got.lock();
+        if got.is_empty() {
+            None
+        } else {
+            got.remove(0).ok()
+        }
+    }
+
+    /// A UD service in the kernel: a SIDR lookup answered by an adopted
+    /// id's UD QP; a datagram with immediate data to the destination the
+    /// reply named; the answer to its sender through `reply_dest`; the
+    /// SIDR private-data limits (180 and 136) refused one byte above, and
+    /// a datagram above the MTU refused.
+    #[test]
+    fn sidr_lookup_and_datagrams_both_ways() {
+        let world = Arc::pin_init(
+            pin_init!(World {
+                seen <- new_mutex!(Seen::default()),
+            }),
+            GFP_KERNEL,
+        )
+        .unwrap();
+        let node = |client| UdNode {
+            world: world.clone(),
+            client,
+        };
+        let ns = NetNs::init();
+        let addr = SocketAddr::V4 {
+            ip: [192, 0, 2, 1],
+            port: 7183,
+        };
+        let listener = CmId::new(node(false), &ns, PortSpace::Udp, QpType::Ud).unwrap();
+        if let Err(e) = listener.with_lock(|l| l.bind(&addr)) {
+            super::skip_without_devices(e);
+            return;
+        }
+        listener.listen(4).unwrap();
+        let client = CmId::new(node(true), &ns, PortSpace::Udp, QpType::Ud).unwrap();
+        client
+            .with_lock(|l| l.resolve_addr(None, &addr, ms(2000)))
+            .unwrap();
+        assert!(wait_until(|| world.seen.lock().dest.is_some()));
+        let (dest, client_qp, client_inbox, server_qp, server_inbox, data, a137, c181) = {
+            let mut seen = world.seen.lock();
+            let client_side = seen.client_side.take();
+            let server_side = seen.server_side.take();
+            (
+                seen.dest.take(),
+                client_side.as_ref().map(|s| s.qp.clone()),
+                client_side.map(|s| s.inbox),
+                server_side.as_ref().map(|s| s.qp.clone()),
+                server_side.map(|s| s.inbox),
+                seen.request_data,
+                seen.accept_137,
+                seen.connect_181,
+            )
+        };
+        let (
+            Some(Ok(dest)),
+            Some(client_qp),
+            Some(client_inbox),
+            Some(server_qp),
+            Some(server_inbox),
+        ) = (dest, client_qp, client_inbox, server_qp, server_inbox)
+        else {
+            panic!("the SIDR exchange did not complete");
+        };
+        assert_eq!(c181, Some(EINVAL));
+        assert_eq!(a137, Some(EINVAL));
+        // The CM pads the SIDR request's private data to 180 bytes.
+        assert_eq!(data, 180);
+        assert_eq!(dest.qp_num(), server_qp.qp_num());
+        assert_eq!(dest.qkey(), server_qp.qkey());
+
+        let pd = client_qp.pd();
+        let mut zeros = KVec::new();
+        zeros
+            .resize(client_qp.max_datagram() + 1, 0u8, GFP_KERNEL)
+            .unwrap();
+        let mut big = SendBuffer::new(pd, zeros.len()).unwrap();
+        big.fill(&zeros).unwrap();
+        let refused = client_qp.post_send_ud(big, &dest).err().map(|(e, _)| e);
+        assert_eq!(refused, Some(EMSGSIZE));
+
+        let mut ping = SendBuffer::new(pd, 64).unwrap();
+        ping.fill(b"ud ping").unwrap();
+        ping.set_imm(Some(client_qp.qp_num()));
+        assert!(client_qp.post_send_ud(ping, &dest).is_ok());
+        // The send holds the address handle: the consumer's copy may go.
+        drop(dest);
+        let mut got = None;
+        assert!(wait_until(|| {
+            got = take_one(&server_inbox);
+            got.is_some()
+        }));
+        let Some(got) = got else { return };
+        assert_eq!(got.data(), b"ud ping");
+        assert_eq!(got.imm(), Some(client_qp.qp_num()));
+        assert_eq!(got.datagram().map(|d| d.src_qp()), Some(client_qp.qp_num()));
+        assert_eq!(
+            got.datagram().and_then(|d| d.imm()),
+            Some(client_qp.qp_num())
+        );
+
+        let back = server_qp.reply_dest(&got).unwrap();
+        assert_eq!(back.qp_num(), client_qp.qp_num());
+        let mut pong = SendBuffer::new(server_qp.pd(), 64).unwrap();
+        pong.fill(b"ud pong").unwrap();
+        assert!(server_qp.post_send_ud(pong, &back).is_ok());
+        let mut answer = None;
+        assert!(wait_until(|| {
+            answer = take_one(&client_inbox);
+            answer.is_some()
+        }));
+        let Some(answer) = answer else { return };
+        assert_eq!(answer.data(), b"ud pong");
+        assert_eq!(answer.imm(), None);
+        assert_eq!(
+            answer.datagram().map(|d| d.src_qp()),
+            Some(server_qp.qp_num())
+        );
+        assert!(wait_until(|| client_inbox.sent.load(Ordering::Acquire)
+            == 1
+            && server_inbox.sent.load(Ordering::Acquire) == 1));
+
+        let server = world.seen.lock().server.take();
+        drop((got, answer, back));
+        drop((client, server, listener));
+        drop((client_qp, server_qp));
+    }
+}
+
 #[kunit_tests(rdma_cm_rs_mr)]
 mod mr_tests {
     use crate::rdma::{
