@@ -361,7 +361,15 @@ impl<H: Handler> CmId<H> {
     /// mutex: holding it here deadlocked (the ioctl fuzzer, seed 1, on
     /// siw: DISCONNECT right after CONNECT never returned, and every later
     /// siw teardown hung behind it).
+    ///
+    /// `EOPNOTSUPP` on a UD id: it has no connection, and the CM would only
+    /// move its QP to the error state (`cma_modify_qp_err`) and fail to send
+    /// a disconnect request for the finished SIDR exchange; dropping the id
+    /// is how a UD id ends.
     pub fn disconnect(&self) -> Result {
+        if self.inner.qp_type == QpType::Ud {
+            return Err(EOPNOTSUPP);
+        }
         if in_any_callback() {
             return Err(EDEADLK);
         }
