@@ -18,7 +18,7 @@
 //! RoCE the peer's MAC address is resolved).
 
 use super::{bindings, device::Device, pd::Pd};
-use core::ptr::NonNull;
+use core::{mem::ManuallyDrop, ptr::NonNull};
 use kernel::{prelude::*, sync::Arc};
 
 /// Size of the Global Route Header a UD receive leaves room for: the first
@@ -31,10 +31,10 @@ pub const GRH_SIZE: usize = 40;
 /// # Invariants
 ///
 /// `raw` is a live kernel address handle created on `pd`, destroyed only by
-/// `drop`.
+/// `drop`; `pd` is dropped only after `raw` was destroyed.
 pub struct Ah {
     raw: NonNull<bindings::ib_ah>,
-    pd: Arc<Pd>,
+    pd: ManuallyDrop<Arc<Pd>>,
 }
 
 // SAFETY: An address handle may be used and destroyed from any thread.
@@ -84,7 +84,7 @@ impl Ah {
         Ok(Arc::new(
             Self {
                 raw,
-                pd: pd.clone(),
+                pd: ManuallyDrop::new(pd.clone()),
             },
             GFP_KERNEL,
         )?)
@@ -107,14 +107,27 @@ impl Ah {
 
 impl Drop for Ah {
     fn drop(&mut self) {
-        // Non-sleepable destruction: the last reference may go in any
-        // context.  Kernel address handles are not shared with user space,
-        // so their destruction does not fail (`rdma_destroy_ah` warns if it
-        // did); the return value says nothing to act on.
         // SAFETY: Live and, by the type invariants, destroyed only here; no
         // work request uses it any more (a posted send holds a reference).
-        let _ =
-            unsafe { bindings::rdma_destroy_ah_user(self.raw.as_ptr(), 0, core::ptr::null_mut()) };
+        // The last reference goes in process context (an ioctl, a CM
+        // handler, the CQ's workqueue, a deferred destruction), where the
+        // destruction, and the PD's it may take along, can sleep.
+        let ret = unsafe {
+            bindings::rdma_destroy_ah_user(
+                self.raw.as_ptr(),
+                bindings::rdma_destroy_ah_flags_RDMA_DESTROY_AH_SLEEPABLE,
+                core::ptr::null_mut(),
+            )
+        };
+        if ret == 0 {
+            // SAFETY: Dropped once, here, after the handle is gone.
+            unsafe { ManuallyDrop::drop(&mut self.pd) };
+        } else {
+            // Kernel address handles do not fail to go (`rdma_destroy_ah`
+            // warns if one did).  If one did, it still counts in its PD:
+            // keep the PD (a leak) rather than free it under the handle.
+            pr_err!("an address handle could not be destroyed ({ret}): its PD is kept\n");
+        }
     }
 }
 
@@ -166,35 +179,53 @@ impl UdDest {
     }
 }
 
-/// What the device reported about a received datagram: the work
-/// completion (without its pointers) and the 40 bytes in front of the
-/// payload.
+/// The 40 bytes in front of a UD payload, aligned as `struct ib_grh`.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct GrhArea([u8; GRH_SIZE]);
+
+/// What the device reported about a received datagram: the fields of its
+/// work completion that describe the sender, and the 40 bytes in front of
+/// the payload.
 ///
 /// # Invariants
 ///
-/// `wc.qp` and `wc.wr_cqe` are null: the copy refers to nothing.
+/// `wc` holds no pointer (`qp` and `wr_cqe` are null), only the fields
+/// [`Datagram::new`] copies; the rest is zero.
 #[derive(Clone, Copy)]
 pub struct Datagram {
     wc: bindings::ib_wc,
-    grh: [u8; GRH_SIZE],
+    grh: GrhArea,
 }
 
-// SAFETY: The copy's pointers are null (type invariants): plain data.
+// SAFETY: The copy holds no pointer (type invariants): plain data.
 unsafe impl Send for Datagram {}
 // SAFETY: As above.
 unsafe impl Sync for Datagram {}
 
 impl Datagram {
-    /// Copies what a successful UD receive completion reported.
-    pub(crate) fn new(wc: &bindings::ib_wc, header: &[u8]) -> Self {
-        let mut wc = *wc;
-        wc.qp = core::ptr::null_mut();
-        wc.__bindgen_anon_1.wr_cqe = core::ptr::null_mut();
-        let mut grh = [0u8; GRH_SIZE];
+    /// Copies what a successful UD receive completion reported about its
+    /// sender: only the fields `ib_init_ah_attr_from_wc` and this type read
+    /// (a driver need not write the others).
+    pub(crate) fn new(from: &bindings::ib_wc, header: &[u8]) -> Self {
+        let mut wc: bindings::ib_wc = pin_init::zeroed();
+        wc.wc_flags = from.wc_flags;
+        wc.network_hdr_type = from.network_hdr_type;
+        wc.sl = from.sl;
+        wc.slid = from.slid;
+        wc.dlid_path_bits = from.dlid_path_bits;
+        wc.vlan_id = from.vlan_id;
+        wc.src_qp = from.src_qp;
+        wc.ex = from.ex;
+        let mut grh = GrhArea([0; GRH_SIZE]);
         let n = header.len().min(GRH_SIZE);
-        grh[..n].copy_from_slice(&header[..n]);
-        // INVARIANT: Both pointers were just cleared.
+        grh.0[..n].copy_from_slice(&header[..n]);
+        // INVARIANT: A zeroed completion with the sender's fields.
         Self { wc, grh }
+    }
+
+    fn has(&self, flag: u32) -> bool {
+        self.wc.wc_flags & flag as i32 != 0
     }
 
     /// The sender's QP number.
@@ -204,7 +235,7 @@ impl Datagram {
 
     /// The immediate data of a SEND_WITH_IMM, in host order.
     pub fn imm(&self) -> Option<u32> {
-        if self.wc.wc_flags & bindings::ib_wc_flags_IB_WC_WITH_IMM as i32 != 0 {
+        if self.has(bindings::ib_wc_flags_IB_WC_WITH_IMM) {
             // SAFETY: With IB_WC_WITH_IMM the device set `imm_data`; any
             // bits are a valid `u32`.
             Some(u32::from_be(unsafe { self.wc.ex.imm_data }))
@@ -213,41 +244,59 @@ impl Datagram {
         }
     }
 
+    /// Whether the area in front of the payload holds an IPv4 header (RoCE
+    /// v2 over IPv4) rather than a GRH: as the device said, or else as the
+    /// header's version says (as `ib_get_net_type_by_grh` decides).
+    fn has_ipv4_header(&self) -> bool {
+        if self.has(bindings::ib_wc_flags_IB_WC_WITH_NETWORK_HDR_TYPE) {
+            return u32::from(self.wc.network_hdr_type)
+                == bindings::rdma_network_type_RDMA_NETWORK_IPV4;
+        }
+        // SAFETY: The area is 40 readable bytes aligned as `union
+        // rdma_network_hdr`, its size; the function only reads them.
+        let version = unsafe { bindings::ib_get_rdma_header_version((&raw const self.grh).cast()) };
+        version == 4
+    }
+
     /// The sender's GID (an IPv4-mapped IPv6 address on RoCE v2 over
     /// IPv4), if a global route header arrived.
     pub fn src_gid(&self) -> Option<[u8; 16]> {
-        if self.wc.wc_flags & bindings::ib_wc_flags_IB_WC_GRH as i32 == 0 {
+        if !self.has(bindings::ib_wc_flags_IB_WC_GRH) {
             return None;
         }
-        let ipv4 = self.wc.wc_flags & bindings::ib_wc_flags_IB_WC_WITH_NETWORK_HDR_TYPE as i32 != 0
-            && u32::from(self.wc.network_hdr_type) == bindings::rdma_network_type_RDMA_NETWORK_IPV4;
         let mut gid = [0u8; 16];
-        if ipv4 {
+        if self.has_ipv4_header() {
             // An IPv4 header in the last 20 bytes: its source address is
             // at offset 12 (RFC 791).
             gid[10] = 0xff;
             gid[11] = 0xff;
-            gid[12..].copy_from_slice(&self.grh[20 + 12..20 + 16]);
+            gid[12..].copy_from_slice(&self.grh.0[20 + 12..20 + 16]);
         } else {
             // The GRH's source GID, at offset 8 (IBTA 8.3.1).
-            gid.copy_from_slice(&self.grh[8..24]);
+            gid.copy_from_slice(&self.grh.0[8..24]);
         }
         Some(gid)
     }
 
     /// An address handle back to the sender, on `pd`, through `port_num`
     /// of its device (`ib_create_ah_from_wc`; sleeps).
-    pub(crate) fn reply_ah(&self, pd: &Arc<Pd>, port_num: u32) -> Result<Arc<Ah>> {
-        // SAFETY: The PD is live; `wc` is a copy of a successful receive
-        // completion of a QP on the PD's device (only its plain fields are
-        // read: flags, SL, LID, VLAN, network type), `grh` the 40 bytes that
-        // completion delivered in front of the payload, as the function
-        // expects; both live across the call, which copies what it needs.
+    ///
+    /// # Safety
+    ///
+    /// `port_num` must be a port of the PD's device: the function indexes
+    /// the device's per-port data with it before any check.
+    pub(crate) unsafe fn reply_ah(&self, pd: &Arc<Pd>, port_num: u32) -> Result<Arc<Ah>> {
+        // SAFETY: The PD is live and `port_num` one of its device's ports
+        // (safety requirements); `wc` holds the fields of a successful
+        // receive completion the function reads (flags, SL, LID, VLAN,
+        // network type), `grh` the 40 bytes that completion delivered in
+        // front of the payload, aligned as `struct ib_grh`; both live
+        // across the call, which copies what it needs.
         let raw = unsafe {
             bindings::ib_create_ah_from_wc(
                 pd.as_ptr(),
                 &self.wc,
-                self.grh.as_ptr().cast(),
+                (&raw const self.grh).cast(),
                 port_num,
             )
         };

@@ -67,7 +67,7 @@ use super::{
 use core::{
     marker::PhantomData,
     ptr::{self, NonNull},
-    sync::atomic::{AtomicPtr, Ordering},
+    sync::atomic::{AtomicBool, AtomicPtr, Ordering},
 };
 use kernel::{
     ffi, new_mutex,
@@ -164,6 +164,10 @@ struct IdInner<H: Handler> {
     /// Accept parameters derived from the connection request, for ids
     /// created by one (`rdma_accept(3)` with no parameters).
     request_param: Option<ConnParam>,
+    /// The request was answered (accepted or rejected): the CM leaves the
+    /// id's state alone after a SIDR reply, so a second answer would reach
+    /// it, fail, and put the QP in the error state on its way out.
+    answered: AtomicBool,
     #[pin]
     qp: Mutex<QpSlot>,
     /// Serialises the owner's calls on the id: `with_lock` (outside the
@@ -189,6 +193,7 @@ impl<H: Handler> IdInner<H> {
                 qp_type,
                 handler_task: AtomicPtr::new(handler_task),
                 request_param,
+                answered: AtomicBool::new(false),
                 qp <- new_mutex!(QpSlot::Empty),
                 calls <- new_mutex!(()),
                 handler,
@@ -219,6 +224,7 @@ impl<H: Handler> IdInner<H> {
             ps: self.ps,
             qp_type: self.qp_type,
             request_param: self.request_param,
+            answered: Some(&self.answered),
             qp_slot: Some(&self.qp),
             _lock: PhantomData,
         }
@@ -477,6 +483,9 @@ impl<'a, H: Handler> ConnectRequest<'a, H> {
             ps: self.ps,
             qp_type: self.qp_type,
             request_param: Some(self.request_param),
+            // Rejecting here ends the request: the id is destroyed when the
+            // callback returns, unless adopted.
+            answered: None,
             // A QP needs an owner: adopt the id first.
             qp_slot: None,
             _lock: PhantomData,
@@ -519,6 +528,7 @@ pub struct LockedId<'a> {
     ps: PortSpace,
     qp_type: QpType,
     request_param: Option<ConnParam>,
+    answered: Option<&'a AtomicBool>,
     qp_slot: Option<&'a Mutex<QpSlot>>,
     _lock: PhantomData<&'a ()>,
 }
@@ -717,7 +727,12 @@ impl LockedId<'_> {
     /// SIDR reply: it names the id's UD QP and its Q_Key, and carries up to
     /// 136 bytes of private data (the other parameters mean nothing to
     /// SIDR); no event follows on this side.
+    ///
+    /// `EINVAL` on an id no connection request made, or whose request was
+    /// answered already: the CM would fail either, and move the id's QP to
+    /// the error state on its way out.
     pub fn accept(&self, param: Option<&ConnParam>) -> Result {
+        self.check_unanswered()?;
         if !self.has_live_qp() {
             return Err(ENOTCONN);
         }
@@ -730,7 +745,9 @@ impl LockedId<'_> {
             // into outlive the call.  A zero `qkey` makes the CM answer
             // with the port space's default Q_Key, the one the QP was
             // created with.
-            return to_result(unsafe { bindings::rdma_accept(self.as_ptr(), &mut raw) });
+            to_result(unsafe { bindings::rdma_accept(self.as_ptr(), &mut raw) })?;
+            self.mark_answered();
+            return Ok(());
         }
         let defaults;
         let param = match param {
@@ -744,13 +761,35 @@ impl LockedId<'_> {
         let mut raw = param.as_raw();
         // SAFETY: The handler mutex is held (type invariants), as
         // `rdma_accept` asserts; `raw` outlives the call.
-        to_result(unsafe { bindings::rdma_accept(self.as_ptr(), &mut raw) })
+        to_result(unsafe { bindings::rdma_accept(self.as_ptr(), &mut raw) })?;
+        self.mark_answered();
+        Ok(())
+    }
+
+    /// `EINVAL` unless the id was made by a connection request that was
+    /// not answered yet (the answered flag is written under the handler
+    /// mutex, which is held).
+    fn check_unanswered(&self) -> Result {
+        if self.request_param.is_none() || self.answered.is_some_and(|a| a.load(Ordering::Acquire))
+        {
+            return Err(EINVAL);
+        }
+        Ok(())
+    }
+
+    fn mark_answered(&self) {
+        if let Some(answered) = self.answered {
+            answered.store(true, Ordering::Release);
+        }
     }
 
     /// Rejects a connection request (`rdma_reject`) with an IB CM reason
     /// (0 means consumer defined, 28) and up to 148 bytes of private data,
-    /// 136 on a UD id (a SIDR reply carries the rejection).
+    /// 136 on a UD id (a SIDR reply carries the rejection, with no reason:
+    /// the CM does not send it).  `EINVAL` as [`Self::accept`] when there
+    /// is no request to answer.
     pub fn reject(&self, reason: u8, data: &[u8]) -> Result {
+        self.check_unanswered()?;
         let limit = match self.qp_type {
             QpType::Rc => PrivateDataUse::Reject.limit(),
             QpType::Ud => PrivateDataUse::AcceptUd.limit(),
@@ -776,7 +815,9 @@ impl LockedId<'_> {
                 data.len() as u8,
                 reason,
             )
-        })
+        })?;
+        self.mark_answered();
+        Ok(())
     }
 
     /// The CM's text for a reject reason on this id's transport
@@ -954,9 +995,16 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
     // `IdInner<H>` (the listener's, for a connection request) kept alive by
     // the reference the context pointer owns.
     let inner = unsafe { &*(*raw_id).context.cast::<IdInner<H>>() };
+    // SAFETY: `raw_id` is live; its QP type and port space are fixed when
+    // it is made.
+    let (raw_qp_type, raw_ps) = unsafe { ((*raw_id).qp_type, (*raw_id).ps) };
+    // The id's own: a new id of a listener has the listener's, except on
+    // iWARP, whose CM makes every new id RC in the TCP port space.
+    let qp_type = QpType::from_raw(raw_qp_type).unwrap_or(inner.qp_type);
+    let ps = PortSpace::from_raw(raw_ps).unwrap_or(inner.ps);
     // SAFETY: `raw_event` is valid for the callback, which outlives `event`;
-    // a new id has its listener's QP type.
-    let Some(event) = (unsafe { Event::from_raw(raw_event, inner.qp_type == QpType::Ud) }) else {
+    // `qp_type` is the type of the id it was delivered to.
+    let Some(event) = (unsafe { Event::from_raw(raw_event, qp_type == QpType::Ud) }) else {
         // A value 7.3 does not define: a newer CM than this layer knows.
         // Its meaning (and whether it carries a new id) is unknown, so it
         // is not passed on; returning 0 keeps the id, as for any event.
@@ -986,8 +1034,8 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
     let request = ConnectRequest {
         // SAFETY: The CM passes a live id.
         raw: unsafe { NonNull::new_unchecked(raw_id) },
-        ps: inner.ps,
-        qp_type: inner.qp_type,
+        ps,
+        qp_type,
         adopted: &adopted,
         request_param,
         _h: PhantomData,

@@ -161,7 +161,7 @@ impl Device {
 
     /// The active MTU of `port` in bytes (`ib_query_port`): the largest
     /// datagram a UD QP on that port can send.  `EINVAL` for a port the
-    /// device does not have.
+    /// device does not have.  Sleeps.
     pub fn port_active_mtu(&self, port: u32) -> Result<u32> {
         // SAFETY: The device is valid; `ib_query_port` checks the port
         // number and may sleep (callers are in process context).

@@ -990,6 +990,7 @@ mod ud_tests {
         server_side: Option<Side>,
         request_data: usize,
         accept_137: Option<Error>,
+        accept_again: Option<Error>,
         client_side: Option<Side>,
         connect_181: Option<Error>,
         dest: Option<Result<UdDest>>,
@@ -1057,13 +1058,17 @@ mod ud_tests {
                     .and_then(|p| l.accept(Some(&p)))
                     .err();
                 l.accept(Some(&ConnParam::new().private_data(&[0xa5; 136])?))?;
-                Ok((side, refused))
+                // The SIDR reply left the CM's state alone: a second
+                // answer would fail there and put the QP in error.
+                let again = l.accept(None).err();
+                Ok((side, refused, again))
             });
             let mut seen = self.world.seen.lock();
             seen.request_data = data;
-            if let Ok((side, refused)) = made {
+            if let Ok((side, refused, again)) = made {
                 seen.server_side = Some(side);
                 seen.accept_137 = refused;
+                seen.accept_again = again;
             }
             // Kept by the test, which drops it (an id in its own world
             // would keep itself alive).
@@ -1093,8 +1098,9 @@ mod ud_tests {
     /// A UD service in the kernel: a SIDR lookup answered by an adopted
     /// id's UD QP; a datagram with immediate data to the destination the
     /// reply named; the answer to its sender through `reply_dest`; the
-    /// SIDR private-data limits (180 and 136) refused one byte above, and
-    /// a datagram above the MTU refused.
+    /// SIDR private-data limits (180 and 136) refused one byte above, a
+    /// second accept refused without harming the accepted id's QP, and a
+    /// datagram above the MTU refused.
     #[test]
     fn sidr_lookup_and_datagrams_both_ways() {
         let world = Arc::pin_init(
@@ -1124,7 +1130,7 @@ mod ud_tests {
             .with_lock(|l| l.resolve_addr(None, &addr, ms(2000)))
             .unwrap();
         assert!(wait_until(|| world.seen.lock().dest.is_some()));
-        let (dest, client_qp, client_inbox, server_qp, server_inbox, data, a137, c181) = {
+        let (dest, client_qp, client_inbox, server_qp, server_inbox, data, a137, again, c181) = {
             let mut seen = world.seen.lock();
             let client_side = seen.client_side.take();
             let server_side = seen.server_side.take();
@@ -1136,6 +1142,7 @@ mod ud_tests {
                 server_side.map(|s| s.inbox),
                 seen.request_data,
                 seen.accept_137,
+                seen.accept_again,
                 seen.connect_181,
             )
         };
@@ -1151,6 +1158,7 @@ mod ud_tests {
         };
         assert_eq!(c181, Some(EINVAL));
         assert_eq!(a137, Some(EINVAL));
+        assert_eq!(again, Some(EINVAL));
         // The CM pads the SIDR request's private data to 180 bytes.
         assert_eq!(data, 180);
         assert_eq!(dest.qp_num(), server_qp.qp_num());

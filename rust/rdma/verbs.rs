@@ -473,7 +473,8 @@ impl SendBuffer {
     }
 
     /// Immediate data to send with the contents (SEND_WITH_IMM, host
-    /// order; sent big-endian), or none (SEND).
+    /// order; sent big-endian), or none (SEND).  Not every device takes it
+    /// on every QP type: siw refuses SEND_WITH_IMM (`EINVAL` at the post).
     pub fn set_imm(&mut self, imm: Option<u32>) {
         self.0.imm = imm;
     }
@@ -702,10 +703,9 @@ pub struct Qp<C: CompletionHandler> {
     raw: Mutex<Option<NonNull<bindings::ib_qp>>>,
     qp_type: QpType,
     qp_num: AtomicU32,
-    /// UD: the QP's Q_Key, port and largest datagram, read once created.
+    /// UD: the QP's Q_Key and port, read once created.
     qkey: AtomicU32,
     port_num: AtomicU32,
-    max_datagram: AtomicU32,
     cq_room: u32,
     credits: Arc<WrCredits>,
     pd: Arc<Pd>,
@@ -753,7 +753,6 @@ impl<C: CompletionHandler> Qp<C> {
                 qp_num: AtomicU32::new(0),
                 qkey: AtomicU32::new(0),
                 port_num: AtomicU32::new(0),
-                max_datagram: AtomicU32::new(0),
                 cq_room: room,
                 credits,
                 pd: pd.clone(),
@@ -770,13 +769,16 @@ impl<C: CompletionHandler> Qp<C> {
         }
     }
 
-    /// Records the QP its owner created from [`Self::prepare`]'s attributes.
+    /// Records the QP its owner created from [`Self::prepare`]'s attributes
+    /// (on a UD QP, after reading its Q_Key and port: an error leaves it
+    /// unrecorded).
     ///
     /// # Safety
     ///
     /// `raw` must be a live QP created from those attributes (on this
     /// object's PD and CQ), which its owner destroys only after
-    /// [`QpShutdown::shutdown`] returned `true`.
+    /// [`QpShutdown::shutdown`] returned `true`, or at once if this fails
+    /// (nothing was posted to it, nothing else knows it).
     pub(crate) unsafe fn set_created(&self, raw: NonNull<bindings::ib_qp>) -> Result {
         // SAFETY: `raw` is live by the safety requirements.
         let num = unsafe { (*raw.as_ptr()).qp_num };
@@ -790,8 +792,6 @@ impl<C: CompletionHandler> Qp<C> {
             })?;
             self.qkey.store(qkey, Ordering::Release);
             self.port_num.store(port_num, Ordering::Release);
-            let mtu = self.device().port_active_mtu(port_num)?;
-            self.max_datagram.store(mtu, Ordering::Release);
         }
         // INVARIANT: By the safety requirements.
         *self.raw.lock() = Some(raw);
@@ -808,10 +808,17 @@ impl<C: CompletionHandler> Qp<C> {
         self.qkey.load(Ordering::Acquire)
     }
 
-    /// UD QPs: the largest datagram a send may carry (the port's active
-    /// MTU), 0 on RC QPs.
+    /// UD QPs: the largest datagram a send may carry, the port's active
+    /// MTU now (it follows the link's: rxe changes it with the netdev's);
+    /// 0 on RC QPs or when the port cannot be queried.  Sleeps.
     pub fn max_datagram(&self) -> usize {
-        self.max_datagram.load(Ordering::Acquire) as usize
+        if self.qp_type != QpType::Ud {
+            return 0;
+        }
+        let port = self.port_num.load(Ordering::Acquire);
+        self.device()
+            .port_active_mtu(port)
+            .map_or(0, |mtu| mtu as usize)
     }
 
     /// `EOPNOTSUPP` unless the QP is of type `want`.
@@ -833,7 +840,9 @@ impl<C: CompletionHandler> Qp<C> {
         self.check_type(QpType::Ud)?;
         self.check_pd(&buf.0.pd)?;
         let datagram = buf.datagram().ok_or(EINVAL)?;
-        let ah = datagram.reply_ah(&self.pd, self.port_num.load(Ordering::Acquire))?;
+        // SAFETY: The port was read from this live UD QP (`set_created`):
+        // a port of its device, the PD's.
+        let ah = unsafe { datagram.reply_ah(&self.pd, self.port_num.load(Ordering::Acquire)) }?;
         UdDest::new(ah, datagram.src_qp(), self.qkey(), datagram.src_gid())
     }
 
@@ -1059,7 +1068,9 @@ impl<C: CompletionHandler> Qp<C> {
                         ud_wr.ah = ah;
                         ud_wr.remote_qpn = remote_qpn;
                         ud_wr.remote_qkey = remote_qkey;
-                        &raw const ud_wr.wr
+                        // The whole request: the driver reaches the UD
+                        // fields from `wr` (`ud_wr()`, container_of).
+                        (&raw const ud_wr).cast()
                     }
                     None => wr,
                 }
@@ -1141,7 +1152,7 @@ impl<C: CompletionHandler> Qp<C> {
                 wr_reg.mr = mr.as_ptr();
                 wr_reg.key = rkey;
                 wr_reg.access = access.to_raw();
-                &raw const wr_reg.wr
+                (&raw const wr_reg).cast()
             },
         )?;
         reg.valid = true;
@@ -1236,7 +1247,7 @@ impl<C: CompletionHandler> Qp<C> {
                 rdma.wr.num_sge = 1;
                 rdma.remote_addr = remote.addr;
                 rdma.rkey = remote.rkey;
-                &raw const rdma.wr
+                (&raw const rdma).cast()
             },
         )
     }
