@@ -249,7 +249,9 @@ impl Handler for IdEvents {
         }
         let mut out = self.abi_event(event);
         let file = &self.file;
-        let qp_type = st.qp_type;
+        // The new id's own type (the layer hands over only requests of the
+        // listener's type).
+        let qp_type = request.id().qp_type();
         let inserted = file.insert(|handle| {
             let shared = IdShared::new(abi::state::CONNECT, qp_type, Some(slot))?;
             let id = request.adopt(IdEvents {

@@ -539,6 +539,11 @@ impl CtlFile {
         l: &LockedId<'_>,
         then: impl FnOnce(Arc<conn::Conn>) -> Result<Arc<conn::Conn>>,
     ) -> Result<Arc<conn::Conn>> {
+        // A second CONNECT or ACCEPT: the QP in place carries the
+        // connection, and the cleanup below must never take it.
+        if l.qp_num().is_some() {
+            return Err(EBUSY);
+        }
         let result = conn::Conn::setup(l).and_then(then);
         if result.is_err() {
             // ENOENT when setup failed before the QP existed.

@@ -999,7 +999,8 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
     // it is made.
     let (raw_qp_type, raw_ps) = unsafe { ((*raw_id).qp_type, (*raw_id).ps) };
     // The id's own: a new id of a listener has the listener's, except on
-    // iWARP, whose CM makes every new id RC in the TCP port space.
+    // iWARP, whose CM makes every new id RC in the TCP port space (refused
+    // below when the listener is UD).
     let qp_type = QpType::from_raw(raw_qp_type).unwrap_or(inner.qp_type);
     let ps = PortSpace::from_raw(raw_ps).unwrap_or(inner.ps);
     // SAFETY: `raw_event` is valid for the callback, which outlives `event`;
@@ -1023,6 +1024,13 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
         inner.handler.event(&id, &event);
         inner.handler_task.store(ptr::null_mut(), Ordering::Release);
         return 0;
+    }
+    if qp_type != inner.qp_type {
+        // An iWARP connection (RC, TCP port space) reaching a UD listener:
+        // the iWARP CM listens on the TCP port of a wildcard UDP listener
+        // too.  Nothing a UD service can accept; non-zero makes the CM
+        // destroy the new id and refuse the peer.
+        return 1;
     }
     // A connection request: the listener's own mutex may not be held (a
     // wildcard listener's requests arrive under one of the CM's internal
