@@ -12,8 +12,24 @@
 //! minority of hostile choices: wrong command numbers, sizes and directions,
 //! garbage in reserved fields, huge lengths, NULL, unmapped and PROT_NONE
 //! pointers, ids of other files and destroyed ids, UD ids on the RC data
-//! path, dup() and close() mid-sequence.  Some ids bind to and resolve the
-//! siw device's address (`--siw-addr`) instead of the local (rxe) one.
+//! path and UD_SEND/UD_RECV on RC ids, a second CONNECT or ACCEPT on an id
+//! that has its QP, dup() and close() mid-sequence.  Some ids bind to and
+//! resolve the siw device's address (`--siw-addr`) instead of the local
+//! (rxe) one.
+//!
+//! UD ids (`RDMA_PS_UDP`, UD QPs; some 40 % of the ids) go the whole way
+//! too: UD listeners on the shared port range, UD ids resolving mostly
+//! where one listens (this thread's or any thread's), CONNECT (the SIDR
+//! lookup, up to 180 bytes of private data, sometimes more), ACCEPT and
+//! REJECT of the SIDR request (up to 136), then UD_SEND to the peer
+//! handles the model learnt (the ESTABLISHED event's `ud_peer`, every
+//! UD_RECV's sender: the accepting side answers whoever sent) of small,
+//! MTU-sized and oversized lengths (`max_datagram` as QUERY reported it),
+//! with and without immediate data, and UD_RECV with big and small
+//! buffers; hostile: unknown flags, immediate data without the flag,
+//! lengths 0 and above 4096, unknown peers, bad buffers, reserved and
+//! output fields with garbage.  Every datagram is sent from one pattern,
+//! so UD_RECV's payload (the GRH stripped) is checked byte by byte.
 //!
 //! Besides, mid-sequence:
 //!
@@ -24,7 +40,7 @@
 //!   and `_exit`s; the parent waits for it (bounded), plays the results into
 //!   its model and judges them with the same oracle.
 //! * signals: a call that may sleep (GET_EVENT, SEND, RECV, MR_REG,
-//!   MR_DEREG, RDMA) is sometimes armed: a signaller thread `pthread_kill`s
+//!   MR_DEREG, RDMA, UD_SEND, UD_RECV) is sometimes armed: a signaller thread `pthread_kill`s
 //!   the calling thread a seeded delay into the call, and again every 20 ms
 //!   until it returns (a no-op handler without `SA_RESTART`; the signal is
 //!   blocked in the thread outside that call).  GET_EVENT on a blocking file
@@ -49,10 +65,20 @@
 //! and are regenerated from the fork's seed).  The user-space oracle: each
 //! command's errno must be one the ABI allows for it (`EINTR` only from a
 //! call that sleeps and was signalled), a call the ABI must refuse must
-//! fail, events must name ids the file was given and did not destroy and
-//! that had no DEVICE_REMOVAL (the id's last event), no call may take
-//! longer than `--hang-secs`, and no fork child, peer or `rdma` command may
-//! outlive its bound.  On a finding the seed, the last operations and the
+//! fail, and where the ABI names the errno it must be that one (`x=einval`:
+//! UD_SEND's flags, imm_data and length, UD_RECV's reserved field;
+//! `x=eopnotsupp`: SEND, RECV, MR_*, RDMA and DISCONNECT on a UD id,
+//! UD_SEND/UD_RECV on an RC id; `x=enotconn`: a UD id before its
+//! CONNECT/ACCEPT or after its lookup failed; `x=emsgsize`: a datagram
+//! above `max_datagram`; `ENOENT` too where the id may be gone).  Events
+//! must name ids the file was given and did not destroy and that had no
+//! DEVICE_REMOVAL (the id's last event), a UD ESTABLISHED must carry a
+//! peer handle (or a status saying why not) and an RC one no UD fields;
+//! QUERY must report the QP type the id was created with, and
+//! `max_datagram`/`qkey` only on UD ids (`max_datagram` once it has its
+//! QP, at most 4096); UD_RECV's length, flags, peer and payload must be
+//! what was sent; no call may take longer than `--hang-secs`, and no fork
+//! child, peer or `rdma` command may outlive its bound.  On a finding the seed, the last operations and the
 //! shortest failing prefix of the trace (bisected by replay) are printed.
 //! The summary counts every (command, result) pair and every kind of the
 //! other operations.  Kernel reports (the dmesg gate, kmemleak) are the VM
@@ -177,9 +203,11 @@ pub enum Cmd {
     MrWrite,
     MrRead,
     Rdma,
+    UdSend,
+    UdRecv,
 }
 
-const CMDS: [(Cmd, &str, u32); 21] = [
+const CMDS: [(Cmd, &str, u32); 23] = [
     (Cmd::Info, "INFO", IOC_INFO),
     (Cmd::CreateId, "CREATE_ID", IOC_CREATE_ID),
     (Cmd::DestroyId, "DESTROY_ID", IOC_DESTROY_ID),
@@ -201,6 +229,8 @@ const CMDS: [(Cmd, &str, u32); 21] = [
     (Cmd::MrWrite, "MR_WRITE", IOC_MR_WRITE),
     (Cmd::MrRead, "MR_READ", IOC_MR_READ),
     (Cmd::Rdma, "RDMA", IOC_RDMA),
+    (Cmd::UdSend, "UD_SEND", IOC_UD_SEND),
+    (Cmd::UdRecv, "UD_RECV", IOC_UD_RECV),
 ];
 
 impl Cmd {
@@ -233,7 +263,30 @@ impl Cmd {
     fn may_block(self) -> bool {
         matches!(
             self,
-            Cmd::GetEvent | Cmd::Send | Cmd::Recv | Cmd::MrReg | Cmd::MrDereg | Cmd::Rdma
+            Cmd::GetEvent
+                | Cmd::Send
+                | Cmd::Recv
+                | Cmd::MrReg
+                | Cmd::MrDereg
+                | Cmd::Rdma
+                | Cmd::UdSend
+                | Cmd::UdRecv
+        )
+    }
+    /// The commands of an RC id's data path (messages, regions, RDMA) and
+    /// DISCONNECT: a UD id refuses them with `EOPNOTSUPP` whatever its
+    /// state.
+    fn rc_only(self) -> bool {
+        matches!(
+            self,
+            Cmd::Send
+                | Cmd::Recv
+                | Cmd::MrReg
+                | Cmd::MrDereg
+                | Cmd::MrWrite
+                | Cmd::MrRead
+                | Cmd::Rdma
+                | Cmd::Disconnect
         )
     }
 }
@@ -276,13 +329,31 @@ pub enum Expect {
     Fail,
     Enotty,
     Efault,
+    /// `EINVAL` and nothing else: an argument the module checks before it
+    /// looks the id up.
+    Einval,
+    /// `EOPNOTSUPP`: the data path of the other QP type (RC commands and
+    /// DISCONNECT on a UD id, UD_SEND/UD_RECV on an RC id); or `ENOENT`,
+    /// the id may be gone (a DEVICE_REMOVAL not read yet, a fork child's
+    /// DESTROY_ID).
+    Eopnotsupp,
+    /// `ENOTCONN` (a UD id before CONNECT/ACCEPT, or after its lookup
+    /// failed); or `ENOENT` as above.
+    Enotconn,
+    /// `EMSGSIZE` (a datagram above the id's `max_datagram`); or
+    /// `ENOTCONN`/`ENOENT`: the id may have ended meanwhile.
+    Emsgsize,
 }
 
-const EXPECTS: [(Expect, &str); 4] = [
+const EXPECTS: [(Expect, &str); 8] = [
     (Expect::Any, "any"),
     (Expect::Fail, "fail"),
     (Expect::Enotty, "enotty"),
     (Expect::Efault, "efault"),
+    (Expect::Einval, "einval"),
+    (Expect::Eopnotsupp, "eopnotsupp"),
+    (Expect::Enotconn, "enotconn"),
+    (Expect::Emsgsize, "emsgsize"),
 ];
 
 impl Expect {
@@ -572,8 +643,21 @@ fn judge(
     signalled: bool,
 ) -> Option<String> {
     match (expect, r) {
-        (Expect::Enotty, Err(libc::ENOTTY)) | (Expect::Efault, Err(libc::EFAULT)) => None,
-        (Expect::Enotty | Expect::Efault, r) => Some(format!(
+        (Expect::Enotty, Err(libc::ENOTTY))
+        | (Expect::Efault, Err(libc::EFAULT))
+        | (Expect::Einval, Err(libc::EINVAL))
+        | (Expect::Eopnotsupp, Err(libc::EOPNOTSUPP | libc::ENOENT))
+        | (Expect::Enotconn, Err(libc::ENOTCONN | libc::ENOENT))
+        | (Expect::Emsgsize, Err(libc::EMSGSIZE | libc::ENOTCONN | libc::ENOENT)) => None,
+        (
+            Expect::Enotty
+            | Expect::Efault
+            | Expect::Einval
+            | Expect::Eopnotsupp
+            | Expect::Enotconn
+            | Expect::Emsgsize,
+            r,
+        ) => Some(format!(
             "{}: expected {}, got {}",
             cmd.name(),
             expect.name(),
@@ -667,6 +751,9 @@ struct Shared {
     peer_pids: Mutex<Vec<u32>>,
     /// Ports of the last RC listeners on the local address (or any).
     listen_ports: Mutex<VecDeque<u16>>,
+    /// Ports of the last UD listeners there: UD ids of every thread
+    /// resolve them for their SIDR lookups.
+    ud_listen_ports: Mutex<VecDeque<u16>>,
     quiet: bool,
 }
 
@@ -740,6 +827,7 @@ impl Shared {
             signals: Signaller::default(),
             peer_pids: Mutex::new(Vec::new()),
             listen_ports: Mutex::new(VecDeque::new()),
+            ud_listen_ports: Mutex::new(VecDeque::new()),
             quiet: false,
         }
     }
@@ -1183,12 +1271,21 @@ struct Scratch {
     page: usize,
     /// The argument structure (16 KiB + slack, so a wrong size stays inside).
     arg: Vec<u64>,
-    /// Data buffers of SEND/RECV/MR_WRITE/MR_READ (2 MiB, larger than any
-    /// region, so a read the kernel bounds by the region stays inside).
+    /// Data buffers of SEND/RECV/MR_WRITE/MR_READ/UD_RECV (2 MiB, larger
+    /// than any region, so a read the kernel bounds by the region stays
+    /// inside).
     data: Vec<u8>,
+    /// What every UD_SEND of every thread sends from: [`ud_byte`], never
+    /// written, so a datagram UD_RECV returns must be a prefix of it.
+    ud_tx: Vec<u8>,
 }
 
 const DATA_LEN: usize = 2 << 20;
+
+/// Byte `i` of every datagram the fuzzer sends.
+fn ud_byte(i: usize) -> u8 {
+    (i * 11 + 5) as u8
+}
 
 impl Scratch {
     fn new() -> Result<Self> {
@@ -1221,6 +1318,9 @@ impl Scratch {
             page,
             arg: vec![0; 2304],
             data,
+            ud_tx: (0..2 * RDMA_CM_RS_MAX_MESSAGE as usize)
+                .map(ud_byte)
+                .collect(),
         })
     }
 
@@ -1275,9 +1375,37 @@ struct IdRec {
     handle: u32,
     ud: bool,
     st: St,
-    /// The port an RC id bound on the local address or any (0: none), for
-    /// the peers.
+    /// The port the id bound on the local address or any (0: none): RC
+    /// listeners' for the peers, UD listeners' for the SIDR lookups.
     port: u16,
+    /// UD: the peer handles the id gave (its ESTABLISHED event's, every
+    /// UD_RECV's sender), in the order they came.
+    peers: Vec<u32>,
+    /// UD: `max_datagram` as QUERY reported it (0: not known yet).
+    max_dg: u32,
+    /// A CONNECT or ACCEPT of it succeeded: it has its QP until destroyed.
+    /// (Not the state: an event read late, of a resolve before the
+    /// CONNECT, moves the model's state back.)
+    qp: bool,
+    /// UD: its SIDR lookup failed (UNREACHABLE, REJECTED, CONNECT_ERROR
+    /// after its CONNECT) or it was rejected: UD_SEND is `ENOTCONN` for
+    /// good.
+    dead: bool,
+}
+
+impl IdRec {
+    fn new(handle: u32, ud: bool, st: St) -> Self {
+        Self {
+            handle,
+            ud,
+            st,
+            port: 0,
+            peers: Vec::new(),
+            max_dg: 0,
+            qp: false,
+            dead: false,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -1334,6 +1462,10 @@ struct Worker {
     /// The actor's pause before its current step ran in full (the run is
     /// not ending).
     paused: bool,
+    /// Generating a fork child's calls: all from the model as it is before
+    /// the first of them runs, so no expectation may rest on an id's state
+    /// (an earlier call of the child may change it).
+    gen_child: bool,
 }
 
 fn sockaddr4(ip: Ipv4Addr, port: u16) -> rdma_cm_rs_sockaddr {
@@ -1407,6 +1539,7 @@ impl Worker {
             link_deleted: false,
             gen_link_deleted: false,
             paused: true,
+            gen_child: false,
         })
     }
 
@@ -1492,7 +1625,7 @@ impl Worker {
                 op.v[0] = infinite;
             }
             Cmd::GetEvent if op.v[0] != infinite => op.v[0] = op.v[0].max(ms + 30),
-            Cmd::Recv => op.v[2] = op.v[2].max(ms + 30),
+            Cmd::Recv | Cmd::UdRecv => op.v[2] = op.v[2].max(ms + 30),
             _ => {}
         }
     }
@@ -1573,6 +1706,8 @@ impl Worker {
             .map(|&i| match ids[i].st {
                 St::Down | St::Listening => 1,
                 St::Requested => 12,
+                // A UD id with a QP: its datagrams go both ways.
+                St::Connected if ids[i].ud => 6,
                 _ => 4,
             })
             .collect();
@@ -1580,8 +1715,27 @@ impl Worker {
         let rec = ids[slot].clone();
         let id = IdRef::Slot(slot as u32);
         let ud = rec.ud;
+        let peers = !rec.peers.is_empty();
+        // A UD id of a thread without a UD listener listens itself, more
+        // often than not: SIDR lookups need somebody to answer them.
+        let ud_listen = ud
+            && rec.st == St::Idle
+            && !self.files.iter().any(|f| {
+                f.open() && f.ids.iter().any(|i| i.ud && i.st == St::Listening)
+            });
         use Cmd::*;
+        // UD_SEND/UD_RECV on RC ids and the RC data path on UD ids now and
+        // then, whatever the state: EOPNOTSUPP.  A second CONNECT or ACCEPT
+        // on an id that has its QP: refused.
         let choices: &[(Cmd, u64)] = match rec.st {
+            St::Idle if ud_listen => &[
+                (Bind, 60),
+                (ResolveAddr, 25),
+                (SetOption, 5),
+                (Query, 4),
+                (DestroyId, 4),
+                (UdRecv, 2),
+            ],
             St::Idle => &[
                 (ResolveAddr, 55),
                 (Bind, 25),
@@ -1590,6 +1744,7 @@ impl Worker {
                 (DestroyId, 4),
                 (Connect, 2),
                 (Listen, 2),
+                (UdRecv, 1),
             ],
             St::Bound => &[
                 (Listen, 70),
@@ -1605,6 +1760,8 @@ impl Worker {
                 (Query, 10),
                 (DestroyId, 8),
                 (Send, 9),
+                (UdSend, 3),
+                (UdRecv, 2),
             ],
             St::AddrResolved => &[
                 (ResolveRoute, 75),
@@ -1614,15 +1771,25 @@ impl Worker {
                 (DestroyId, 5),
                 (Listen, 4),
             ],
-            St::RouteResolved => &[(Connect, 85), (Query, 5), (DestroyId, 5), (Send, 5)],
-            St::Connecting if ud => &[
-                (Send, 55),
-                (GetEvent, 20),
-                (Recv, 5),
-                (MrReg, 5),
-                (Disconnect, 5),
+            St::RouteResolved => &[
+                (Connect, 85),
+                (Query, 5),
                 (DestroyId, 5),
-                (Rdma, 5),
+                (Send, 5),
+                (UdSend, 2),
+            ],
+            // The SIDR lookup under way.
+            St::Connecting if ud => &[
+                (GetEvent, 40),
+                (UdRecv, 15),
+                (UdSend, 5),
+                (Query, 6),
+                (Send, 5),
+                (MrReg, 3),
+                (Rdma, 2),
+                (Disconnect, 4),
+                (DestroyId, 5),
+                (Connect, 1),
             ],
             St::Connecting => &[
                 (GetEvent, 45),
@@ -1631,15 +1798,38 @@ impl Worker {
                 (Disconnect, 10),
                 (DestroyId, 10),
                 (MrReg, 5),
+                (UdSend, 2),
             ],
+            // Datagrams to the peers it knows, and the RC data path.
+            St::Connected if ud && peers => &[
+                (UdSend, 34),
+                (UdRecv, 30),
+                (Query, 6),
+                (DestroyId, 3),
+                (Send, 4),
+                (Recv, 2),
+                (MrReg, 2),
+                (MrWrite, 1),
+                (MrRead, 1),
+                (MrDereg, 1),
+                (Rdma, 2),
+                (Disconnect, 3),
+                (Connect, 1),
+                (Accept, 1),
+            ],
+            // An accepted id: it learns its peers from what it receives.
             St::Connected if ud => &[
-                (Send, 50),
-                (Recv, 10),
-                (MrReg, 10),
-                (Rdma, 10),
-                (Disconnect, 5),
-                (DestroyId, 10),
-                (Query, 5),
+                (UdRecv, 50),
+                (UdSend, 6),
+                (Query, 8),
+                (DestroyId, 3),
+                (Send, 3),
+                (Recv, 2),
+                (MrReg, 2),
+                (Rdma, 2),
+                (Disconnect, 3),
+                (Connect, 1),
+                (Accept, 1),
             ],
             St::Connected => &[
                 (Send, 25),
@@ -1653,12 +1843,16 @@ impl Worker {
                 (Query, 4),
                 (DestroyId, 3),
                 (SetOption, 1),
+                (UdSend, 2),
+                (UdRecv, 2),
+                (Connect, 1),
             ],
             St::Listening => &[
                 (GetEvent, 70),
                 (Query, 10),
                 (DestroyId, 10),
                 (SetOption, 10),
+                (UdRecv, 2),
             ],
             St::Requested => &[
                 (Accept, 55),
@@ -1666,6 +1860,7 @@ impl Worker {
                 (DestroyId, 10),
                 (GetEvent, 5),
                 (Query, 5),
+                (UdSend, 2),
             ],
             St::Down | St::Destroyed | St::Gone | St::Removed => &[
                 (DestroyId, 45),
@@ -1674,6 +1869,8 @@ impl Worker {
                 (Recv, 10),
                 (GetEvent, 20),
                 (Query, 5),
+                (UdSend, 5),
+                (UdRecv, 5),
             ],
         };
         let weights: Vec<u64> = choices.iter().map(|c| c.1).collect();
@@ -1732,17 +1929,25 @@ impl Worker {
         match cmd {
             Cmd::Bind => {
                 v[0] = self.port();
-                // The local address (rxe), any, or the siw device's.
-                v[1] = match self.rng.below(100) {
-                    0..=69 => 0,
-                    70..=84 => 1,
+                // The local address (rxe), any, or the siw device's (where
+                // a UD id gets nowhere: iWARP has no UD).
+                v[1] = match (rec.ud, self.rng.below(100)) {
+                    (_, 0..=69) => 0,
+                    (_, 70..=84) | (true, 85..=94) => 1,
                     _ => 2,
                 };
             }
             Cmd::ResolveAddr => {
                 v[0] = self.port();
+                if rec.ud {
+                    // Mostly where a UD listener is, so that the SIDR
+                    // lookup finds one.
+                    if let Some(port) = self.ud_listener_port() {
+                        v[0] = u64::from(port);
+                    }
+                }
                 // The local address (rxe) or the siw device's.
-                let siw = self.rng.pct(20);
+                let siw = self.rng.pct(if rec.ud { 5 } else { 20 });
                 v[1] = if siw { 5 } else { 0 };
                 v[2] = self.rng.range(100, 2000);
                 // A source address: none, the local one or the siw one
@@ -1756,10 +1961,14 @@ impl Worker {
             Cmd::ResolveRoute => v[2] = self.rng.range(100, 2000),
             Cmd::Listen => v[0] = self.rng.range(1, 8),
             Cmd::Connect => {
-                // The old module held UD connects to the RC limit (56):
-                // most UD connects stay there.
-                v[0] = if rec.ud && self.rng.pct(30) {
-                    self.rng.range(0, 180)
+                // A UD id's SIDR request carries up to 180 bytes, an RC
+                // REQ 56.
+                v[0] = if rec.ud {
+                    match self.rng.below(100) {
+                        0..=59 => self.rng.range(0, 56),
+                        60..=94 => self.rng.range(57, 180),
+                        _ => self.rng.range(181, 256),
+                    }
                 } else {
                     self.rng.range(0, 56)
                 };
@@ -1767,22 +1976,44 @@ impl Worker {
                 v[2] = self.rng.range(0, 2);
                 v[3] = self.rng.range(0, 7);
                 v[4] = self.rng.range(0, 7);
+                // A second CONNECT on an id with its QP, or more private
+                // data than a SIDR request carries.
+                if v[0] > 180 || rec.qp {
+                    op.expect = Expect::Fail;
+                }
             }
             Cmd::Accept => {
                 v[5] = u64::from(self.rng.pct(50)); // ACCEPT_REQUEST_PARAM
-                v[0] = self.rng.range(0, 196);
+                // A SIDR reply carries up to 136 bytes, an RC REP 196.
+                v[0] = if rec.ud && self.rng.pct(90) {
+                    self.rng.range(0, 136)
+                } else {
+                    self.rng.range(0, 196)
+                };
                 v[1] = self.rng.range(0, 2);
                 v[2] = self.rng.range(0, 2);
                 v[3] = self.rng.range(0, 7);
                 v[4] = 7;
+                // Not a request (any more), or a SIDR reply's private data
+                // over the limit (ignored with ACCEPT_REQUEST_PARAM).
+                if rec.qp || (rec.ud && v[5] == 0 && v[0] > 136) {
+                    op.expect = Expect::Fail;
+                }
             }
             Cmd::Reject => {
-                v[0] = self.rng.range(0, 148);
+                v[0] = if rec.ud && self.rng.pct(90) {
+                    self.rng.range(0, 136)
+                } else {
+                    self.rng.range(0, 148)
+                };
                 v[1] = if self.rng.pct(50) {
                     0
                 } else {
                     self.rng.below(40)
                 };
+                if rec.ud && v[0] > 136 {
+                    op.expect = Expect::Fail;
+                }
             }
             Cmd::SetOption => {
                 v[0] = self.rng.range(1, 5);
@@ -1857,6 +2088,61 @@ impl Worker {
                     }
                 }
             }
+            Cmd::UdSend => {
+                // Small, up to the path MTU, exactly it, above it (but
+                // within the ABI's 4096: EMSGSIZE), above 4096 (EINVAL).
+                let max = match rec.max_dg {
+                    0 => 1024,
+                    m => u64::from(m).min(4096),
+                };
+                v[0] = match self.rng.below(100) {
+                    0..=44 => self.rng.range(1, 64.min(max)),
+                    45..=69 => self.rng.range(1, max),
+                    70..=79 => max,
+                    80..=92 if max < 4096 => self.rng.range(max + 1, 4096),
+                    93.. => self.rng.range(4097, 8192),
+                    _ => max,
+                };
+                // A peer the id has, mostly; else a guess (1: the SIDR
+                // reply's, perhaps not read yet) or one it cannot have.
+                v[1] = if !rec.peers.is_empty() && self.rng.pct(92) {
+                    u64::from(rec.peers[self.rng.below(rec.peers.len() as u64) as usize])
+                } else if self.rng.pct(50) {
+                    1
+                } else {
+                    [0, 65, 0x8000_0000, u64::from(u32::MAX)][self.rng.below(4) as usize]
+                };
+                v[2] = if self.rng.pct(10) {
+                    0 // the default, 5 s
+                } else {
+                    self.rng.range(1, 200)
+                };
+                // With immediate data (0 included) or without.
+                if self.rng.pct(30) {
+                    v[3] = u64::from(RDMA_CM_RS_UD_WITH_IMM);
+                    v[4] = if self.rng.pct(20) {
+                        0
+                    } else {
+                        self.rng.below(1 << 32)
+                    };
+                }
+                // Close the file soon after: the teardown of a UD id with
+                // datagrams in flight.
+                v[5] = u64::from(self.rng.pct(6));
+            }
+            Cmd::UdRecv => {
+                v[0] = match self.rng.below(100) {
+                    0..=84 => 4096,
+                    // Smaller than most datagrams: EMSGSIZE, it stays.
+                    85..=94 => self.rng.range(1, 64),
+                    _ => self.rng.range(0, 4200),
+                };
+                v[2] = self.rng.range(0, 150);
+                // Garbage in the output fields: ignored.
+                if self.rng.pct(10) {
+                    v[3] = self.rng.next_u64() | 1;
+                }
+            }
             Cmd::Query
             | Cmd::DestroyId
             | Cmd::Disconnect
@@ -1867,7 +2153,70 @@ impl Worker {
         if cmd == Cmd::GetEvent {
             return self.get_event(f);
         }
+        if op.expect == Expect::Any {
+            op.expect = self.expect_of(cmd, rec, &op.v);
+        }
         op
+    }
+
+    /// What the module must answer to a plausible `cmd` on `rec` with
+    /// parameters `v`, as far as the QP type and the model's state tell.
+    fn expect_of(&self, cmd: Cmd, rec: &IdRec, v: &[u64; 8]) -> Expect {
+        let gone = matches!(rec.st, St::Destroyed | St::Removed);
+        // Before CONNECT/ACCEPT there is no QP; a fork child's calls come
+        // from the model before any of them ran: one may connect first.
+        let no_qp = !self.gen_child && !rec.qp;
+        match cmd {
+            // Checked before the id is looked up.
+            Cmd::UdSend if v[0] == 0 || v[0] > u64::from(RDMA_CM_RS_MAX_MESSAGE) => Expect::Einval,
+            c if c.rc_only() && rec.ud => Expect::Eopnotsupp,
+            Cmd::UdSend | Cmd::UdRecv if !rec.ud => Expect::Eopnotsupp,
+            _ if gone => Expect::Fail,
+            // Without its QP, or after its lookup failed (REJECTED,
+            // UNREACHABLE, CONNECT_ERROR) or a REJECT; UD_RECV still
+            // returns what came before.
+            Cmd::UdSend if no_qp || rec.dead => Expect::Enotconn,
+            Cmd::UdRecv if no_qp => Expect::Enotconn,
+            Cmd::UdSend if v[1] == 0 || v[1] > u64::from(RDMA_CM_RS_MAX_UD_PEERS) => Expect::Fail,
+            Cmd::UdSend
+                if rec.qp
+                    && rec.max_dg != 0
+                    && v[0] > u64::from(rec.max_dg)
+                    && rec.peers.contains(&(v[1] as u32)) =>
+            {
+                Expect::Emsgsize
+            }
+            _ => Expect::Any,
+        }
+    }
+
+    /// A port where a UD listener is, on the local address or any: this
+    /// thread's own mostly, else one any thread had lately (`None`: any
+    /// port will do).
+    fn ud_listener_port(&mut self) -> Option<u16> {
+        let own: Vec<u16> = self
+            .files
+            .iter()
+            .filter(|f| f.open())
+            .flat_map(|f| f.ids.iter())
+            .filter(|i| i.ud && i.st == St::Listening && i.port != 0)
+            .map(|i| i.port)
+            .collect();
+        if !own.is_empty() && self.rng.pct(60) {
+            return Some(own[self.rng.below(own.len() as u64) as usize]);
+        }
+        let any: Vec<u16> = self
+            .sh
+            .ud_listen_ports
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        if !any.is_empty() && self.rng.pct(50) {
+            return Some(any[self.rng.below(any.len() as u64) as usize]);
+        }
+        None
     }
 
     /// One hostile change to a plausible call.
@@ -1875,6 +2224,14 @@ impl Worker {
         let Act::Ioctl(cmd) = op.act else { return };
         let right = cmd.number();
         let size = (right >> 16) & 0x3fff;
+        // An exact errno expected of the plausible call may not survive the
+        // change: each case below says what it expects.
+        if matches!(
+            op.expect,
+            Expect::Einval | Expect::Eopnotsupp | Expect::Enotconn | Expect::Emsgsize
+        ) {
+            op.expect = Expect::Any;
+        }
         match self.rng.below(12) {
             0 => {
                 // Another size: another, unknown command.
@@ -1898,7 +2255,7 @@ impl Worker {
                 op.expect = Expect::Enotty;
             }
             2 => {
-                let nr = self.rng.range(0x15, 0xff) as u32;
+                let nr = self.rng.range(0x17, 0xff) as u32;
                 op.raw = Some((right & !0xff) | nr);
                 if self.rng.pct(30) {
                     // Another type, the right number.
@@ -1921,6 +2278,23 @@ impl Worker {
             6 => {
                 op.ptr = Ptr::Wild;
                 op.expect = Expect::Efault;
+            }
+            7 if cmd == Cmd::UdSend => {
+                // UD_SEND has no reserved field: unknown flags, or
+                // immediate data without the flag.
+                if self.rng.pct(60) {
+                    op.v[3] |= [2, 0x80, 0x8000_0000, self.rng.below(1 << 32) | 2]
+                        [self.rng.below(4) as usize];
+                } else {
+                    op.v[3] = 0;
+                    op.v[4] = 1 + self.rng.below(u64::from(u32::MAX));
+                }
+                op.expect = Expect::Einval;
+            }
+            7 if cmd == Cmd::UdRecv => {
+                // Checked before anything else.
+                op.v[RESERVED] = 1 + self.rng.below(u64::from(u32::MAX));
+                op.expect = Expect::Einval;
             }
             7 => {
                 // Garbage in a reserved field (or a field that must be 0).
@@ -1959,9 +2333,19 @@ impl Worker {
                     op.expect = Expect::Fail;
                 }
             }
+            8 if cmd == Cmd::UdSend => {
+                // A bad buffer to send from (never the one 16 bytes before
+                // PROT_NONE: every datagram that leaves is UD_SEND's
+                // pattern).
+                op.v[6] = [1, 2, 4][self.rng.below(3) as usize];
+                op.expect = Expect::Fail;
+            }
             8 => {
                 // A bad data buffer.
-                if matches!(cmd, Cmd::Send | Cmd::Recv | Cmd::MrWrite | Cmd::MrRead) {
+                if matches!(
+                    cmd,
+                    Cmd::Send | Cmd::Recv | Cmd::MrWrite | Cmd::MrRead | Cmd::UdRecv
+                ) {
                     op.v[6] = 1 + self.rng.below(4); // Ptr index
                                                      // 3 straddles a PROT_NONE page 16 bytes in: a shorter
                                                      // copy may succeed.
@@ -1983,7 +2367,16 @@ impl Worker {
                         };
                         op.expect = Expect::Fail;
                     }
-                    Cmd::Recv => op.v[0] = huge,
+                    Cmd::Recv | Cmd::UdRecv => op.v[0] = huge,
+                    Cmd::UdSend => {
+                        // Checked before the id: whatever the id is.
+                        op.v[0] = match self.rng.below(5) {
+                            0 => 0,
+                            1 => u64::from(RDMA_CM_RS_MAX_MESSAGE) + 1,
+                            _ => huge,
+                        };
+                        op.expect = Expect::Einval;
+                    }
                     Cmd::MrReg => {
                         op.v[0] = if self.rng.pct(20) { 0 } else { huge };
                         op.expect = Expect::Fail;
@@ -2045,26 +2438,42 @@ impl Worker {
                 }
             }
             _ => {
-                // The RC data path on a UD id, whatever the state.
+                // The RC data path (SEND mostly) on a UD id, or datagrams
+                // on an RC id, whatever the state: EOPNOTSUPP.
+                let ud = self.rng.pct(70);
                 let f = &self.files[op.f as usize];
-                let uds: Vec<u32> = (0..f.ids.len() as u32)
-                    .filter(|&n| f.ids[n as usize].ud && f.ids[n as usize].st != St::Destroyed)
+                let ids: Vec<u32> = (0..f.ids.len() as u32)
+                    .filter(|&n| {
+                        let i = &f.ids[n as usize];
+                        i.ud == ud && !matches!(i.st, St::Destroyed | St::Gone)
+                    })
                     .collect();
-                if !uds.is_empty() {
-                    let n = uds[self.rng.below(uds.len() as u64) as usize];
-                    op.act = Act::Ioctl(Cmd::Send);
-                    op.id = IdRef::Slot(n);
+                if !ids.is_empty() {
+                    let n = ids[self.rng.below(ids.len() as u64) as usize];
+                    let rec = f.ids[n as usize].clone();
+                    let cmd = if ud {
+                        [
+                            Cmd::Send,
+                            Cmd::Send,
+                            Cmd::Send,
+                            Cmd::Recv,
+                            Cmd::MrReg,
+                            Cmd::MrRead,
+                            Cmd::Rdma,
+                            Cmd::Disconnect,
+                        ][self.rng.below(8) as usize]
+                    } else if self.rng.pct(50) {
+                        Cmd::UdSend
+                    } else {
+                        Cmd::UdRecv
+                    };
+                    let new = self.plausible(op.f, cmd, IdRef::Slot(n), &rec);
+                    op.act = new.act;
+                    op.id = new.id;
                     op.raw = None;
-                    op.v = [
-                        self.rng.range(1, 512),
-                        0,
-                        self.rng.range(1, 200),
-                        0,
-                        0,
-                        0,
-                        0,
-                        0,
-                    ];
+                    op.ptr = Ptr::Ok;
+                    op.v = new.v;
+                    op.expect = new.expect;
                 }
             }
         }
@@ -2252,6 +2661,7 @@ impl Worker {
         // The child's calls: from their own seed and the file's model now.
         let saved = std::mem::replace(&mut self.rng, Rng::new(op.v[0]));
         let mut calls = Vec::new();
+        self.gen_child = true;
         for _ in 0..op.v[1].min(CHILD_OPS) {
             let mut c = self.gen_ioctl(op.f);
             c.fd = self.rng.below(self.files[f].fds.len() as u64) as u32;
@@ -2260,6 +2670,7 @@ impl Worker {
             }
             calls.push(c);
         }
+        self.gen_child = false;
         self.rng = saved;
         for c in &calls {
             self.sh.log(&format!("#   fork child: {}", c.line()));
@@ -2659,7 +3070,23 @@ impl Worker {
         // state; the rest is judged and forgotten.
         let real = op.raw.is_none() && p == Ptr::Ok;
         match cmd {
-            Cmd::Info => call!(Default::default(), rdma_cm_rs_info).0,
+            Cmd::Info => {
+                let (r, out) = call!(Default::default(), rdma_cm_rs_info);
+                if let (true, Ok(()), Some(out)) = (real, r, out) {
+                    if out.max_ud_peers != RDMA_CM_RS_MAX_UD_PEERS
+                        || out.max_message != RDMA_CM_RS_MAX_MESSAGE
+                    {
+                        self.sh.finding(format!(
+                            "INFO: max_ud_peers {} max_message {} (the header says {} and {})",
+                            out.max_ud_peers,
+                            out.max_message,
+                            RDMA_CM_RS_MAX_UD_PEERS,
+                            RDMA_CM_RS_MAX_MESSAGE
+                        ));
+                    }
+                }
+                r
+            }
             Cmd::CreateId => {
                 let (r, out) = call!(
                     rdma_cm_rs_create_id {
@@ -2675,12 +3102,11 @@ impl Worker {
                     if out.id == 0 {
                         self.sh.finding("CREATE_ID returned id 0".into());
                     }
-                    self.files[op.f as usize].ids.push(IdRec {
-                        handle: out.id,
-                        ud: v[2] == u64::from(RDMA_CM_RS_QPT_UD),
-                        st: St::Idle,
-                        port: 0,
-                    });
+                    self.files[op.f as usize].ids.push(IdRec::new(
+                        out.id,
+                        v[2] == u64::from(RDMA_CM_RS_QPT_UD),
+                        St::Idle,
+                    ));
                 }
                 r
             }
@@ -2735,7 +3161,7 @@ impl Worker {
                         self.sh.kind("siw: ids bound to its address");
                     } else if let IdRef::Slot(n) = op.id {
                         if let Some(i) = self.files[op.f as usize].ids.get_mut(n as usize) {
-                            i.port = if i.ud { 0 } else { v[0] as u16 };
+                            i.port = v[0] as u16;
                         }
                     }
                 }
@@ -2802,16 +3228,21 @@ impl Worker {
                 );
                 if real && r.is_ok() {
                     self.set_state(op, St::Listening);
-                    // An RC listener the peers can reach: they try it first.
-                    let port = match op.id {
+                    // An RC listener the peers can reach: they try it
+                    // first; a UD one, every thread's UD ids.
+                    let (port, ud) = match op.id {
                         IdRef::Slot(n) => self.files[op.f as usize]
                             .ids
                             .get(n as usize)
-                            .map_or(0, |i| i.port),
-                        _ => 0,
+                            .map_or((0, false), |i| (i.port, i.ud)),
+                        _ => (0, false),
                     };
                     if port != 0 {
-                        let mut ports = self.sh.listen_ports.lock().unwrap();
+                        let mut ports = if ud {
+                            self.sh.ud_listen_ports.lock().unwrap()
+                        } else {
+                            self.sh.listen_ports.lock().unwrap()
+                        };
                         if ports.len() == 6 {
                             ports.pop_front();
                         }
@@ -2831,6 +3262,9 @@ impl Worker {
                 );
                 if real && r.is_ok() {
                     self.set_state(op, St::Connecting);
+                    if let Some(i) = self.rec_of(op) {
+                        i.qp = true;
+                    }
                 }
                 r
             }
@@ -2844,7 +3278,15 @@ impl Worker {
                     rdma_cm_rs_accept
                 );
                 if real && r.is_ok() {
-                    self.set_state(op, St::Connecting);
+                    // A SIDR reply: no event follows, the UD QP is there.
+                    let ud = self.rec_of(op).is_some_and(|i| {
+                        i.qp = true;
+                        i.ud
+                    });
+                    if ud {
+                        self.sh.kind("ud: SIDR requests accepted");
+                    }
+                    self.set_state(op, if ud { St::Connected } else { St::Connecting });
                 }
                 r
             }
@@ -2861,6 +3303,9 @@ impl Worker {
                 let (r, _) = call!(rj, rdma_cm_rs_reject);
                 if real && r.is_ok() {
                     self.set_state(op, St::Down);
+                    if let Some(i) = self.rec_of(op) {
+                        i.dead = true;
+                    }
                 }
                 r
             }
@@ -2880,8 +3325,12 @@ impl Worker {
                     id,
                     ..Default::default()
                 };
-                q.reserved[(res % 4) as usize] = res;
-                call!(q, rdma_cm_rs_query).0
+                q.reserved[(res % 3) as usize] = res;
+                let (r, out) = call!(q, rdma_cm_rs_query);
+                if let (true, Ok(()), Some(out)) = (real, r, out) {
+                    self.on_query(op, &out);
+                }
+                r
             }
             Cmd::GetEvent => {
                 let (r, out) = call!(
@@ -2937,6 +3386,69 @@ impl Worker {
                     rdma_cm_rs_recv
                 )
                 .0
+            }
+            Cmd::UdSend => {
+                let buf = match v[6] {
+                    0 => mem.ud_tx.as_ptr() as u64,
+                    _ => data_ptr(mem),
+                };
+                let (r, _) = call!(
+                    rdma_cm_rs_ud_send {
+                        id,
+                        peer: v[1] as u32,
+                        buf,
+                        len: v[0] as u32,
+                        flags: v[3] as u32,
+                        imm_data: v[4] as u32,
+                        timeout_ms: v[2] as u32,
+                    },
+                    rdma_cm_rs_ud_send
+                );
+                // Some sends close their file soon after (`v[5]`).
+                let f = &mut self.files[op.f as usize];
+                if let IdRef::Slot(n) = op.id {
+                    if v[5] != 0
+                        && f.ids.get(n as usize).is_some_and(|i| {
+                            i.ud && matches!(i.st, St::Connecting | St::Connected | St::Down)
+                        })
+                    {
+                        f.close_soon = true;
+                    }
+                }
+                r
+            }
+            Cmd::UdRecv => {
+                // Into the 2 MiB buffer, like RECV: a datagram always fits
+                // whatever `len` claims.
+                let buf = data_ptr(mem);
+                let mut c = rdma_cm_rs_ud_recv {
+                    id,
+                    len: v[0] as u32,
+                    buf,
+                    timeout_ms: v[2] as u32,
+                    reserved: res as u32 | (res >> 32) as u32,
+                    ..Default::default()
+                };
+                if v[3] != 0 {
+                    // Outputs only: their input values mean nothing.
+                    c.flags = v[3] as u32;
+                    c.imm_data = (v[3] >> 32) as u32;
+                    c.peer = v[3] as u32 ^ 0x5a5a_5a5a;
+                    c.src_qp = (v[3] >> 8) as u32;
+                    c.src.bytes[..8].copy_from_slice(&v[3].to_ne_bytes());
+                }
+                let live = matches!(self.mode, Mode::Live);
+                let (r, out) = call!(c, rdma_cm_rs_ud_recv);
+                if let (true, Ok(()), Some(out)) = (real, r, out) {
+                    // Every datagram in the VM is a UD_SEND of this
+                    // program: a prefix of `ud_byte`, the GRH stripped.
+                    let n = (out.len as usize).min(mem.data.len());
+                    let bad = (live && v[6] == 0)
+                        .then(|| (0..n).find(|&i| mem.data[i] != ud_byte(i)))
+                        .flatten();
+                    self.on_datagram(op, &out, bad);
+                }
+                r
             }
             Cmd::MrReg => {
                 let (r, out) = call!(
@@ -3042,6 +3554,77 @@ impl Worker {
         }
     }
 
+    /// The model of the id `op` names in its own file.
+    fn rec_of(&mut self, op: &Op) -> Option<&mut IdRec> {
+        let IdRef::Slot(n) = op.id else { return None };
+        self.files.get_mut(op.f as usize)?.ids.get_mut(n as usize)
+    }
+
+    /// A QUERY's answer: the QP type as created; `max_datagram` and `qkey`
+    /// only on a UD id, `max_datagram` (learnt for UD_SEND's sizes) once
+    /// it has its QP, and never above the ABI's message size.
+    fn on_query(&mut self, op: &Op, q: &rdma_cm_rs_query) {
+        let line = op.line();
+        let Some(i) = self.rec_of(op) else { return };
+        let qpt = if i.ud {
+            RDMA_CM_RS_QPT_UD
+        } else {
+            RDMA_CM_RS_QPT_RC
+        };
+        let why = if q.qp_type != qpt {
+            Some(format!("qp_type {} (created {qpt})", q.qp_type))
+        } else if !i.ud && (q.max_datagram != 0 || q.qkey != 0) {
+            Some(format!(
+                "an RC id with max_datagram {} qkey {:#x}",
+                q.max_datagram, q.qkey
+            ))
+        } else if q.max_datagram > RDMA_CM_RS_MAX_MESSAGE {
+            Some(format!("max_datagram {}", q.max_datagram))
+        } else if i.ud && i.qp && q.max_datagram == 0 {
+            Some("a UD id with its QP and max_datagram 0".into())
+        } else {
+            None
+        };
+        if q.max_datagram != 0 {
+            i.max_dg = q.max_datagram;
+        }
+        if let Some(why) = why {
+            self.sh.finding(format!("QUERY: {why} [{line}]"));
+        }
+    }
+
+    /// A datagram UD_RECV returned (`bad`: the first byte that is not what
+    /// was sent): judged, and its sender's peer handle kept.
+    fn on_datagram(&mut self, op: &Op, d: &rdma_cm_rs_ud_recv, bad: Option<usize>) {
+        let line = op.line();
+        let cap = op.v[0].min(u64::from(u32::MAX)) as u32;
+        let why = if d.len == 0 || d.len > cap || d.len > RDMA_CM_RS_MAX_MESSAGE {
+            Some(format!("length {} (buffer {cap})", d.len))
+        } else if d.peer > RDMA_CM_RS_MAX_UD_PEERS {
+            Some(format!("peer {}", d.peer))
+        } else if d.flags & !RDMA_CM_RS_UD_WITH_IMM != 0 || (d.flags == 0 && d.imm_data != 0) {
+            Some(format!("flags {:#x} imm_data {:#x}", d.flags, d.imm_data))
+        } else {
+            bad.map(|b| format!("{} bytes, byte {b} is not what was sent", d.len))
+        };
+        if let Some(why) = why {
+            self.sh.finding(format!("UD_RECV: {why} [{line}]"));
+        }
+        if d.flags != 0 {
+            self.sh.kind("ud: datagrams received with imm_data");
+        }
+        if d.peer == 0 {
+            return;
+        }
+        let sh = self.sh.clone();
+        if let Some(i) = self.rec_of(op) {
+            if !i.peers.contains(&d.peer) {
+                i.peers.push(d.peer);
+                sh.kind("ud: peers learnt from UD_RECV");
+            }
+        }
+    }
+
     fn on_event(&mut self, f: usize, ev: &rdma_cm_rs_event) {
         let kind = EventType::from(ev.event);
         let rec = &mut self.files[f];
@@ -3069,10 +3652,56 @@ impl Worker {
             ));
             return;
         }
+        if rec.ids[slot].ud {
+            match kind {
+                EventType::Unreachable => self.sh.kind("ud: SIDR lookups UNREACHABLE"),
+                EventType::Rejected => self.sh.kind("ud: SIDR lookups REJECTED"),
+                _ => {}
+            }
+            // The module's state is DISCONNECT for good.
+            if rec.ids[slot].qp
+                && matches!(
+                    kind,
+                    EventType::Unreachable | EventType::Rejected | EventType::ConnectError
+                )
+            {
+                rec.ids[slot].dead = true;
+            }
+        }
         let st = match kind {
             EventType::AddrResolved => St::AddrResolved,
             EventType::RouteResolved => St::RouteResolved,
-            EventType::Established => St::Connected,
+            EventType::Established => {
+                // UD: the SIDR reply, with the peer's handle unless the
+                // status says why there is none; RC: no UD fields.
+                let i = &mut rec.ids[slot];
+                let ok = if i.ud {
+                    if ev.status == 0 {
+                        (1..=RDMA_CM_RS_MAX_UD_PEERS).contains(&ev.ud_peer)
+                    } else {
+                        ev.ud_peer == 0
+                    }
+                } else {
+                    ev.ud_peer == 0 && ev.ud_qp_num == 0 && ev.ud_qkey == 0
+                };
+                if !ok {
+                    self.sh.finding(format!(
+                        "GET_EVENT: ESTABLISHED of {} id {}: status {} ud_peer {} ud_qp_num {:#x}",
+                        if i.ud { "UD" } else { "RC" },
+                        ev.id,
+                        ev.status,
+                        ev.ud_peer,
+                        ev.ud_qp_num
+                    ));
+                }
+                if i.ud && ev.ud_peer != 0 && !i.peers.contains(&ev.ud_peer) {
+                    i.peers.push(ev.ud_peer);
+                }
+                if i.ud {
+                    self.sh.kind("ud: SIDR lookups ESTABLISHED");
+                }
+                St::Connected
+            }
             EventType::ConnectRequest => {
                 let ud = rec.ids[slot].ud;
                 if ev.new_id == 0 || rec.slot_of(ev.new_id).is_some() {
@@ -3082,12 +3711,7 @@ impl Worker {
                     ));
                     return;
                 }
-                rec.ids.push(IdRec {
-                    handle: ev.new_id,
-                    ud,
-                    st: St::Requested,
-                    port: 0,
-                });
+                rec.ids.push(IdRec::new(ev.new_id, ud, St::Requested));
                 return;
             }
             EventType::DeviceRemoval => {
@@ -3097,7 +3721,10 @@ impl Worker {
                 }
                 St::Removed
             }
-            EventType::TimewaitExit | EventType::ConnectResponse => return,
+            // ADDR_CHANGE leaves the id as it was (so does the module).
+            EventType::TimewaitExit | EventType::ConnectResponse | EventType::AddrChange => {
+                return
+            }
             _ => St::Down,
         };
         rec.ids[slot].st = st;
@@ -3557,7 +4184,25 @@ mod tests {
         delete.v[0] = 3000;
         let mut add = Op::new(4, 0, Act::Link { add: true });
         add.v[0] = 300;
+        let mut ud_send = Op::new(0, 2, Act::Ioctl(Cmd::UdSend));
+        ud_send.id = IdRef::Slot(7);
+        ud_send.v = [1024, 3, 0, 1, 0xdead_beef, 1, 0, 0];
+        ud_send.expect = Expect::Emsgsize;
+        ud_send.sig = Some(3);
+        let mut ud_recv = Op::new(1, 0, Act::Ioctl(Cmd::UdRecv));
+        ud_recv.v = [4096, 0, 150, u64::MAX, 0, 0, 2, 9];
+        ud_recv.expect = Expect::Einval;
+        let mut others = Vec::new();
+        for x in [Expect::Eopnotsupp, Expect::Enotconn] {
+            let mut o = Op::new(2, 1, Act::Ioctl(Cmd::Send));
+            o.expect = x;
+            others.push(o);
+        }
         for op in [
+            ud_send,
+            ud_recv,
+            others[0].clone(),
+            others[1].clone(),
             op.clone(),
             Op::new(0, 0, Act::Open { nonblock: true }),
             Op::new(0, 5, Act::Close),
@@ -3581,6 +4226,11 @@ mod tests {
         // Lines without `sig=` (older traces) are not signalled.
         let l = "t=0 f=1 fd=0 QUERY cmd=- ptr=ok id=#0 v=0,0,0,0,0,0,0,0 x=any";
         assert_eq!(Op::parse(l).map(|o| o.sig), Some(None));
+        let l = "t=2 f=0 fd=1 UD_SEND cmd=- ptr=ok id=#4 v=0x400,0x1,0x64,0x1,0x2a,0x0,0x0,0x0 x=emsgsize";
+        let op = Op::parse(l).unwrap();
+        assert_eq!(op.act, Act::Ioctl(Cmd::UdSend));
+        assert_eq!(op.line(), l);
+        assert!(Op::parse(&l.replace("x=emsgsize", "x=enomem")).is_none());
     }
 
     #[test]
@@ -3623,18 +4273,28 @@ mod tests {
                         };
                         let next = match c {
                             Cmd::CreateId => {
-                                f.ids.push(IdRec {
-                                    handle: step + 1,
-                                    ud: op.v[2] == u64::from(RDMA_CM_RS_QPT_UD),
-                                    st: St::Idle,
-                                    port: 0,
-                                });
+                                f.ids.push(IdRec::new(
+                                    step + 1,
+                                    op.v[2] == u64::from(RDMA_CM_RS_QPT_UD),
+                                    St::Idle,
+                                ));
                                 None
                             }
                             Cmd::Bind => Some(St::Bound),
                             Cmd::ResolveAddr => Some(St::AddrResolved),
                             Cmd::ResolveRoute => Some(St::RouteResolved),
-                            Cmd::Connect => Some(St::Connected),
+                            Cmd::Connect => {
+                                // A UD id's SIDR reply: its peer, and a
+                                // QUERY's max_datagram.
+                                if let Some(i) = f.ids.get_mut(n) {
+                                    i.qp = true;
+                                    if i.ud {
+                                        i.peers = vec![1];
+                                        i.max_dg = 1024;
+                                    }
+                                }
+                                Some(St::Connected)
+                            }
                             Cmd::Listen => Some(St::Listening),
                             Cmd::DestroyId => Some(St::Destroyed),
                             Cmd::Send => {
@@ -3670,6 +4330,50 @@ mod tests {
         // The UD sequence the old module's WARNING needed: a send on a
         // connected UD id, then the close of its file.
         assert!(text.contains(" close"));
+        // Datagrams: to a peer the id has, of every size class, with and
+        // without immediate data; and the errnos the ABI fixes for them.
+        let ops: Vec<Op> = a.iter().map(|l| Op::parse(l).unwrap()).collect();
+        let ud_sends: Vec<&Op> = ops
+            .iter()
+            .filter(|o| o.act == Act::Ioctl(Cmd::UdSend) && o.raw.is_none())
+            .collect();
+        assert!(ud_sends.len() >= 50, "{} UD_SENDs", ud_sends.len());
+        for (what, hit) in [
+            ("to peer 1", ud_sends.iter().any(|o| o.v[1] == 1)),
+            ("MTU-sized", ud_sends.iter().any(|o| o.v[0] == 1024)),
+            ("with imm", ud_sends.iter().any(|o| o.v[3] == 1)),
+            ("small", ud_sends.iter().any(|o| o.v[0] <= 64)),
+        ] {
+            assert!(hit, "no UD_SEND {what}");
+        }
+        for x in [
+            Expect::Einval,
+            Expect::Eopnotsupp,
+            Expect::Enotconn,
+            Expect::Emsgsize,
+            Expect::Fail,
+        ] {
+            assert!(
+                ud_sends.iter().any(|o| o.expect == x),
+                "no UD_SEND expecting {}",
+                x.name()
+            );
+        }
+        for (cmd, x) in [
+            (Cmd::UdRecv, Expect::Eopnotsupp),
+            (Cmd::UdRecv, Expect::Einval),
+            (Cmd::Send, Expect::Eopnotsupp),
+            (Cmd::Disconnect, Expect::Eopnotsupp),
+            (Cmd::MrReg, Expect::Eopnotsupp),
+        ] {
+            assert!(
+                ops.iter()
+                    .any(|o| o.act == Act::Ioctl(cmd) && o.expect == x),
+                "no {} expecting {}",
+                cmd.name(),
+                x.name()
+            );
+        }
         // fork mid-sequence, and signals in calls that sleep (some of them
         // GET_EVENT waiting for ever on a blocking file).
         let ops: Vec<Op> = a.iter().map(|l| Op::parse(l).unwrap()).collect();
@@ -3764,6 +4468,35 @@ mod tests {
             assert!(judge(cmd, Expect::Any, Err(libc::EINTR), false).is_some());
         }
         assert!(judge(Cmd::Query, Expect::Any, Err(libc::EINTR), true).is_some());
+        for cmd in [Cmd::UdSend, Cmd::UdRecv] {
+            assert!(judge(cmd, Expect::Any, Err(libc::EINTR), true).is_none());
+            assert!(judge(cmd, Expect::Any, Err(libc::EINTR), false).is_some());
+        }
+        // The exact errnos: the one named (ENOENT too where the id may be
+        // gone), never success, never another.
+        let ok = |x, e| judge(Cmd::UdSend, x, Err(e), false).is_none();
+        assert!(ok(Expect::Einval, libc::EINVAL));
+        assert!(!ok(Expect::Einval, libc::ENOENT));
+        assert!(ok(Expect::Eopnotsupp, libc::EOPNOTSUPP));
+        assert!(ok(Expect::Eopnotsupp, libc::ENOENT));
+        assert!(!ok(Expect::Eopnotsupp, libc::ENOTCONN));
+        assert!(ok(Expect::Enotconn, libc::ENOTCONN));
+        assert!(!ok(Expect::Enotconn, libc::EINVAL));
+        assert!(ok(Expect::Emsgsize, libc::EMSGSIZE));
+        assert!(ok(Expect::Emsgsize, libc::ENOTCONN));
+        assert!(!ok(Expect::Emsgsize, libc::EINVAL));
+        for x in [
+            Expect::Einval,
+            Expect::Eopnotsupp,
+            Expect::Enotconn,
+            Expect::Emsgsize,
+        ] {
+            assert!(judge(Cmd::UdRecv, x, Ok(()), false).is_some());
+            assert!(judge(Cmd::UdRecv, x, Err(libc::EINTR), true).is_some());
+        }
+        assert!(Cmd::Disconnect.rc_only() && !Cmd::UdSend.rc_only());
+        assert_eq!(Cmd::from_name("UD_RECV"), Some(Cmd::UdRecv));
+        assert_eq!(Cmd::UdSend.number(), IOC_UD_SEND);
         // ERESTARTSYS must never reach user space.
         assert!(judge(Cmd::GetEvent, Expect::Any, Err(512), true).is_some());
         assert_eq!(errno_name(libc::ENOTTY), "ENOTTY");
