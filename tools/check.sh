@@ -335,7 +335,8 @@ tar -C "$PWD" --exclude=./.git --exclude=./build --exclude=./tools/userspace-tes
 tool_rel=tools/userspace-test/target/release/userspace-test
 mkdir -p "$copy/$(dirname "$tool_rel")"
 cp "$tool" "$copy/$tool_rel"
-cp "$out_dir/rdma_cm_rs.ko" "$copy/"
+# The sample rping server too: the suite loads it for its rping server role.
+cp "$out_dir/rdma_cm_rs.ko" "$out_dir/rdma_cm_rs_rping.ko" "$copy/"
 read_only=no
 if mount --bind "$copy" "$copy" 2>"$logs/ro-mount.log" &&
 	mount -o remount,bind,ro "$copy" 2>>"$logs/ro-mount.log" && ! touch "$copy/.w" 2>/dev/null; then

@@ -3,8 +3,8 @@
 //!  - the device ABI from the C uapi header, so the tool and the module read
 //!    the same structures (`uapi.rs`);
 //!  - librdmacm and libibverbs from the system's headers, allowlisted to
-//!    what `src/cm.rs` calls (`rdma.rs`, included by `src/cm/ffi.rs`, from
-//!    `src/cm/ffi.h`), and links both libraries.
+//!    what `src/cm.rs` and `src/cm/ud.rs` call (`rdma.rs`, included by
+//!    `src/cm/ffi.rs`, from `src/cm/ffi.h`), and links both libraries.
 
 use std::path::{Path, PathBuf};
 
@@ -29,7 +29,7 @@ fn uapi(out: &Path) {
         .expect("write uapi.rs");
 }
 
-/// The librdmacm and libibverbs functions `cm.rs` calls.
+/// The librdmacm and libibverbs functions `cm.rs` and `cm/ud.rs` call.
 const FUNCTIONS: &[&str] = &[
     "rdma_create_event_channel",
     "rdma_destroy_event_channel",
@@ -59,9 +59,15 @@ const FUNCTIONS: &[&str] = &[
     "ibv_post_send",
     "ibv_post_recv",
     "ibv_poll_cq",
+    // UD (`src/cm/ud.rs`): address handles from a SIDR reply's attributes
+    // or from a received datagram, and the QP's Q_Key.
+    "ibv_create_ah",
+    "ibv_create_ah_from_wc",
+    "ibv_destroy_ah",
+    "ibv_query_qp",
 ];
 
-/// The types `cm.rs` names or reads fields of; bindgen adds what they
+/// The types `cm.rs` and `cm/ud.rs` name or reads fields of; bindgen adds what they
 /// contain (pointers to opaque types below stay pointers).
 const TYPES: &[&str] = &[
     "rdma_event_channel",
@@ -80,6 +86,12 @@ const TYPES: &[&str] = &[
     "ibv_recv_wr",
     "ibv_wc",
     "ibv_wc_status",
+    "ibv_wc_flags",
+    "rdma_ud_param",
+    "ibv_ah_attr",
+    "ibv_grh",
+    "ibv_qp_attr",
+    "ibv_qp_attr_mask",
 ];
 
 /// Types the tool only passes pointers to, or never reads (fields of
@@ -95,7 +107,6 @@ const OPAQUE: &[&str] = &[
     "ibv_mw_bind_info",
     "ibv_xrcd",
     "rdma_route",
-    "rdma_ud_param",
 ];
 
 /// Bits combined with `|`: newtypes with the bit operators.

@@ -14,6 +14,18 @@
 //!   hold addr=A               connects, `ready` once established, then
 //!                             sends every 20 ms until it fails or the
 //!                             machine dies (see `hold`)
+//!   udserve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N]
+//!   udconnect addr=A data=HEX [qps=K] [msgs=N] [sizes=S,S,...] [replies=N]
+//!                             UD over RDMA_PS_UDP (SIDR), see `ud`
+//!   run tool=NAME args=HEX [wait_ms=N] [timeout_s=N]
+//!                             an unmodified rdmacm-utils tool (rping,
+//!                             ucmatose, udaddy) as the peer: `ready`
+//!                             after wait_ms, then `status=` and the
+//!                             tail of its output (the suite may send
+//!                             "stop" meanwhile), see `run`
+
+pub mod run;
+pub mod ud;
 
 use crate::cm::{self, Channel, Conn, Param, RdmaOp};
 use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex};
@@ -101,6 +113,9 @@ fn handle(stream: TcpStream) -> Result<()> {
         "multi" => multi(&req, &mut out, &mut input),
         "burst" => burst(&req, &mut out, &mut input),
         "hold" => hold(&req, &mut out),
+        "udserve" => ud::udserve(&req, &mut out),
+        "udconnect" => ud::udconnect(&req),
+        "run" => run::run(&req, &mut out),
         _ => Err(anyhow!("unknown request {verb:?}")),
     };
     match result {
@@ -365,6 +380,13 @@ impl Call {
             bail!("agent: {l}");
         }
         Ok(l)
+    }
+
+    /// How long [`Call::line`] waits (90 s from [`Call::start`]), for
+    /// requests that run longer (`run` with a larger `timeout_s`).
+    pub fn set_read_timeout(&mut self, timeout: Duration) -> Result<()> {
+        self.writer.set_read_timeout(Some(timeout))?;
+        Ok(())
     }
 
     pub fn send(&mut self, line: &str) -> Result<()> {

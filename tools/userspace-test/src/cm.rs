@@ -5,6 +5,7 @@
 //! every test.
 
 mod ffi;
+pub mod ud;
 
 use crate::report::EventType;
 use anyhow::{anyhow, bail, Context, Result};
@@ -160,6 +161,10 @@ pub struct CmEvent<'ch> {
     pub flow_control: u8,
     pub srq: u8,
     pub qp_num: u32,
+    /// A UD id's ESTABLISHED (the SIDR reply): the remote QP and the path
+    /// to it.  The connection fields above are meaningless on UD ids (their
+    /// bytes are `param.ud`'s).
+    pub ud: Option<ud::Remote>,
 }
 
 impl<'ch> CmEvent<'ch> {
@@ -229,17 +234,15 @@ impl Channel {
     }
 
     fn create_id(&self) -> Result<Id<'_>> {
+        self.create_id_ps(rdma_port_space::RDMA_PS_TCP)
+    }
+
+    /// An id of port space `ps` (RDMA_PS_UDP makes a UD id).
+    fn create_id_ps(&self, ps: rdma_port_space::Type) -> Result<Id<'_>> {
         let mut id = ptr::null_mut();
         // SAFETY: `self.raw` is a live channel; rdma_create_id stores the new
         // id in `id` on success (0), and takes a NULL context.
-        let r = unsafe {
-            rdma_create_id(
-                self.raw,
-                &mut id,
-                ptr::null_mut(),
-                rdma_port_space::RDMA_PS_TCP,
-            )
-        };
+        let r = unsafe { rdma_create_id(self.raw, &mut id, ptr::null_mut(), ps) };
         check(r, "rdma_create_id")?;
         Ok(Id {
             raw: id,
@@ -257,10 +260,11 @@ impl Channel {
             // fails with EAGAIN instead of blocking.
             if unsafe { rdma_get_cm_event(self.raw, &mut ev) } == 0 {
                 // SAFETY: On success `ev` points to an event that librdmacm
-                // zeroed and filled, valid until rdma_ack_cm_event below.  Our
-                // ids are RC (RDMA_PS_TCP), so `param.conn` is the member in
-                // use; its private_data is NULL or `private_data_len` bytes
-                // that live until the ack.
+                // zeroed and filled, valid until rdma_ack_cm_event below, for
+                // a live id of ours.  `param.conn` is the member in use on RC
+                // ids, `param.ud` on UD ids; both begin with the private data
+                // pointer and length, which librdmacm sets for either: NULL
+                // or `private_data_len` bytes that live until the ack.
                 let out = unsafe {
                     let e = &*ev;
                     let conn = &e.param.conn;
@@ -271,6 +275,9 @@ impl Channel {
                         std::slice::from_raw_parts(conn.private_data.cast::<u8>(), len).to_vec()
                     };
                     let event = event_type(e.event);
+                    let ud = ((*e.id).qp_type == ibv_qp_type::IBV_QPT_UD
+                        && event == EventType::Established)
+                        .then(|| ud::Remote::from_event(&e.param.ud));
                     // A request's `id` is a new id librdmacm made on this
                     // channel for us to own; other events name ids we own.
                     let request =
@@ -293,6 +300,7 @@ impl Channel {
                         flow_control: conn.flow_control,
                         srq: conn.srq,
                         qp_num: conn.qp_num,
+                        ud,
                     }
                 };
                 // SAFETY: `ev` came from rdma_get_cm_event and is acknowledged
@@ -336,7 +344,11 @@ impl Drop for Channel {
 
 /// `rdma_bind_addr` + `rdma_listen`: the listening id.
 pub fn listen<'ch>(ch: &'ch Channel, addr: &SocketAddr, backlog: i32) -> Result<Id<'ch>> {
-    let id = ch.create_id()?;
+    listen_id(ch.create_id()?, addr, backlog)
+}
+
+/// Binds `id` to `addr` and listens on it.
+fn listen_id<'ch>(id: Id<'ch>, addr: &SocketAddr, backlog: i32) -> Result<Id<'ch>> {
     let mut ss = sockaddr(addr);
     // SAFETY: `id.raw` is a live id; `ss` holds a sockaddr_in or
     // sockaddr_in6 (its family gives the length), read during the call.
@@ -782,8 +794,18 @@ pub fn resolve_logged<'ch>(
     timeout: Duration,
     log: &mut dyn FnMut(&CmEvent<'_>),
 ) -> Result<Id<'ch>> {
-    // Destroyed on an error below.
-    let id = ch.create_id()?;
+    resolve_id(ch, ch.create_id()?, dst, timeout, log)
+}
+
+/// Resolves `id`'s address and route to `dst` (`id` is destroyed on an
+/// error).
+fn resolve_id<'ch>(
+    ch: &'ch Channel,
+    id: Id<'ch>,
+    dst: &SocketAddr,
+    timeout: Duration,
+    log: &mut dyn FnMut(&CmEvent<'_>),
+) -> Result<Id<'ch>> {
     let mut ss = sockaddr(dst);
     let ms = timeout.as_millis() as i32;
     let mut expect = |want| -> Result<()> {

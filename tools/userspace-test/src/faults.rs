@@ -88,7 +88,8 @@ fn collect(
 }
 
 /// Device removal with the module's ids, QPs, CQs, PDs and regions on the
-/// device: one connection with two regions and a completed RDMA WRITE, then
+/// device: one connection with two regions and a completed RDMA WRITE, UD
+/// ids (a listener, a SIDR pair with peers, datagrams unread), then
 /// `connections` more, established but with their ESTABLISHED events unread
 /// on the passive side and a message each not received.  `rdma link
 /// delete` must complete within `bound`, every id must get DEVICE_REMOVAL
@@ -131,6 +132,30 @@ pub fn device_removal(addr: SocketAddr, connections: usize, bound: Duration) -> 
         skey,
     )?;
     ensure!(server.mr_read(accepted, sink, 0, 14)? == b"before removal");
+
+    // UD ids on the device as well: a UD listener, a SIDR client with its
+    // peer (an address handle), the accepted id with a peer made from the
+    // one datagram it read, and datagrams it never read.
+    let ud_addr = SocketAddr::new(addr.ip(), addr.port() + 1);
+    let (ps_udp, qpt_ud) = (uapi::RDMA_CM_RS_PS_UDP, uapi::RDMA_CM_RS_QPT_UD);
+    let ud_listener = server.create_id_ps(4, ps_udp, qpt_ud)?;
+    server.bind(ud_listener, &ud_addr).context("bind UD")?;
+    server.listen(ud_listener, 4).context("listen UD")?;
+    let ud_client = client.create_id_ps(5, ps_udp, qpt_ud)?;
+    client.resolve_addr(ud_client, &ud_addr, 2000)?;
+    module_expect(&client, EventType::AddrResolved)?;
+    client.resolve_route(ud_client, 2000)?;
+    module_expect(&client, EventType::RouteResolved)?;
+    client.connect(ud_client, &Param::with_data(b"ud removal"))?;
+    let ud_accepted = module_expect(&server, EventType::ConnectRequest)?.new_id;
+    server.accept(ud_accepted, None)?;
+    let ud_peer = module_expect(&client, EventType::Established)?.ud_peer;
+    ensure!(ud_peer != 0, "the SIDR reply gave no peer");
+    for n in 0..4u32 {
+        client.ud_send(ud_client, ud_peer, b"datagram before removal", Some(n))?;
+    }
+    let first = server.ud_recv(ud_accepted, 64, 5000).context("UD_RECV")?;
+    ensure!(first.peer != 0 && first.data == b"datagram before removal");
 
     // The crowd, every step pipelined over all its ids.
     let setup = Instant::now();
@@ -210,9 +235,9 @@ pub fn device_removal(addr: SocketAddr, connections: usize, bound: Duration) -> 
         .nth(1)
         .context("no netdev in `rdma link show`")?
         .to_string();
-    let mut server_ids = vec![listener, accepted];
+    let mut server_ids = vec![listener, accepted, ud_listener, ud_accepted];
     server_ids.extend(&servers);
-    let mut client_ids = vec![conn];
+    let mut client_ids = vec![conn, ud_client];
     client_ids.extend(&clients);
     // Both files are read while the removal runs, as a consumer would:
     // when the events arrive tells where the time goes.
@@ -271,7 +296,7 @@ pub fn device_removal(addr: SocketAddr, connections: usize, bound: Duration) -> 
         "{removals} DEVICE_REMOVAL events for {ids} ids"
     );
     say(&format!(
-        "module: {device} removed in {} ms with {} connections, {ids} ids and 2 regions on it ({during:?}); {removals} DEVICE_REMOVAL events, one per id, and {others} pending events before them",
+        "module: {device} removed in {} ms with {} connections, a UD listener and a SIDR pair with peers and unread datagrams, {ids} ids and 2 regions on it ({during:?}); {removals} DEVICE_REMOVAL events, one per id, and {others} pending events before them",
         took.as_millis(),
         connections + 1
     ));

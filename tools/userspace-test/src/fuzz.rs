@@ -1720,9 +1720,10 @@ impl Worker {
         // often than not: SIDR lookups need somebody to answer them.
         let ud_listen = ud
             && rec.st == St::Idle
-            && !self.files.iter().any(|f| {
-                f.open() && f.ids.iter().any(|i| i.ud && i.st == St::Listening)
-            });
+            && !self
+                .files
+                .iter()
+                .any(|f| f.open() && f.ids.iter().any(|i| i.ud && i.st == St::Listening));
         use Cmd::*;
         // UD_SEND/UD_RECV on RC ids and the RC data path on UD ids now and
         // then, whatever the state: EOPNOTSUPP.  A second CONNECT or ACCEPT
@@ -1984,7 +1985,7 @@ impl Worker {
             }
             Cmd::Accept => {
                 v[5] = u64::from(self.rng.pct(50)); // ACCEPT_REQUEST_PARAM
-                // A SIDR reply carries up to 136 bytes, an RC REP 196.
+                                                    // A SIDR reply carries up to 136 bytes, an RC REP 196.
                 v[0] = if rec.ud && self.rng.pct(90) {
                     self.rng.range(0, 136)
                 } else {
@@ -3722,9 +3723,7 @@ impl Worker {
                 St::Removed
             }
             // ADDR_CHANGE leaves the id as it was (so does the module).
-            EventType::TimewaitExit | EventType::ConnectResponse | EventType::AddrChange => {
-                return
-            }
+            EventType::TimewaitExit | EventType::ConnectResponse | EventType::AddrChange => return,
             _ => St::Down,
         };
         rec.ids[slot].st = st;

@@ -14,9 +14,11 @@ mod faults;
 mod fuzz;
 mod payload;
 mod report;
+mod rping;
 mod shell;
 mod suite;
 mod uapi;
+mod udaddy;
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand};
@@ -28,7 +30,7 @@ use std::{
     net::{IpAddr, SocketAddr, TcpListener},
     time::Duration,
 };
-use uapi::{Device, Param, RDMA_CM_RS_ACCESS_REMOTE_READ, RDMA_CM_RS_ACCESS_REMOTE_WRITE};
+use uapi::{Device, Param};
 
 #[derive(Parser)]
 #[command(
@@ -242,6 +244,31 @@ enum Ctl {
     },
     /// Raw commands from standard input, one a line (`help` lists them).
     Shell,
+    /// The module as udaddy's server (UD, SIDR) on IP port 7174, for
+    /// `udaddy -s IP [-c N] [-C COUNT] [-S SIZE]`: accepts each request,
+    /// receives every datagram, replies as many to each client.
+    UdaddyServer {
+        ip: IpAddr,
+        /// udaddy's -c.
+        #[arg(long, default_value_t = 1)]
+        connections: u32,
+        /// udaddy's -C (at most the module's 16 posted receives).
+        #[arg(long, default_value_t = udaddy::COUNT)]
+        count: u32,
+        /// udaddy's -S.
+        #[arg(long, default_value_t = udaddy::SIZE)]
+        size: u32,
+    },
+    /// The module as udaddy's client against `udaddy -b IP [-C COUNT] [-S
+    /// SIZE]` (port 7174): SIDR, COUNT datagrams with its QP number as
+    /// immediate data, COUNT replies checked.
+    UdaddyClient {
+        ip: IpAddr,
+        #[arg(long, default_value_t = udaddy::COUNT)]
+        count: u32,
+        #[arg(long, default_value_t = udaddy::SIZE)]
+        size: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -445,53 +472,21 @@ fn ctl_connect(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// rping's client (rdma-core `rping.c`, `rping_test_client`) on the module:
-/// per ping, fill the source region with `rdma-ping-N: ` and rotating ASCII
-/// (NUL-terminated), SEND its advert, wait for the go-ahead (the server has
-/// READ it), SEND the sink region's advert, wait for the go-ahead (the
-/// server has WRITTEN it), compare.
+/// rping's client on the module (see [`rping::ping`]): connects, pings,
+/// disconnects.
 fn ctl_rping(addr: SocketAddr, count: u32, size: u32, interval: Duration) -> Result<()> {
-    // rping's minimum holds "rdma-ping-%d: " for any int.
-    ensure!((24..=65536).contains(&size), "size must be 24..=65536");
+    ensure!(
+        (rping::MIN_SIZE..=rping::MAX_SIZE).contains(&size),
+        "size must be {}..={}",
+        rping::MIN_SIZE,
+        rping::MAX_SIZE
+    );
     let dev = Device::open()?;
     let id = module_connect(&dev, addr, &[])?;
-    let (source, saddr, skey) = dev
-        .mr_reg(id, size, RDMA_CM_RS_ACCESS_REMOTE_READ)
-        .context("MR_REG source")?;
-    let (sink, kaddr, kkey) = dev
-        .mr_reg(id, size, RDMA_CM_RS_ACCESS_REMOTE_WRITE)
-        .context("MR_REG sink")?;
-    let mut start = b'A';
-    for ping in 0..count {
-        let mut text = format!("rdma-ping-{ping}: ").into_bytes();
-        let mut c = start;
-        while text.len() < size as usize {
-            text.push(c);
-            c = if c >= b'z' { b'A' } else { c + 1 };
-        }
-        start = if start >= b'z' { b'A' } else { start + 1 };
-        text[size as usize - 1] = 0;
-        dev.mr_write(id, source, 0, &text)?;
-        dev.mr_write(id, sink, 0, &vec![0; size as usize])?;
-        dev.send(id, &payload::advert(saddr, skey, size))
-            .context("send source advert")?;
-        let go = dev
-            .recv(id, cm::MSG, WAIT_MS)
-            .context("go-ahead after READ")?;
-        ensure!(go.len() == 16, "go-ahead of {} bytes", go.len());
-        dev.send(id, &payload::advert(kaddr, kkey, size))
-            .context("send sink advert")?;
-        dev.recv(id, cm::MSG, WAIT_MS)
-            .context("go-ahead after WRITE")?;
-        let back = dev.mr_read(id, sink, 0, size as usize)?;
-        payload::verify(&format!("ping {ping}"), &text, &back)?;
-        std::thread::sleep(interval);
-    }
+    rping::ping(&dev, id, count, size, interval)?;
     say(&format!(
         "module: rping {count} pings of {size} bytes verified"
     ));
-    dev.mr_dereg(id, source)?;
-    dev.mr_dereg(id, sink)?;
     dev.disconnect(id).context("disconnect")?;
     module_expect(&dev, EventType::Disconnected)?;
     dev.destroy(id)?;
@@ -532,8 +527,14 @@ fn run_shell_command(dev: &Device, c: shell::Command) -> Result<String> {
         C::Info => {
             let i = dev.info()?;
             format!(
-                "abi_version={} max_private_data={} max_message={} max_ids={} recv_depth={}",
-                i.abi_version, i.max_private_data, i.max_message, i.max_ids, i.recv_depth
+                "abi_version={} max_private_data={} max_message={} max_ids={} recv_depth={} \
+                 max_ud_peers={}",
+                i.abi_version,
+                i.max_private_data,
+                i.max_message,
+                i.max_ids,
+                i.recv_depth,
+                i.max_ud_peers
             )
         }
         C::Create {
@@ -564,7 +565,7 @@ fn run_shell_command(dev: &Device, c: shell::Command) -> Result<String> {
             format!(
                 "id={id} state={} port_space={:#x} qp_type={} qp_num={:#x} port_num={} \
                  src={} dst={} device={device:?} responder_resources={} initiator_depth={} \
-                 tos={}{} backlog={}",
+                 tos={}{} backlog={}{}",
                 uapi::state_name(q.state),
                 q.port_space,
                 q.qp_type,
@@ -576,7 +577,13 @@ fn run_shell_command(dev: &Device, c: shell::Command) -> Result<String> {
                 q.initiator_depth,
                 q.tos,
                 if q.tos_set != 0 { " (set)" } else { "" },
-                q.backlog
+                q.backlog,
+                // UD ids with a QP.
+                if q.max_datagram != 0 {
+                    format!(" max_datagram={} qkey={:#x}", q.max_datagram, q.qkey)
+                } else {
+                    String::new()
+                }
             )
         }
         C::Event { timeout_ms } => match dev.get_event(timeout_ms) {
@@ -774,8 +781,14 @@ fn main() -> Result<()> {
                 .with_context(|| format!("open {}", uapi::DEVICE))?
                 .info()?;
             say(&format!(
-                "module: abi_version={} max_private_data={} max_message={} max_ids={} recv_depth={}",
-                i.abi_version, i.max_private_data, i.max_message, i.max_ids, i.recv_depth
+                "module: abi_version={} max_private_data={} max_message={} max_ids={} \
+                 recv_depth={} max_ud_peers={}",
+                i.abi_version,
+                i.max_private_data,
+                i.max_message,
+                i.max_ids,
+                i.recv_depth,
+                i.max_ud_peers
             ));
         }
         Cmd::Ctl(Ctl::Listen {
@@ -823,6 +836,37 @@ fn main() -> Result<()> {
         }
         Cmd::Ctl(Ctl::Access { fd }) => ctl_access(fd),
         Cmd::Ctl(Ctl::Shell) => ctl_shell()?,
+        Cmd::Ctl(Ctl::UdaddyServer {
+            ip,
+            connections,
+            count,
+            size,
+        }) => {
+            let clients = udaddy::module_server(
+                &Device::open()?,
+                SocketAddr::new(ip, udaddy::PORT),
+                connections,
+                count,
+                size,
+                uapi::RDMA_CM_RS_TIMEOUT_INFINITE,
+                &mut |l| say(l),
+            )?;
+            say(&format!(
+                "module: udaddy server done, {} client(s)",
+                clients.len()
+            ));
+        }
+        Cmd::Ctl(Ctl::UdaddyClient { ip, count, size }) => {
+            udaddy::module_client(
+                &Device::open()?,
+                SocketAddr::new(ip, udaddy::PORT),
+                count,
+                size,
+                1,
+                &mut |l| say(l),
+            )?;
+            say("module: udaddy client done");
+        }
         Cmd::Peer(Peer::Hold { addr }) => peer_hold(addr)?,
         Cmd::Peer(Peer::HoldRequest { addr }) => peer_hold_request(addr)?,
         Cmd::Peer(Peer::Client {
@@ -1031,6 +1075,23 @@ mod tests {
             _ => panic!("suite"),
         }
         assert!(matches!(parse("agent"), Cmd::Agent { .. }));
+        assert!(matches!(
+            parse("ctl udaddy-server 192.0.2.1 --connections 2"),
+            Cmd::Ctl(Ctl::UdaddyServer {
+                connections: 2,
+                count: udaddy::COUNT,
+                size: udaddy::SIZE,
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse("ctl udaddy-client 192.0.2.1 --count 3 --size 64"),
+            Cmd::Ctl(Ctl::UdaddyClient {
+                count: 3,
+                size: 64,
+                ..
+            })
+        ));
         assert!(matches!(
             parse("fuzz --seed 7 --seconds 5 --threads 2 --replay t.txt"),
             Cmd::Fuzz {

@@ -2,6 +2,9 @@
 //! The KTAP suite: each scenario drives the module through ioctls and a real
 //! librdmacm peer through the agent, and asserts what both sides saw.
 
+mod interop;
+mod ud;
+
 use crate::agent::{Call, SEED_PEER_REGION, SEED_PEER_WRITES};
 use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex, verify, verify_padded};
 use crate::report::Ktap;
@@ -91,6 +94,33 @@ const TESTS: &[(&str, Test)] = &[
     ("access_control", access_control),
     ("librdmacm_peer_killed", librdmacm_peer_killed),
     ("backlog_overflow_burst", backlog_overflow_burst),
+    (
+        "ud_module_client_librdmacm_server",
+        ud::module_client_librdmacm_server,
+    ),
+    (
+        "ud_librdmacm_client_module_listener",
+        ud::librdmacm_client_module_listener,
+    ),
+    ("ud_several_peers_on_one_id", ud::several_peers_on_one_id),
+    ("ud_limits_and_bad_requests", ud::limits_and_bad_requests),
+    ("ud_reject_both_ways", ud::reject_both_ways),
+    (
+        "ud_destroy_with_datagrams_in_flight",
+        ud::destroy_with_datagrams_in_flight,
+    ),
+    ("ud_udaddy_module_server", ud::udaddy_module_server),
+    ("ud_udaddy_module_client", ud::udaddy_module_client),
+    ("interop_rping_module_client", interop::rping_module_client),
+    ("interop_rping_module_server", interop::rping_module_server),
+    (
+        "interop_ucmatose_module_server",
+        interop::ucmatose_module_server,
+    ),
+    (
+        "interop_ucmatose_module_client",
+        interop::ucmatose_module_client,
+    ),
 ];
 
 pub fn names() -> impl Iterator<Item = &'static str> {
@@ -1415,38 +1445,71 @@ fn close_destroys_everything(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// A UD id (RDMA_PS_UDP): CONNECT is the SIDR lookup, with up to 180 bytes
-/// of private data (the SIDR REQ's, not the RC REQ's 56); there is no data
-/// path, so the module makes no QP and refuses the data-path commands.
+/// A UD id (RDMA_PS_UDP) has the datagram path only: SEND, RECV, MR_REG
+/// and RDMA are refused with EOPNOTSUPP, before CONNECT and after it made
+/// the UD QP; UD_SEND before CONNECT has no QP to send on (ENOTCONN).  An
+/// RC id refuses UD_SEND and UD_RECV with EOPNOTSUPP.
 fn ud_id_has_no_rc_data_path(ctx: &mut Ctx) -> Result<()> {
     let dev = Device::open()?;
     // Nobody listens there: what the lookup answers does not matter.
     let dst = SocketAddr::new(ctx.peer4, ctx.port());
     let id = resolve_ps(&dev, dst, RDMA_CM_RS_PS_UDP, RDMA_CM_RS_QPT_UD)?;
+    rc_data_path_refused(&dev, id, "before CONNECT")?;
     expect_errno(
-        "UD connect with 181 bytes",
-        dev.connect(id, &Param::with_data(&pattern(181, 11))),
-        libc::EINVAL,
+        "UD_SEND before CONNECT",
+        dev.ud_send(id, 1, b"x", None),
+        libc::ENOTCONN,
     )?;
     dev.connect(id, &Param::with_data(&pattern(180, 11)))
         .context("UD connect with 180 bytes (the SIDR REQ's limit)")?;
-    // The lookup's outcome (UNREACHABLE, REJECTED, ...) or nothing at all:
-    // drained, whichever.
+    ensure!(
+        dev.query(id)?.qp_num != 0,
+        "no UD QP after CONNECT: {:?}",
+        dev.query(id)?
+    );
+    // The lookup's outcome (UNREACHABLE, ...) or nothing at all: drained,
+    // whichever.
     let _ = dev.get_event(5000);
-    expect_errno("SEND on a UD id", dev.send(id, b"x"), libc::EOPNOTSUPP)?;
-    expect_errno("RECV on a UD id", dev.recv(id, 4096, 0), libc::EOPNOTSUPP)?;
+    rc_data_path_refused(&dev, id, "after CONNECT")?;
+    dev.destroy(id)?;
+
+    let rc = resolve(&dev, dst)?;
     expect_errno(
-        "MR_REG on a UD id",
+        "UD_SEND on an RC id",
+        dev.ud_send(rc, 1, b"x", None),
+        libc::EOPNOTSUPP,
+    )?;
+    expect_errno(
+        "UD_RECV on an RC id",
+        dev.ud_recv(rc, 4096, 0),
+        libc::EOPNOTSUPP,
+    )?;
+    dev.destroy(rc)?;
+    Ok(())
+}
+
+/// SEND, RECV, MR_REG and RDMA on UD id `id` fail with EOPNOTSUPP.
+fn rc_data_path_refused(dev: &Device, id: u32, when: &str) -> Result<()> {
+    expect_errno(
+        &format!("SEND on a UD id {when}"),
+        dev.send(id, b"x"),
+        libc::EOPNOTSUPP,
+    )?;
+    expect_errno(
+        &format!("RECV on a UD id {when}"),
+        dev.recv(id, 4096, 0),
+        libc::EOPNOTSUPP,
+    )?;
+    expect_errno(
+        &format!("MR_REG on a UD id {when}"),
         dev.mr_reg(id, 4096, REMOTE_RW),
         libc::EOPNOTSUPP,
     )?;
     expect_errno(
-        "RDMA on a UD id",
+        &format!("RDMA on a UD id {when}"),
         dev.rdma(id, RDMA_CM_RS_RDMA_READ, 1, 0, 16, 0x1000, 1),
         libc::EOPNOTSUPP,
-    )?;
-    dev.destroy(id)?;
-    Ok(())
+    )
 }
 
 /// A CONNECT the CM refuses (the route is not resolved yet) leaves nothing
@@ -1483,6 +1546,19 @@ fn failed_connect_leaves_id_usable(ctx: &mut Ctx) -> Result<()> {
         &acc_data,
         &est.private_data,
     )?;
+    // A CONNECT on the connected id is refused and leaves its QP alone (the
+    // failed attempt's cleanup used to destroy the live QP: the echo below
+    // then never came back).
+    let qp_num = dev.query(id)?.qp_num;
+    expect_errno(
+        "a second connect on a connected id",
+        dev.connect(id, &Param::with_data(&req_data)),
+        libc::EBUSY,
+    )?;
+    ensure!(
+        dev.query(id)?.qp_num == qp_num,
+        "the QP changed after a refused second connect"
+    );
     echo_then_peer_disconnects(
         &dev,
         id,

@@ -54,6 +54,8 @@ pub const IOC_MR_DEREG: u32 = iow::<rdma_cm_rs_mr_cmd>(0x11);
 pub const IOC_MR_WRITE: u32 = iow::<rdma_cm_rs_mr_copy>(0x12);
 pub const IOC_MR_READ: u32 = iow::<rdma_cm_rs_mr_copy>(0x13);
 pub const IOC_RDMA: u32 = iow::<rdma_cm_rs_rdma>(0x14);
+pub const IOC_UD_SEND: u32 = iow::<rdma_cm_rs_ud_send>(0x15);
+pub const IOC_UD_RECV: u32 = iowr::<rdma_cm_rs_ud_recv>(0x16);
 
 pub use crate::report::EventType;
 
@@ -173,6 +175,11 @@ pub struct Event {
     pub flow_control: u8,
     pub srq: u8,
     pub qp_num: u32,
+    /// UD ESTABLISHED (the SIDR reply): the remote QP, its Q_Key, and the
+    /// peer handle UD_SEND takes; 0 otherwise.
+    pub ud_qp_num: u32,
+    pub ud_qkey: u32,
+    pub ud_peer: u32,
 }
 
 impl Event {
@@ -192,16 +199,25 @@ impl Event {
             flow_control: e.param.flow_control,
             srq: e.param.srq,
             qp_num: e.param.qp_num,
+            ud_qp_num: e.ud_qp_num,
+            ud_qkey: e.ud_qkey,
+            ud_peer: e.ud_peer,
         }
     }
 
     /// The event as one line for people.
     pub fn line(&self, who: &str) -> String {
-        let ids = if self.new_id != 0 {
+        let mut ids = if self.new_id != 0 {
             format!("id={} new_id={}", self.id, self.new_id)
         } else {
             format!("id={}", self.id)
         };
+        if self.ud_qp_num != 0 || self.ud_peer != 0 {
+            ids += &format!(
+                " ud_qp_num={:#x} ud_qkey={:#x} ud_peer={}",
+                self.ud_qp_num, self.ud_qkey, self.ud_peer
+            );
+        }
         let c = crate::report::ConnFields {
             responder_resources: self.responder_resources,
             initiator_depth: self.initiator_depth,
@@ -218,6 +234,20 @@ impl Event {
     pub fn name(&self) -> &'static str {
         self.event.name()
     }
+}
+
+/// A datagram UD_RECV returned.
+#[derive(Clone, Debug)]
+pub struct Datagram {
+    /// The payload (the GRH stripped).
+    pub data: Vec<u8>,
+    /// The immediate data, in host order, when it was sent with one.
+    pub imm: Option<u32>,
+    /// The sender's peer handle (0: the id's table was full).
+    pub peer: u32,
+    pub src_qp: u32,
+    /// The sender's address (port 0).
+    pub src: Option<SocketAddr>,
 }
 
 /// An open `/dev/rdma_cm_rs`.
@@ -486,6 +516,46 @@ impl Device {
         self.call(IOC_RDMA, &mut c)
     }
 
+    /// UD_SEND: one datagram to peer handle `peer`, with `imm` as immediate
+    /// data (SEND_WITH_IMM) when given.
+    pub fn ud_send(&self, id: u32, peer: u32, data: &[u8], imm: Option<u32>) -> Result<()> {
+        let mut s = rdma_cm_rs_ud_send {
+            id,
+            peer,
+            buf: data.as_ptr() as u64,
+            len: data.len() as u32,
+            flags: if imm.is_some() {
+                RDMA_CM_RS_UD_WITH_IMM
+            } else {
+                0
+            },
+            imm_data: imm.unwrap_or(0),
+            timeout_ms: 5000,
+        };
+        self.call(IOC_UD_SEND, &mut s)
+    }
+
+    /// UD_RECV: the oldest datagram, into a buffer of `capacity` bytes.
+    pub fn ud_recv(&self, id: u32, capacity: usize, timeout_ms: u32) -> Result<Datagram> {
+        let mut buf = vec![0u8; capacity];
+        let mut r = rdma_cm_rs_ud_recv {
+            id,
+            len: capacity as u32,
+            buf: buf.as_mut_ptr() as u64,
+            timeout_ms,
+            ..Default::default()
+        };
+        self.call(IOC_UD_RECV, &mut r)?;
+        buf.truncate(r.len as usize);
+        Ok(Datagram {
+            data: buf,
+            imm: (r.flags & RDMA_CM_RS_UD_WITH_IMM != 0).then_some(r.imm_data),
+            peer: r.peer,
+            src_qp: r.src_qp,
+            src: parse_sockaddr(&r.src),
+        })
+    }
+
     pub fn recv(&self, id: u32, capacity: usize, timeout_ms: u32) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; capacity];
         let mut r = rdma_cm_rs_recv {
@@ -528,6 +598,8 @@ mod tests {
 
         assert_eq!(size_of::<rdma_cm_rs_info>(), 64);
         assert_eq!(offset_of!(rdma_cm_rs_info, recv_depth), 16);
+        assert_eq!(offset_of!(rdma_cm_rs_info, max_ud_peers), 20);
+        assert_eq!(offset_of!(rdma_cm_rs_info, reserved), 24);
 
         assert_eq!(size_of::<rdma_cm_rs_create_id>(), 24);
         assert_eq!(offset_of!(rdma_cm_rs_create_id, port_space), 8);
@@ -576,7 +648,9 @@ mod tests {
         assert_eq!(offset_of!(rdma_cm_rs_query, src), 32);
         assert_eq!(offset_of!(rdma_cm_rs_query, dst), 160);
         assert_eq!(offset_of!(rdma_cm_rs_query, device), 288);
-        assert_eq!(offset_of!(rdma_cm_rs_query, reserved), 352);
+        assert_eq!(offset_of!(rdma_cm_rs_query, max_datagram), 352);
+        assert_eq!(offset_of!(rdma_cm_rs_query, qkey), 356);
+        assert_eq!(offset_of!(rdma_cm_rs_query, reserved), 360);
 
         assert_eq!(size_of::<rdma_cm_rs_event>(), 320);
         assert_eq!(offset_of!(rdma_cm_rs_event, id), 8);
@@ -585,7 +659,8 @@ mod tests {
         assert_eq!(offset_of!(rdma_cm_rs_event, new_id), 20);
         assert_eq!(offset_of!(rdma_cm_rs_event, ud_qkey), 28);
         assert_eq!(offset_of!(rdma_cm_rs_event, param), 32);
-        assert_eq!(offset_of!(rdma_cm_rs_event, reserved), 304);
+        assert_eq!(offset_of!(rdma_cm_rs_event, ud_peer), 304);
+        assert_eq!(offset_of!(rdma_cm_rs_event, reserved), 308);
         assert_eq!(size_of::<rdma_cm_rs_get_event>(), 328);
         assert_eq!(offset_of!(rdma_cm_rs_get_event, event), 8);
 
@@ -595,6 +670,23 @@ mod tests {
         assert_eq!(size_of::<rdma_cm_rs_recv>(), 24);
         assert_eq!(offset_of!(rdma_cm_rs_recv, len), 4);
         assert_eq!(offset_of!(rdma_cm_rs_recv, timeout_ms), 16);
+
+        assert_eq!(size_of::<rdma_cm_rs_ud_send>(), 32);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_send, peer), 4);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_send, buf), 8);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_send, len), 16);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_send, flags), 20);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_send, imm_data), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_send, timeout_ms), 28);
+        assert_eq!(size_of::<rdma_cm_rs_ud_recv>(), 168);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_recv, buf), 8);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_recv, timeout_ms), 16);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_recv, flags), 20);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_recv, imm_data), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_recv, peer), 28);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_recv, src_qp), 32);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_recv, reserved), 36);
+        assert_eq!(offset_of!(rdma_cm_rs_ud_recv, src), 40);
 
         // Every structure's size is a multiple of 8, so arrays and 32-bit
         // user space see the same layout.
@@ -608,6 +700,14 @@ mod tests {
                 align_of::<rdma_cm_rs_query>(),
             ),
             (size_of::<rdma_cm_rs_send>(), align_of::<rdma_cm_rs_send>()),
+            (
+                size_of::<rdma_cm_rs_ud_send>(),
+                align_of::<rdma_cm_rs_ud_send>(),
+            ),
+            (
+                size_of::<rdma_cm_rs_ud_recv>(),
+                align_of::<rdma_cm_rs_ud_recv>(),
+            ),
         ] {
             assert_eq!(size % 8, 0);
             assert_eq!(align, 8);
@@ -624,6 +724,11 @@ mod tests {
         assert_eq!(RDMA_CM_RS_PS_TCP, 0x0106);
         assert_eq!(RDMA_CM_RS_QPT_RC, 2);
         assert_eq!(RDMA_CM_RS_ACCEPT_REQUEST_PARAM, 1);
+        assert_eq!(RDMA_CM_RS_PS_UDP, 0x0111);
+        assert_eq!(RDMA_CM_RS_QPT_UD, 4);
+        assert_eq!(RDMA_CM_RS_GRH_SIZE, 40);
+        assert_eq!(RDMA_CM_RS_MAX_UD_PEERS, 64);
+        assert_eq!(RDMA_CM_RS_UD_WITH_IMM, 1);
         assert_eq!(rdma_cm_rs_option_RDMA_CM_RS_OPT_MIN_RNR_TIMER, 5);
         assert_eq!(rdma_cm_rs_state_RDMA_CM_RS_DESTROYING, 10);
         for (name, value) in crate::shell::OPTIONS {
@@ -655,6 +760,8 @@ mod tests {
         assert_eq!(IOC_MR_WRITE, 0x4018_d712);
         assert_eq!(IOC_MR_READ, 0x4018_d713);
         assert_eq!(IOC_RDMA, 0x4028_d714);
+        assert_eq!(IOC_UD_SEND, 0x4020_d715);
+        assert_eq!(IOC_UD_RECV, 0xc0a8_d716);
     }
 
     #[test]
@@ -685,6 +792,9 @@ mod tests {
             flow_control: 1,
             srq: 0,
             qp_num: 0x11,
+            ud_qp_num: 0,
+            ud_qkey: 0,
+            ud_peer: 0,
         };
         let l = e.line("module");
         assert!(

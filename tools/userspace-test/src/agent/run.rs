@@ -1,0 +1,269 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The agent's `run` verb: one of the unmodified rdmacm-utils tools as the
+//! peer of a scenario, on the agent's machine.
+//!
+//!   run tool=NAME args=HEX [wait_ms=N] [timeout_s=N]
+//!       NAME is `rping`, `ucmatose` or `udaddy` (nothing else runs);
+//!       `args` is the hex of a space-separated argument string.  The tool
+//!       runs with RLIMIT_MEMLOCK unlimited (its ibv_reg_mr pins memory),
+//!       stdin empty, stdout and stderr into one pipe.  `ready` follows
+//!       after `wait_ms` (default 1000; time for a server to listen), or as
+//!       soon as the tool exits, whichever is first; then
+//!       `result status=N out=HEX`: the exit status (-1 if a signal ended
+//!       it, then also `signal=N`, or if it ran past `timeout_s`, default
+//!       120, and was killed: `timed_out=1`) and the last
+//!       [`OUTPUT_TAIL`] bytes of its combined output.  A line from the
+//!       suite meanwhile (`stop`: its side failed) kills the tool, and the
+//!       result follows with `stopped=1`; should the suite hang up instead,
+//!       the tool is killed all the same.
+
+use super::Req;
+use anyhow::{bail, ensure, Context, Result};
+use std::{
+    io::{ErrorKind, Read, Write},
+    net::TcpStream,
+    os::unix::process::{CommandExt, ExitStatusExt},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+/// The tools `run` starts: rdmacm-utils' RC and UD examples.
+pub const TOOLS: &[&str] = &["rping", "ucmatose", "udaddy"];
+
+/// Bytes of the tool's output the result carries (its end: the summary
+/// lines and the error messages are last).
+pub const OUTPUT_TAIL: usize = 2048;
+
+/// How often the agent looks at the tool and at the suite's connection.
+const POLL: Duration = Duration::from_millis(20);
+
+pub(super) fn run(req: &Req, out: &mut TcpStream) -> Result<String> {
+    let tool = req.get("tool").context("tool=")?;
+    ensure!(
+        TOOLS.contains(&tool),
+        "tool {tool:?} is not one of {}",
+        TOOLS.join(", ")
+    );
+    let args = String::from_utf8(req.bytes("args")?).context("args= is not UTF-8")?;
+    let wait = Duration::from_millis(req.num("wait_ms", 1000)?.into());
+    let timeout = Duration::from_secs(req.num("timeout_s", 120)?.into());
+
+    let (reader, writer) = std::io::pipe()?;
+    let mut cmd = Command::new(tool);
+    cmd.args(args.split_whitespace())
+        // A group of its own: killing it takes whatever it started too.
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(writer.try_clone()?)
+        .stderr(writer);
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only getrlimit and setrlimit, which are async-signal-safe; it
+    // allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            let unlimited = libc::rlimit {
+                rlim_cur: libc::RLIM_INFINITY,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            // Without CAP_SYS_RESOURCE (the agent run by hand as a user)
+            // the hard limit stays: the soft one goes up to it, and the
+            // tool's own error says if that is not enough.
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) != 0 {
+                let mut limit = unlimited;
+                if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) == 0 {
+                    limit.rlim_cur = limit.rlim_max;
+                    libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit);
+                }
+            }
+            Ok(())
+        });
+    }
+    let started = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("spawn {tool} {args}"))?;
+    // The command holds the pipe's write ends: closed here, so that the
+    // reader sees the end of the output once the tool (and only it) is gone.
+    drop(cmd);
+    let (tail_tx, tail_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tail_tx.send(read_tail(reader, OUTPUT_TAIL)));
+
+    while started.elapsed() < wait && child.try_wait()?.is_none() {
+        std::thread::sleep(POLL);
+    }
+    if let Err(e) = writeln_ready(out) {
+        kill(&mut child);
+        return Err(e);
+    }
+
+    let (status, ended) = loop {
+        if let Some(status) = child.try_wait()? {
+            break (status, Ended::Exited);
+        }
+        if started.elapsed() >= timeout {
+            kill(&mut child);
+            break (child.wait()?, Ended::TimedOut);
+        }
+        match listen_to_suite(out, POLL)? {
+            Suite::Quiet => {}
+            Suite::Stop => {
+                kill(&mut child);
+                break (child.wait()?, Ended::Stopped);
+            }
+            Suite::Gone => {
+                kill(&mut child);
+                let _ = child.wait();
+                bail!("the suite hung up while {tool} ran; killed it");
+            }
+        }
+    };
+    // The pipe ends with the tool's group; bounded all the same, so that
+    // something that escaped the group cannot hold the answer.
+    let output = tail_rx
+        .recv_timeout(Duration::from_secs(5))
+        .context("the tool's output did not end with it")??;
+    Ok(report(status, ended, &output))
+}
+
+/// How the tool's run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    Exited,
+    TimedOut,
+    Stopped,
+}
+
+fn writeln_ready(out: &mut TcpStream) -> Result<()> {
+    writeln!(out, "ready")?;
+    Ok(())
+}
+
+/// SIGKILLs the tool's process group.
+fn kill(child: &mut Child) {
+    // The group is the child's pid (`process_group(0)`).  The child is not
+    // reaped yet, so the id names no other group; the group may be empty
+    // if everything in it exited, which is fine.
+    // SAFETY: kill(2) with a negative pid sends a signal, nothing else.
+    unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+}
+
+/// The result line's fields.
+fn report(status: ExitStatus, ended: Ended, output: &[u8]) -> String {
+    let code = match (ended, status.code()) {
+        (Ended::Exited, Some(code)) => code,
+        _ => -1,
+    };
+    let mut r = format!("status={code} out={}", crate::payload::hex(output));
+    match ended {
+        Ended::TimedOut => r += " timed_out=1",
+        Ended::Stopped => r += " stopped=1",
+        Ended::Exited => {
+            if let Some(signal) = status.signal() {
+                r += &format!(" signal={signal}");
+            }
+        }
+    }
+    r
+}
+
+/// Reads `from` to its end, keeping the last `keep` bytes.
+fn read_tail(mut from: impl Read, keep: usize) -> Result<Vec<u8>> {
+    let mut tail = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        tail.extend_from_slice(&buf[..n]);
+        // Trimmed in batches, not per read: a chatty tool (rping -v with
+        // 64 KiB pings) must not make this quadratic.
+        if tail.len() > 4 * keep {
+            tail.drain(..tail.len() - keep);
+        }
+    }
+    if tail.len() > keep {
+        tail.drain(..tail.len() - keep);
+    }
+    Ok(tail)
+}
+
+/// What the suite did while the tool ran.
+enum Suite {
+    Quiet,
+    /// It sent a line: stop the tool.
+    Stop,
+    /// It closed or reset the connection.
+    Gone,
+}
+
+/// Waits up to `wait` for the suite to send something or hang up.
+fn listen_to_suite(mut stream: &TcpStream, wait: Duration) -> Result<Suite> {
+    stream.set_read_timeout(Some(wait))?;
+    // The request line is all the suite sent before (it waits for `ready`
+    // first), so what comes now is read here, not by the request reader.
+    // Read, not peeked: data left unread when the agent closes the
+    // connection would turn its FIN into a reset that can discard the
+    // result line before the suite reads it.
+    let r = stream.read(&mut [0u8; 64]);
+    stream.set_read_timeout(None)?;
+    match r {
+        Ok(0) => Ok(Suite::Gone),
+        Ok(_) => Ok(Suite::Stop),
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+            ) =>
+        {
+            Ok(Suite::Quiet)
+        }
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => Ok(Suite::Gone),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_only_the_rdmacm_utils_tools() {
+        let agent = crate::agent::spawn_local().unwrap();
+        let request = format!("run tool=sh args={}", crate::payload::hex(b"-c true"));
+        let mut call = crate::agent::Call::start(&agent, &request).unwrap();
+        let answer = call.line().unwrap();
+        assert!(
+            answer.starts_with("error tool \"sh\" is not one of rping"),
+            "{answer}"
+        );
+    }
+
+    #[test]
+    fn keeps_the_tail_of_the_output() {
+        let data: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
+        assert_eq!(read_tail(&data[..], 2048).unwrap(), data[20_000 - 2048..]);
+        assert_eq!(read_tail(&b"short"[..], 2048).unwrap(), b"short");
+    }
+
+    #[test]
+    fn reports_status_signal_and_timeout() {
+        let exited = ExitStatus::from_raw(3 << 8);
+        assert_eq!(report(exited, Ended::Exited, b"hi"), "status=3 out=6869");
+        let killed = ExitStatus::from_raw(libc::SIGKILL);
+        assert_eq!(
+            report(killed, Ended::Exited, b""),
+            "status=-1 out=- signal=9"
+        );
+        assert_eq!(
+            report(killed, Ended::TimedOut, b""),
+            "status=-1 out=- timed_out=1"
+        );
+        assert_eq!(
+            report(killed, Ended::Stopped, b""),
+            "status=-1 out=- stopped=1"
+        );
+    }
+}

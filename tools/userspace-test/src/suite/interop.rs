@@ -1,0 +1,633 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Interoperability with the unmodified rdmacm-utils tools (Debian's
+//! rdma-core v44), RC roles: the module on one side, `rping` or `ucmatose`
+//! on the other, started through the agent's `run` (so in VM B across two
+//! VMs, listening on or connecting to `peer4` / `local4`).
+//!
+//! The protocols, from rdma-core's `librdmacm/examples`:
+//!
+//! * `rping.c`: see [`crate::rping`].  `rping -s` serves one client and
+//!   exits 0 once it disconnects; its `-C` and `-V` act on the client only
+//!   (the server loops until the disconnect); with `-v` it prints
+//!   `server ping data: TEXT` for each ping it READ.  Its `-S` must hold
+//!   the client's ping, and it takes at most 65535.
+//! * `cmatose.c`: RDMA_PS_TCP.  The client, at ROUTE_RESOLVED, creates its
+//!   QP, posts `-C` receives of `-S` bytes and connects with
+//!   responder_resources = initiator_depth = 1, retry_count 5 and
+//!   rnr_retry_count 0; TOS (`-t`) and the ACK timeout (`-a`) are set on
+//!   its id at ADDR_RESOLVED.  The server posts its receives before
+//!   `rdma_accept(id, NULL)` (`-a` is set on the new id before that; `-t`
+//!   means nothing to a server).  Once all `-c` connections are
+//!   established the server SENDs `-C` messages of `-S` bytes on each and
+//!   waits for their completions and then for as many answers; the client
+//!   waits for all its messages, then SENDs the answers from the very
+//!   buffer its receives landed in (so they carry the last message it
+//!   received) without waiting for their completions.  The server then
+//!   disconnects every connection; each side ends at DISCONNECTED (the
+//!   client answers the DREQ with `rdma_disconnect`).  Neither first SEND
+//!   can race the receives: both sides post theirs before the connection
+//!   exists (the module: RDMA_CM_RS_RECV_DEPTH receives from the QP's
+//!   creation, reposted as they are read), hence `-C` <= 16 and `-S` <=
+//!   4096 (RDMA_CM_RS_MAX_MESSAGE) here.
+
+use super::{field, listen, note, wait, Ctx, T};
+use crate::agent::Call;
+use crate::payload::{hex, pattern, unhex, verify};
+use crate::rping;
+use crate::uapi::*;
+use anyhow::{bail, ensure, Context, Result};
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+/// How long the agent lets a server tool run before `ready` (its default
+/// too): it listens by then.
+const READY_WAIT_MS: u32 = 1000;
+
+/// These scenarios' bound of a tool's run (the agent's default is 120 s):
+/// each run takes seconds, and a tool stuck waiting for the module should
+/// fail the scenario soon.
+const SCENARIO_TOOL_TIMEOUT_S: u32 = 60;
+
+/// A tool the agent runs (its `run` verb).
+pub struct ToolRun {
+    call: Call,
+    command: String,
+    timeout_s: u32,
+    ready: bool,
+}
+
+/// How a tool's run ended.
+#[derive(Debug)]
+pub struct ToolResult {
+    pub command: String,
+    /// The exit status; -1 if a signal ended it (stopped, timed out).
+    pub status: i32,
+    pub timed_out: bool,
+    /// The last 2 KiB of its stdout and stderr.
+    pub output: String,
+}
+
+/// Starts `tool` (rping, ucmatose or udaddy) with `args` (space-separated)
+/// on the agent's machine; `ready` comes after `wait_ms` or once the tool
+/// ended, and the agent kills it after `timeout_s`.
+pub fn run_tool(
+    ctx: &Ctx,
+    tool: &str,
+    args: &str,
+    wait_ms: u32,
+    timeout_s: u32,
+) -> Result<ToolRun> {
+    let call = Call::start(
+        &ctx.agent,
+        &format!(
+            "run tool={tool} args={} wait_ms={wait_ms} timeout_s={timeout_s}",
+            hex(args.as_bytes())
+        ),
+    )?;
+    Ok(ToolRun {
+        call,
+        command: format!("{tool} {args}"),
+        timeout_s,
+        ready: false,
+    })
+}
+
+impl ToolRun {
+    /// Waits for the agent's `ready`: the tool has run `wait_ms` (a server
+    /// listens by then) or has already ended.
+    pub fn ready(&mut self) -> Result<()> {
+        if !self.ready {
+            self.call
+                .ready()
+                .with_context(|| format!("starting {}", self.command))?;
+            self.ready = true;
+        }
+        Ok(())
+    }
+
+    /// Waits for the tool to end.
+    pub fn result(mut self) -> Result<ToolResult> {
+        self.ready()?;
+        // The agent answers by the tool's timeout; the margin covers the
+        // kill and the wire.
+        self.call
+            .set_read_timeout(Duration::from_secs(u64::from(self.timeout_s) + 30))?;
+        let r = self
+            .call
+            .result()
+            .with_context(|| format!("waiting for {}", self.command))?;
+        Ok(ToolResult {
+            command: self.command,
+            status: field(&r, "status")?.parse().context("status=")?,
+            timed_out: r.contains_key("timed_out"),
+            output: String::from_utf8_lossy(&unhex(field(&r, "out")?)?).into_owned(),
+        })
+    }
+
+    /// Kills the tool (the module's side failed) and returns what it said.
+    pub fn stop(mut self) -> Result<ToolResult> {
+        self.ready()?;
+        self.call.send("stop")?;
+        self.result()
+    }
+
+    /// Runs the module's side, `body`; if it fails, the tool is stopped
+    /// and its output is added to the error, for the reader to see both
+    /// sides.  Returns the tool with `body`'s value.
+    pub fn alongside<R>(self, body: impl FnOnce() -> Result<R>) -> Result<(Self, R)> {
+        match body() {
+            Ok(r) => Ok((self, r)),
+            Err(e) => {
+                let said = match self.stop() {
+                    Ok(r) => format!("{} said:\n{}", r.command, r.output),
+                    Err(stop) => format!("and stopping the tool failed: {stop:#}"),
+                };
+                Err(e.context(said))
+            }
+        }
+    }
+}
+
+impl ToolResult {
+    /// Exit status 0, and each of `lines` a whole line of the output.
+    pub fn succeeded_with(&self, lines: &[&str]) -> Result<()> {
+        ensure!(
+            self.status == 0 && !self.timed_out,
+            "{}: {}; its output ends:\n{}",
+            self.command,
+            if self.timed_out {
+                "killed at its timeout".to_string()
+            } else {
+                format!("exit status {}", self.status)
+            },
+            self.output
+        );
+        for line in lines {
+            ensure!(
+                self.has_line(line),
+                "{}: no line {line:?} in its output:\n{}",
+                self.command,
+                self.output
+            );
+        }
+        Ok(())
+    }
+
+    pub fn has_line(&self, line: &str) -> bool {
+        self.output.lines().any(|l| l == line)
+    }
+}
+
+/// The module's next event, TIMEWAIT_EXIT of earlier connections passed
+/// over, within [`T`].
+fn next_event(dev: &Device) -> Result<Event> {
+    loop {
+        let e = dev.get_event(T).context("module: waiting for an event")?;
+        if e.event != EventType::TimewaitExit {
+            return Ok(e);
+        }
+    }
+}
+
+/// How long the module tries again while its connection requests are
+/// rejected because the tool does not listen yet (a loaded VM may start it
+/// late; `ready` comes after a fixed wait).
+const LISTEN_WAIT: Duration = Duration::from_secs(15);
+
+/// Connects a new RC id to `addr` with `param` and returns it once
+/// ESTABLISHED.  `prepare` runs on the id before it resolves (options:
+/// TOS must be set before the route is).  A REJECTED with nobody
+/// listening is tried again with a fresh id, for up to [`LISTEN_WAIT`].
+fn connect_when_listening(
+    dev: &Device,
+    addr: SocketAddr,
+    param: &Param,
+    prepare: impl Fn(u32) -> Result<()>,
+) -> Result<u32> {
+    let since = Instant::now();
+    loop {
+        let id = dev.create_id(1)?;
+        prepare(id)?;
+        dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
+        wait(dev, EventType::AddrResolved)?;
+        dev.resolve_route(id, 2000).context("resolve_route")?;
+        wait(dev, EventType::RouteResolved)?;
+        dev.connect(id, param).context("connect")?;
+        let e = next_event(dev)?;
+        ensure!(e.id == id, "module: {} of another id", e.line("module"));
+        match e.event {
+            EventType::Established => return Ok(id),
+            // The CM's rejection when nothing listens on the port.
+            EventType::Rejected if since.elapsed() < LISTEN_WAIT => {
+                dev.destroy(id)?;
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            _ => bail!("module: connecting to {addr}: {}", e.line("module")),
+        }
+    }
+}
+
+/// Waits until every id of `ids` got DISCONNECTED (in any order); with
+/// `answer`, the module completes each peer-initiated disconnect at once
+/// (the DREP the peer's `rdma_disconnect` waits for).
+fn all_disconnected(dev: &Device, ids: &[u32], answer: bool) -> Result<()> {
+    let mut left = ids.to_vec();
+    while !left.is_empty() {
+        let e = next_event(dev)?;
+        ensure!(
+            e.event == EventType::Disconnected && left.contains(&e.id),
+            "module: {} while waiting for DISCONNECTED of {left:?}",
+            e.line("module")
+        );
+        left.retain(|&id| id != e.id);
+        if answer {
+            dev.disconnect(e.id)?;
+        }
+    }
+    Ok(())
+}
+
+/// After DISCONNECTED, nothing is left to read beyond what was counted: a
+/// message the tool sent too many would still be queued.
+fn nothing_more(dev: &Device, id: u32, counted: usize) -> Result<()> {
+    if let Ok(m) = dev.recv(id, RDMA_CM_RS_MAX_MESSAGE as usize, 0) {
+        bail!(
+            "module: id {id}: a message of {} bytes beyond the {counted} expected",
+            m.len()
+        );
+    }
+    Ok(())
+}
+
+/// The rping runs: pings and their size.  The largest size is rping's
+/// own limit (65536 is what rping refuses, see [`rping::RPING_MAX_SIZE`]).
+const RPING_RUNS: &[(u32, u32)] = &[(10, 64), (3, rping::RPING_MAX_SIZE), (25, 1000)];
+
+/// The module as rping's client against an unmodified `rping -s -V` (and
+/// `-v` where its output fits what the agent returns): every ping READ by
+/// the server and WRITTEN back is checked byte by byte on the module's
+/// side, the server exits 0, and with `-v` it printed every ping's text.
+/// The module as rping SERVER across the topologies: the sample
+/// `rdma_cm_rs_rping.ko` (rping's protocol on the safe API alone, RDMA READ
+/// and WRITE of the client's buffers), loaded here for the scenario,
+/// against the unmodified `rping -c -V` on the agent's machine.  rping
+/// must exit 0 and the sample must log the session's end after exactly
+/// the pings the client made.
+pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
+    let built = std::env::var("RDMA_CM_RS_OUT").unwrap_or_else(|_| ".".to_string());
+    let ko = std::path::Path::new(&built).join("rdma_cm_rs_rping.ko");
+    let port = ctx.port();
+    let loaded = std::process::Command::new("insmod")
+        .arg(&ko)
+        .arg(format!("port={port}"))
+        .status()
+        .context("insmod")?;
+    ensure!(
+        loaded.success(),
+        "insmod {} port={port}: {loaded}",
+        ko.display()
+    );
+    let sessions = (|| -> Result<()> {
+        for &(count, size) in &[(10u32, 64u32), (3, 60000)] {
+            let args = format!("-c -a {} -p {port} -C {count} -S {size} -V", ctx.local4);
+            let client = run_tool(ctx, "rping", &args, 0, SCENARIO_TOOL_TIMEOUT_S)?;
+            client.result()?.succeeded_with(&[])?;
+            let ended = format!("after {count} pings");
+            let logged = poll_dmesg(|line| {
+                line.contains("rdma_cm_rs_rping: session ended") && line.ends_with(&ended)
+            });
+            ensure!(logged, "the sample logged no session ending {ended:?}");
+            note(&format!(
+                "rping {args}: the sample served {count} pings of {size} bytes"
+            ));
+        }
+        Ok(())
+    })();
+    let unloaded = std::process::Command::new("rmmod")
+        .arg("rdma_cm_rs_rping")
+        .status()
+        .context("rmmod")?;
+    sessions?;
+    ensure!(unloaded.success(), "rmmod rdma_cm_rs_rping: {unloaded}");
+    Ok(())
+}
+
+/// Whether a line of the kernel log satisfies `want` within 5 s.
+fn poll_dmesg(want: impl Fn(&str) -> bool) -> bool {
+    for _ in 0..50 {
+        if let Ok(out) = std::process::Command::new("dmesg").output() {
+            if String::from_utf8_lossy(&out.stdout).lines().any(&want) {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+pub(super) fn rping_module_client(ctx: &mut Ctx) -> Result<()> {
+    for &(count, size) in RPING_RUNS {
+        rping_against_server(ctx, count, size)
+            .with_context(|| format!("rping -C {count} -S {size}"))?;
+    }
+    Ok(())
+}
+
+fn rping_against_server(ctx: &mut Ctx, count: u32, size: u32) -> Result<()> {
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    // One `server ping data: ` line a ping: all within the 2 KiB of output
+    // the agent returns for the small pings only.
+    let verbose = size <= 64;
+    let args = format!(
+        "-s -a {} -p {} -C {count} -S {size} -V{}",
+        addr.ip(),
+        addr.port(),
+        if verbose { " -v" } else { "" }
+    );
+    let mut server = run_tool(ctx, "rping", &args, READY_WAIT_MS, SCENARIO_TOOL_TIMEOUT_S)?;
+    server.ready()?;
+    let dev = Device::open()?;
+    let (server, ()) = server.alongside(|| {
+        // rping's own connection parameters: one RDMA READ in flight.
+        let id = connect_when_listening(&dev, addr, &Param::with_data(&[]), |_| Ok(()))?;
+        rping::ping(&dev, id, count, size, Duration::ZERO)?;
+        dev.disconnect(id)?;
+        wait(&dev, EventType::Disconnected)?;
+        dev.destroy(id)?;
+        Ok(())
+    })?;
+    let r = server.result()?;
+    r.succeeded_with(&[])?;
+    if verbose {
+        for n in 0..count {
+            let text = rping::ping_text(n, size as usize);
+            // Printed with %s: up to the NUL.
+            let line = format!(
+                "server ping data: {}",
+                String::from_utf8_lossy(&text[..text.len() - 1])
+            );
+            ensure!(
+                r.has_line(&line),
+                "rping -s did not print ping {n} as the module sent it ({line:?}); it said:\n{}",
+                r.output
+            );
+        }
+    }
+    note(&format!(
+        "rping {args}: {count} pings of {size} bytes READ and WRITTEN back, verified"
+    ));
+    Ok(())
+}
+
+/// One ucmatose run: its flags besides address and port, and what they
+/// make of it (cmatose's defaults: 1 connection, 10 messages of 100 bytes).
+struct Ucmatose {
+    flags: &'static str,
+    connections: usize,
+    messages: usize,
+    size: usize,
+}
+
+const fn ucmatose(
+    flags: &'static str,
+    connections: usize,
+    messages: usize,
+    size: usize,
+) -> Ucmatose {
+    Ucmatose {
+        flags,
+        connections,
+        messages,
+        size,
+    }
+}
+
+/// The client's runs against the module's server.  The last three sizes
+/// are the module's limits (RDMA_CM_RS_RECV_DEPTH messages in flight of
+/// RDMA_CM_RS_MAX_MESSAGE bytes); `-t`/`-a` set TOS and the ACK timeout
+/// on the client's id.
+const UCMATOSE_CLIENT_RUNS: &[Ucmatose] = &[
+    ucmatose("", 1, 10, 100),
+    ucmatose("-c 4 -C 10 -S 1000", 4, 10, 1000),
+    ucmatose("-C 16 -S 4096", 1, 16, 4096),
+    ucmatose("-t 32", 1, 10, 100),
+    ucmatose("-a 18", 1, 10, 100),
+];
+
+/// The module as ucmatose's server against an unmodified `ucmatose -s`:
+/// the module accepts each request with the request's values (cmatose's
+/// `rdma_accept(id, NULL)`), SENDs `-C` messages of `-S` bytes on each
+/// connection, receives as many answers, each the module's message (the
+/// client answers from its receive buffer), and disconnects; the client
+/// exits 0 with `data transfers complete`.
+pub(super) fn ucmatose_module_server(ctx: &mut Ctx) -> Result<()> {
+    for run in UCMATOSE_CLIENT_RUNS {
+        ucmatose_client_against_module(ctx, run)
+            .with_context(|| format!("ucmatose -s ... {}", run.flags))?;
+    }
+    Ok(())
+}
+
+fn ucmatose_client_against_module(ctx: &mut Ctx, run: &Ucmatose) -> Result<()> {
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    let l = listen(&dev, addr, 8, 0)?;
+    let args = format!("-s {} -p {} {}", addr.ip(), addr.port(), run.flags);
+    let args = args.trim_end();
+    // The module listens already: no wait before `ready`.
+    let mut client = run_tool(ctx, "ucmatose", args, 0, SCENARIO_TOOL_TIMEOUT_S)?;
+    client.ready()?;
+    let message = pattern(run.size, 0x63);
+    let (client, ()) = client.alongside(|| {
+        let mut conns = Vec::new();
+        while conns.len() < run.connections {
+            let e = next_event(&dev)?;
+            match e.event {
+                EventType::ConnectRequest if e.id == l => {
+                    // cmatose's conn_param, as the passive side sees it.
+                    ensure!(
+                        (
+                            e.responder_resources,
+                            e.initiator_depth,
+                            e.retry_count,
+                            e.rnr_retry_count
+                        ) == (1, 1, 5, 0),
+                        "module: not cmatose's request (1, 1, 5, 0): {}",
+                        e.line("module")
+                    );
+                    dev.accept(e.new_id, None).context("accept")?;
+                }
+                EventType::Established => conns.push(e.id),
+                _ => bail!("module: unexpected {}", e.line("module")),
+            }
+        }
+        for &id in &conns {
+            for i in 0..run.messages {
+                dev.send(id, &message)
+                    .with_context(|| format!("module: id {id}: SEND {i}"))?;
+            }
+        }
+        for &id in &conns {
+            for i in 0..run.messages {
+                let answer = dev
+                    .recv(id, RDMA_CM_RS_MAX_MESSAGE as usize, T)
+                    .with_context(|| format!("module: id {id}: answer {i}"))?;
+                verify(&format!("module: id {id}: answer {i}"), &message, &answer)?;
+            }
+        }
+        for &id in &conns {
+            dev.disconnect(id)?;
+        }
+        all_disconnected(&dev, &conns, false)?;
+        for &id in &conns {
+            nothing_more(&dev, id, run.messages)?;
+            dev.destroy(id)?;
+        }
+        dev.destroy(l)?;
+        Ok(())
+    })?;
+    client
+        .result()?
+        .succeeded_with(&["data transfers complete", "return status 0"])?;
+    note(&format!(
+        "ucmatose {args}: {} connection(s), {} messages of {} bytes each way",
+        run.connections, run.messages, run.size
+    ));
+    Ok(())
+}
+
+/// The server's runs against the module's client, and the options the
+/// module sets on its ids (SET_OPTION: TOS must be set before the route
+/// is resolved, the ACK timeout before the QP is ready to send).  `-t`
+/// means nothing to cmatose's server: TOS is the module's here.
+const UCMATOSE_SERVER_RUNS: &[(Ucmatose, &[(u32, u64)])] = &[
+    (ucmatose("", 1, 10, 100), &[]),
+    (ucmatose("-c 4 -C 10 -S 1000", 4, 10, 1000), &[]),
+    (ucmatose("-C 16 -S 4096", 1, 16, 4096), &[]),
+    (
+        ucmatose("-a 18", 1, 10, 100),
+        &[
+            (rdma_cm_rs_option_RDMA_CM_RS_OPT_TOS, 32),
+            (rdma_cm_rs_option_RDMA_CM_RS_OPT_ACK_TIMEOUT, 18),
+        ],
+    ),
+];
+
+fn option_name(option: u32) -> &'static str {
+    if option == rdma_cm_rs_option_RDMA_CM_RS_OPT_TOS {
+        "TOS"
+    } else if option == rdma_cm_rs_option_RDMA_CM_RS_OPT_ACK_TIMEOUT {
+        "ACK timeout"
+    } else {
+        "option"
+    }
+}
+
+/// The module as ucmatose's client against an unmodified `ucmatose -b`:
+/// the module connects `-c` ids (with TOS and ACK timeout set by
+/// SET_OPTION in one run), receives the server's `-C` messages of `-S`
+/// bytes on each, answers as many, and sees the server's disconnect; the
+/// server exits 0 with `data transfers complete` and `disconnected`.
+pub(super) fn ucmatose_module_client(ctx: &mut Ctx) -> Result<()> {
+    for (run, options) in UCMATOSE_SERVER_RUNS {
+        module_client_against_ucmatose(ctx, run, options)
+            .with_context(|| format!("ucmatose -b ... {}", run.flags))?;
+    }
+    Ok(())
+}
+
+fn module_client_against_ucmatose(
+    ctx: &mut Ctx,
+    run: &Ucmatose,
+    options: &[(u32, u64)],
+) -> Result<()> {
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let args = format!("-b {} -p {} {}", addr.ip(), addr.port(), run.flags);
+    let args = args.trim_end();
+    let mut server = run_tool(
+        ctx,
+        "ucmatose",
+        args,
+        READY_WAIT_MS,
+        SCENARIO_TOOL_TIMEOUT_S,
+    )?;
+    server.ready()?;
+    let dev = Device::open()?;
+    let (server, ()) = server.alongside(|| {
+        let set_options = |id| -> Result<()> {
+            for &(option, value) in options {
+                dev.set_option(id, option, value)
+                    .with_context(|| format!("SET_OPTION {} {value}", option_name(option)))?;
+            }
+            Ok(())
+        };
+        let mut conns = Vec::new();
+        for _ in 0..run.connections {
+            conns.push(connect_when_listening(
+                &dev,
+                addr,
+                &Param::with_data(&[]),
+                set_options,
+            )?);
+        }
+        for &(option, value) in options {
+            if option == rdma_cm_rs_option_RDMA_CM_RS_OPT_TOS {
+                for &id in &conns {
+                    let q = dev.query(id)?;
+                    ensure!(
+                        u64::from(q.tos) == value && q.tos_set != 0,
+                        "module: id {id}: tos {} (set: {})",
+                        q.tos,
+                        q.tos_set
+                    );
+                }
+            }
+        }
+        // The server sends first, on every connection once all are up.
+        for &id in &conns {
+            for i in 0..run.messages {
+                let m = dev
+                    .recv(id, RDMA_CM_RS_MAX_MESSAGE as usize, T)
+                    .with_context(|| format!("module: id {id}: message {i}"))?;
+                ensure!(
+                    m.len() == run.size,
+                    "module: id {id}: message {i} of {} bytes, expected {}",
+                    m.len(),
+                    run.size
+                );
+            }
+        }
+        let answer = pattern(run.size, 0x64);
+        for &id in &conns {
+            for i in 0..run.messages {
+                dev.send(id, &answer)
+                    .with_context(|| format!("module: id {id}: answer {i}"))?;
+            }
+        }
+        // The server disconnects once it has every answer.
+        all_disconnected(&dev, &conns, true)?;
+        for &id in &conns {
+            nothing_more(&dev, id, run.messages)?;
+            dev.destroy(id)?;
+        }
+        Ok(())
+    })?;
+    server.result()?.succeeded_with(&[
+        "data transfers complete",
+        "disconnected",
+        "return status 0",
+    ])?;
+    note(&format!(
+        "ucmatose {args}: module client, {} connection(s), {} messages of {} bytes each way{}",
+        run.connections,
+        run.messages,
+        run.size,
+        options
+            .iter()
+            .map(|&(option, value)| format!(", {} {value}", option_name(option)))
+            .collect::<String>()
+    ));
+    Ok(())
+}
