@@ -611,8 +611,9 @@ pub(super) fn reject_both_ways(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// DESTROY_ID of an accepted UD id while librdmacm keeps sending to it and
-/// another thread of the module's side keeps sending on it: DESTROY_ID
+/// DESTROY_ID of an accepted UD id holding datagrams librdmacm sent it
+/// (unread) while another thread of the module's side keeps sending on it:
+/// DESTROY_ID
 /// returns, the sending thread's UD_SEND fails within the bound instead of
 /// hanging, nothing names the id afterwards, librdmacm's sends complete,
 /// and the port can be listened on again.
@@ -632,6 +633,15 @@ pub(super) fn destroy_with_datagrams_in_flight(ctx: &mut Ctx) -> Result<()> {
     let id = req.new_id;
     dev.accept(id, None)?;
     let first = dev.ud_recv(id, BUF, T).context("first datagram")?;
+    // The peer's flood ends before the id goes, and the module leaves what
+    // arrived unread: rxe frees the packets still queued for a QP it moves
+    // to the error state with interrupts off (`drain_req_pkts` under
+    // `state_lock`), and page-pool packets (virtio-net, two VMs) then WARN
+    // in `page_pool_put_unrefed_netmem` (seen across two VMs: a panic
+    // under panic_on_warn).  The module's own datagrams are in flight.
+    let r = call.result().context("librdmacm's 150 sends")?;
+    ensure!(field(&r, "event")? == "ESTABLISHED", "librdmacm: {r:?}");
+    std::thread::sleep(Duration::from_millis(300));
     let (sends, outcome) = std::thread::scope(|s| -> Result<_> {
         let sender = s.spawn(|| {
             let mut sent = 0u32;
@@ -642,7 +652,7 @@ pub(super) fn destroy_with_datagrams_in_flight(ctx: &mut Ctx) -> Result<()> {
                 }
             }
         });
-        // Datagrams both ways when the id goes.
+        // The module's datagrams in flight when the id goes.
         std::thread::sleep(Duration::from_millis(30));
         let destroying = Instant::now();
         dev.destroy(id)
@@ -668,8 +678,6 @@ pub(super) fn destroy_with_datagrams_in_flight(ctx: &mut Ctx) -> Result<()> {
         "UD_RECV on the destroyed id"
     );
     no_event(&dev, 300, "module: after DESTROY_ID")?;
-    let r = call.result().context("librdmacm's 150 sends")?;
-    ensure!(field(&r, "event")? == "ESTABLISHED", "librdmacm: {r:?}");
     dev.destroy(l)?;
     let again = ud_listen(&dev, addr, 0).context("listening again")?;
     dev.destroy(again)?;
