@@ -342,6 +342,40 @@ impl Drop for Channel {
     }
 }
 
+/// Registers a receive and a send buffer on `pd` for local access: the
+/// (receive, send) MRs of a connection or a UD QP.  On failure neither is
+/// left registered.
+///
+/// # Safety
+///
+/// `pd` must be live, and both buffers must neither move nor be freed
+/// until their MRs are deregistered.
+unsafe fn register_buffers(
+    pd: *mut ibv_pd,
+    recv: &mut [u8],
+    send: &mut [u8],
+) -> Result<(*mut ibv_mr, *mut ibv_mr)> {
+    let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
+    // SAFETY: By the safety requirements; NULL on failure, checked.
+    let (recv_mr, send_mr) = unsafe {
+        (
+            ibv_reg_mr(pd, recv.as_mut_ptr().cast(), recv.len(), access),
+            ibv_reg_mr(pd, send.as_mut_ptr().cast(), send.len(), access),
+        )
+    };
+    if recv_mr.is_null() || send_mr.is_null() {
+        let err = errno("ibv_reg_mr (is `ulimit -l` unlimited?)");
+        for mr in [recv_mr, send_mr] {
+            if !mr.is_null() {
+                // SAFETY: Registered just above, used by nothing yet.
+                unsafe { ibv_dereg_mr(mr) };
+            }
+        }
+        return Err(err);
+    }
+    Ok((recv_mr, send_mr))
+}
+
 /// `rdma_bind_addr` + `rdma_listen`: the listening id.
 pub fn listen<'ch>(ch: &'ch Channel, addr: &SocketAddr, backlog: i32) -> Result<Id<'ch>> {
     listen_id(ch.create_id()?, addr, backlog)
@@ -482,27 +516,10 @@ impl<'ch> Conn<'ch> {
         let r = unsafe { rdma_create_qp(id, conn.pd, &mut attr) };
         check(r, "rdma_create_qp")?;
         conn.has_qp = true;
-        let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
-        // SAFETY: `conn.pd` is live; each buffer is a heap allocation of the
-        // length given, which does not move (boxed slice) and is freed only
-        // after its MR is deregistered (drop).  NULL on failure, checked.
-        unsafe {
-            conn.recv_mr = ibv_reg_mr(
-                conn.pd,
-                conn.recv_buf.as_mut_ptr().cast(),
-                conn.recv_buf.len(),
-                access,
-            );
-            conn.send_mr = ibv_reg_mr(
-                conn.pd,
-                conn.send_buf.as_mut_ptr().cast(),
-                conn.send_buf.len(),
-                access,
-            );
-        }
-        if conn.recv_mr.is_null() || conn.send_mr.is_null() {
-            return Err(errno("ibv_reg_mr (is `ulimit -l` unlimited?)"));
-        }
+        // SAFETY: `conn.pd` is live; both buffers are boxed slices, which
+        // do not move, freed only after their MRs are deregistered (drop).
+        (conn.recv_mr, conn.send_mr) =
+            unsafe { register_buffers(conn.pd, &mut conn.recv_buf, &mut conn.send_buf) }?;
         for i in 0..DEPTH {
             conn.post_recv(i)?;
         }

@@ -8,7 +8,7 @@
 //! number and replies through an address handle made from the received
 //! work completion.
 
-use super::{check, errno, listen_id, resolve_id, Channel, Conn, Id};
+use super::{check, errno, listen_id, register_buffers, resolve_id, Channel, Conn, Id};
 use anyhow::{bail, Context, Result};
 use std::{fmt, mem::size_of, net::SocketAddr, ptr, time::Duration};
 
@@ -165,27 +165,10 @@ impl<'ch> UdQp<'ch> {
         let r = unsafe { rdma_create_qp(qp.id.raw, qp.pd, &mut attr) };
         check(r, "rdma_create_qp (UD)")?;
         qp.has_qp = true;
-        let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
-        // SAFETY: `qp.pd` is live; each buffer is a heap allocation of the
-        // length given, which does not move (boxed slice) and is freed only
-        // after its MR is deregistered (drop).  NULL on failure, checked.
-        unsafe {
-            qp.recv_mr = ibv_reg_mr(
-                qp.pd,
-                qp.recv_buf.as_mut_ptr().cast(),
-                qp.recv_buf.len(),
-                access,
-            );
-            qp.send_mr = ibv_reg_mr(
-                qp.pd,
-                qp.send_buf.as_mut_ptr().cast(),
-                qp.send_buf.len(),
-                access,
-            );
-        }
-        if qp.recv_mr.is_null() || qp.send_mr.is_null() {
-            return Err(errno("ibv_reg_mr (is `ulimit -l` unlimited?)"));
-        }
+        // SAFETY: `qp.pd` is live; both buffers are boxed slices, which
+        // do not move, freed only after their MRs are deregistered (drop).
+        (qp.recv_mr, qp.send_mr) =
+            unsafe { register_buffers(qp.pd, &mut qp.recv_buf, &mut qp.send_buf) }?;
         for slot in 0..DEPTH {
             qp.post_recv(slot)?;
         }
