@@ -65,11 +65,9 @@ impl Ah {
                 return Err(EXDEV);
             }
         }
-        // SAFETY: The PD is live; `attr` is valid with its reference held
-        // (safety requirements), and `rdma_create_ah` works on a copy of
-        // it; it may sleep (callers are in process context).  The core
-        // checks the vector's port against the PD's device
-        // (`rdma_check_ah_attr`).
+        // `rdma_create_ah` works on a copy and checks the port against the
+        // PD's device (`rdma_check_ah_attr`); it may sleep (process context).
+        // SAFETY: The PD is live; `attr` is valid, its reference held (above).
         let raw = unsafe { bindings::rdma_cm_rs_create_ah(pd.as_ptr(), attr) };
         Self::adopt(pd, raw)
     }
@@ -107,11 +105,9 @@ impl Ah {
 
 impl Drop for Ah {
     fn drop(&mut self) {
-        // SAFETY: Live and, by the type invariants, destroyed only here; no
-        // work request uses it any more (a posted send holds a reference).
         // The last reference goes in process context (an ioctl, a CM
-        // handler, the CQ's workqueue, a deferred destruction), where the
-        // destruction, and the PD's it may take along, can sleep.
+        // handler, the CQ's workqueue, a deferred destruction): it may sleep.
+        // SAFETY: Live, destroyed only here (type invariants); no posted send uses it.
         let ret = unsafe {
             bindings::rdma_destroy_ah_user(
                 self.raw.as_ptr(),
@@ -286,12 +282,9 @@ impl Datagram {
     /// `port_num` must be a port of the PD's device: the function indexes
     /// the device's per-port data with it before any check.
     pub(crate) unsafe fn reply_ah(&self, pd: &Arc<Pd>, port_num: u32) -> Result<Arc<Ah>> {
-        // SAFETY: The PD is live and `port_num` one of its device's ports
-        // (safety requirements); `wc` holds the fields of a successful
-        // receive completion the function reads (flags, SL, LID, VLAN,
-        // network type), `grh` the 40 bytes that completion delivered in
-        // front of the payload, aligned as `struct ib_grh`; both live
-        // across the call, which copies what it needs.
+        // `wc` holds the completion fields the function reads, `grh` the 40
+        // bytes in front of the payload, aligned as `struct ib_grh`.
+        // SAFETY: PD live, `port_num` its device's (requirements); both copied in.
         let raw = unsafe {
             bindings::ib_create_ah_from_wc(
                 pd.as_ptr(),

@@ -740,11 +740,9 @@ impl LockedId<'_> {
             let param = param.copied().unwrap_or_default();
             param.data().check(PrivateDataUse::AcceptUd)?;
             let mut raw = param.as_raw();
-            // SAFETY: The handler mutex is held (type invariants), as
-            // `rdma_accept` asserts; `raw` and the private data it points
-            // into outlive the call.  A zero `qkey` makes the CM answer
-            // with the port space's default Q_Key, the one the QP was
-            // created with.
+            // A zero `qkey` answers with the port space's default Q_Key,
+            // the one the QP was created with.
+            // SAFETY: Handler mutex held (type invariants); `raw` outlives the call.
             to_result(unsafe { bindings::rdma_accept(self.as_ptr(), &mut raw) })?;
             self.mark_answered();
             return Ok(());

@@ -906,12 +906,9 @@ impl<C: CompletionHandler> Qp<C> {
         wr.__bindgen_anon_1.wr_cqe = cqe;
         wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
         let wr = fill(&mut wr);
-        // SAFETY: `raw` is a live QP under the lock; `wr` is a send request
-        // of the QP's type (on RC a SEND or the `wr` of an
-        // `ib_rdma_wr`/`ib_reg_wr`, on UD the `wr` of an `ib_ud_wr` whose
-        // address handle is live) that lives, with what it points to,
-        // across the call (the caller's contract); the driver copies it
-        // before returning.
+        // A request of the QP's type (on UD an `ib_ud_wr` naming a live
+        // address handle), alive with what it points to across the call.
+        // SAFETY: `raw` is live under the lock; `wr` as above; the driver copies it.
         let posted = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr) };
         let ret = kernel::error::to_result(posted);
         if ret.is_err() {
