@@ -55,6 +55,7 @@ use super::{
     addr::{SockaddrBuf, SocketAddr},
     ah::{Ah, UdDest},
     bindings,
+    blocking::{Begin, EventWaiter, OwnedEvent, SyncOp, SyncResult},
     callback::{current_task, in_any_callback, CallbackMark},
     conn_param::{ConnParam, PrivateDataUse, MAX_RETRY_COUNT},
     deferred::{self, DeferredDestroy},
@@ -133,6 +134,14 @@ pub trait Handler: Send + Sync + Sized + 'static {
     fn connect_request(&self, request: ConnectRequest<'_, Self>, event: &Event<'_>) {
         // Dropping the request unadopted makes the CM destroy the new id.
         let _ = (request, event);
+    }
+
+    /// The waiter of an id driven synchronously (the `*_sync` calls of
+    /// [`CmId`]): every event but a connection request is recorded there
+    /// after [`Self::event`] returned.  `None` (the default) makes those
+    /// calls fail with `EINVAL`.
+    fn waiter(&self) -> Option<&EventWaiter> {
+        None
     }
 }
 
@@ -386,6 +395,107 @@ impl<H: Handler> CmId<H> {
         // SAFETY: The id is live (type invariants) and cannot be destroyed
         // while `self` is borrowed; the call needs no lock of the caller's.
         to_result(unsafe { bindings::rdma_disconnect(self.inner.raw()) })
+    }
+}
+
+/// Synchronous operation (`rdma_create_id(3)` without an event channel):
+/// each call starts an operation and blocks until the event that ends it,
+/// which it returns with its meaning ([`super::blocking::SyncOutcome`]); a call no event
+/// ended fails with its errno ([`super::blocking`] has the rules: one call at a time,
+/// resumption after a signal or a timeout, DISCONNECTED kept, ENODEV on
+/// device removal).
+///
+/// They need a handler with a waiter ([`Handler::waiter`], `EINVAL`
+/// otherwise), which still sees every event first.  They sleep, so they
+/// are for process context outside the layer's callbacks: a callback gets
+/// a [`LockedId`], which has no blocking calls, and a call from inside any
+/// callback of the layer or `with_lock` (another id's, reached through the
+/// handler's own state) fails with `EDEADLK`, as the event it waits for
+/// could be queued behind the running callback.  `limit` bounds the wait
+/// (`None`: until the event comes; the CM's own timers end every
+/// operation); past it the call fails with `ETIMEDOUT` and the operation
+/// stays in flight.
+impl<H: Handler> CmId<H> {
+    /// The common form: claims the id for `op`, runs `start` (which must
+    /// start `op`, e.g. under [`Self::with_lock`]; it is skipped when the
+    /// call resumes an interrupted one) and waits for the event that ends
+    /// `op`.  For consumers that do more than the operation itself when
+    /// they start it (make a QP, record a state); the others use the named
+    /// forms below.
+    pub fn call_sync(
+        &self,
+        op: SyncOp,
+        limit: Option<Delta>,
+        start: impl FnOnce() -> Result,
+    ) -> SyncResult {
+        if in_any_callback() {
+            return Err(EDEADLK);
+        }
+        let waiter = self.inner.handler.waiter().ok_or(EINVAL)?;
+        if let Begin::Start = waiter.begin(op)? {
+            if let Err(e) = start() {
+                waiter.abort();
+                return Err(e);
+            }
+        }
+        waiter.wait(op, limit)
+    }
+
+    /// Resolves the address ([`LockedId::resolve_addr`]) and waits for
+    /// ADDR_RESOLVED.
+    pub fn resolve_addr_sync(
+        &self,
+        src: Option<&SocketAddr>,
+        dst: &SocketAddr,
+        timeout: Delta,
+        limit: Option<Delta>,
+    ) -> SyncResult {
+        self.call_sync(SyncOp::ResolveAddr, limit, || {
+            self.with_lock(|l| l.resolve_addr(src, dst, timeout))
+        })
+    }
+
+    /// Resolves the route ([`LockedId::resolve_route`]) and waits for
+    /// ROUTE_RESOLVED.
+    pub fn resolve_route_sync(&self, timeout: Delta, limit: Option<Delta>) -> SyncResult {
+        self.call_sync(SyncOp::ResolveRoute, limit, || {
+            self.with_lock(|l| l.resolve_route(timeout))
+        })
+    }
+
+    /// Connects ([`LockedId::connect`], the id's QP made first) and waits
+    /// for ESTABLISHED.  On a UD id that is the SIDR reply, whose address
+    /// vector lives only during the callback: the handler makes the
+    /// destination there ([`LockedId::ud_dest`]).
+    pub fn connect_sync(&self, param: &ConnParam, limit: Option<Delta>) -> SyncResult {
+        self.call_sync(SyncOp::Connect, limit, || {
+            self.with_lock(|l| l.connect(param))
+        })
+    }
+
+    /// Accepts a connection request ([`LockedId::accept`], taking the
+    /// handler mutex it needs) and waits for ESTABLISHED.  RC ids only
+    /// (`EINVAL` on a UD id: a SIDR reply ends the exchange, there is
+    /// nothing to wait for).
+    pub fn accept_sync(&self, param: Option<&ConnParam>, limit: Option<Delta>) -> SyncResult {
+        if self.inner.qp_type != QpType::Rc {
+            return Err(EINVAL);
+        }
+        self.call_sync(SyncOp::Accept, limit, || {
+            self.with_lock(|l| l.accept(param))
+        })
+    }
+
+    /// Disconnects ([`Self::disconnect`]) and waits for DISCONNECTED, which
+    /// returns at once if the peer disconnected first.
+    pub fn disconnect_sync(&self, limit: Option<Delta>) -> SyncResult {
+        self.call_sync(SyncOp::Disconnect, limit, || self.disconnect())
+    }
+
+    /// The event that ended the last blocking call, a failed one's too
+    /// (librdmacm's `id->event`); `None` before any, or without a waiter.
+    pub fn last_event(&self) -> Option<OwnedEvent> {
+        self.inner.handler.waiter().and_then(EventWaiter::last)
     }
 }
 
@@ -1020,6 +1130,11 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
         // SAFETY: The CM holds this id's handler mutex during the callback.
         let id = unsafe { inner.locked(raw_id) };
         inner.handler.event(&id, &event);
+        // After the handler: what it derives from the event (a UD peer,
+        // say) is in place when a blocking call wakes.
+        if let Some(waiter) = inner.handler.waiter() {
+            waiter.record(&event);
+        }
         inner.handler_task.store(ptr::null_mut(), Ordering::Release);
         return 0;
     }

@@ -211,6 +211,16 @@ impl ConnParam {
         self.srq
     }
 
+    /// Whether flow control is on.
+    pub fn has_flow_control(&self) -> bool {
+        self.flow_control
+    }
+
+    /// (`retry_count`, `rnr_retry_count`).
+    pub fn retry_counts(&self) -> (u8, u8) {
+        (self.retry_count, self.rnr_retry_count)
+    }
+
     /// (`responder_resources`, `initiator_depth`).
     pub fn rd_atom(&self) -> (u8, u8) {
         (self.responder_resources, self.initiator_depth)

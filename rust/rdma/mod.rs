@@ -18,6 +18,7 @@
 //! * [`net`]: network namespaces.
 //! * [`addr`], [`conn_param`], [`event`]: socket addresses, connection
 //!   parameters with the man pages' limits, typed events.
+//! * [`blocking`]: the event that ends a blocking (synchronous) call.
 //! * [`deferred`]: the module-owned queue of deferred destructions.
 //! * [`cm`]: communication identifiers, their handlers and operations;
 //!   [`getaddrinfo`]: numeric `rdma_getaddrinfo` for kernel callers.
@@ -29,6 +30,7 @@
 
 pub mod addr;
 pub mod ah;
+pub mod blocking;
 pub mod callback;
 pub mod cm;
 pub mod conn_param;

@@ -1354,3 +1354,281 @@ mod mr_tests {
         Mr::new(pd, 1).is_ok_and(|mr| mr.device().same(pd.device()))
     }
 }
+
+#[kunit_tests(rdma_cm_rs_sync)]
+mod sync_tests {
+    use crate::rdma::{
+        addr::SocketAddr,
+        blocking::{EventWaiter, SyncOutcome},
+        cm::*,
+        conn_param::ConnParam,
+        event::*,
+        net::NetNs,
+        pd::Pd,
+        verbs::{CompletionHandler, Cq, QpCaps, RecvBuffer, SendBuffer},
+    };
+    use kernel::{
+        new_mutex,
+        prelude::*,
+        sync::{Arc, Mutex},
+        time::{delay::fsleep, Delta},
+        workqueue,
+    };
+
+    fn ms(ms: i64) -> Delta {
+        Delta::from_millis(ms)
+    }
+
+    struct Nop;
+    impl CompletionHandler for Nop {
+        fn recv_done(&self, _buf: RecvBuffer, _result: Result<usize>) {}
+        fn send_done(&self, _buf: SendBuffer, _result: Result) {}
+    }
+
+    /// What the listener adopted and the accepting work saw.
+    #[derive(Default)]
+    struct Seen {
+        server: Option<Arc<CmId<Node>>>,
+        accepted: Option<Result<SyncOutcome>>,
+    }
+
+    #[pin_data]
+    struct World {
+        #[pin]
+        seen: Mutex<Seen>,
+    }
+
+    /// A listener (no waiter) or a synchronous id (a waiter).
+    struct Node {
+        world: Arc<World>,
+        waiter: Option<Pin<KBox<EventWaiter>>>,
+    }
+
+    impl Node {
+        fn synchronous(world: &Arc<World>) -> Result<Self> {
+            Ok(Self {
+                world: world.clone(),
+                waiter: Some(KBox::pin_init(EventWaiter::new(), GFP_KERNEL)?),
+            })
+        }
+    }
+
+    impl Handler for Node {
+        fn event(&self, _id: &LockedId<'_>, _event: &Event<'_>) {}
+
+        fn connect_request(&self, request: ConnectRequest<'_, Self>, _event: &Event<'_>) {
+            let Ok(node) = Node::synchronous(&self.world) else {
+                return;
+            };
+            if let Ok(id) = request.adopt(node) {
+                if let Ok(id) = Arc::new(id, GFP_KERNEL) {
+                    self.world.seen.lock().server = Some(id);
+                }
+            }
+        }
+
+        fn waiter(&self) -> Option<&EventWaiter> {
+            self.waiter.as_deref()
+        }
+    }
+
+    fn wait_until(mut done: impl FnMut() -> bool) -> bool {
+        for _ in 0..500 {
+            if done() {
+                return true;
+            }
+            fsleep(ms(10));
+        }
+        false
+    }
+
+    fn with_qp(id: &CmId<Node>) -> Result {
+        id.with_lock(|l| {
+            let dev = l.device()?;
+            let pd = Pd::alloc(&dev)?;
+            let caps = QpCaps {
+                max_send_wr: 2,
+                max_recv_wr: 2,
+            };
+            let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
+            l.create_qp(&pd, &cq, caps).map(|_| ())
+        })
+    }
+
+    /// The blocking forms on rxe, client and server in the kernel: each
+    /// returns the event that ended it (ADDR_RESOLVED, ROUTE_RESOLVED,
+    /// ESTABLISHED with the peer's private data on both sides,
+    /// DISCONNECTED); inside `with_lock` they are refused (`EDEADLK`), on
+    /// a handler without a waiter too (`EINVAL`).
+    #[test]
+    fn blocking_calls_return_their_events() {
+        let world = Arc::pin_init(
+            pin_init!(World {
+                seen <- new_mutex!(Seen::default()),
+            }),
+            GFP_KERNEL,
+        )
+        .unwrap();
+        let ns = NetNs::init();
+        let addr = SocketAddr::V4 {
+            ip: [192, 0, 2, 1],
+            port: 7185,
+        };
+        let listener = CmId::new(
+            Node {
+                world: world.clone(),
+                waiter: None,
+            },
+            &ns,
+            PortSpace::Tcp,
+            QpType::Rc,
+        )
+        .unwrap();
+        if let Err(e) = listener.with_lock(|l| l.bind(&addr)) {
+            super::skip_without_devices(e);
+            return;
+        }
+        listener.listen(4).unwrap();
+        assert_eq!(
+            listener.resolve_route_sync(ms(100), None).err(),
+            Some(EINVAL)
+        );
+
+        let client = CmId::new(
+            Node::synchronous(&world).unwrap(),
+            &ns,
+            PortSpace::Tcp,
+            QpType::Rc,
+        )
+        .unwrap();
+        let nested =
+            client.with_lock(|_| Ok(client.resolve_addr_sync(None, &addr, ms(2000), None).err()));
+        assert_eq!(nested.ok().flatten(), Some(EDEADLK));
+        let resolved = client.resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)));
+        assert_eq!(
+            resolved.map(|o| (o.event().kind(), o.result())),
+            Ok((EventType::AddrResolved, Ok(())))
+        );
+        let routed = client.resolve_route_sync(ms(2000), Some(ms(5000)));
+        assert_eq!(
+            routed.map(|o| o.event().kind()),
+            Ok(EventType::RouteResolved)
+        );
+        assert!(with_qp(&client).is_ok());
+
+        // The server accepts from a work item: its accept and the client's
+        // connect block at once, each until its own ESTABLISHED.
+        let w = world.clone();
+        let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
+            let server = if wait_until(|| w.seen.lock().server.is_some()) {
+                w.seen.lock().server.clone()
+            } else {
+                None
+            };
+            let accepted = server.ok_or(ENOENT).and_then(|server| {
+                with_qp(&server)?;
+                let param = ConnParam::new().private_data(b"from the server")?;
+                server.accept_sync(Some(&param), Some(ms(5000)))
+            });
+            w.seen.lock().accepted = Some(accepted);
+        });
+        assert!(spawned.is_ok());
+        let param = ConnParam::new().private_data(b"from the client").unwrap();
+        let connected = client.connect_sync(&param, Some(ms(5000)));
+        assert!(wait_until(|| world.seen.lock().accepted.is_some()));
+        let accepted = world.seen.lock().accepted.take();
+        let Some(Ok(accepted)) = accepted else {
+            panic!("the server's accept_sync failed");
+        };
+        let Ok(connected) = connected else {
+            panic!("the client's connect_sync failed");
+        };
+        assert_eq!(connected.event().kind(), EventType::Established);
+        assert!(connected.result().is_ok());
+        // Over RoCE the REP's private data arrives padded to 196 bytes.
+        let reply = connected.event().conn_param().map(|p| p.data().as_slice());
+        assert!(reply.is_some_and(|d| d.starts_with(b"from the server")));
+        assert_eq!(accepted.event().kind(), EventType::Established);
+        assert_eq!(
+            client.last_event().map(|e| e.kind()),
+            Some(EventType::Established)
+        );
+
+        // The server disconnects; the client's disconnect then finds the
+        // DISCONNECTED it kept (or waits for it).
+        let server = world.seen.lock().server.take();
+        let Some(server) = server else { return };
+        let ended = server.disconnect_sync(Some(ms(5000)));
+        assert_eq!(ended.map(|o| o.event().kind()), Ok(EventType::Disconnected));
+        let ended = client.disconnect_sync(Some(ms(5000)));
+        assert_eq!(ended.map(|o| o.event().kind()), Ok(EventType::Disconnected));
+        // Kept: a second disconnect returns it at once.
+        let again = client.disconnect_sync(Some(ms(1)));
+        assert_eq!(again.map(|o| o.event().kind()), Ok(EventType::Disconnected));
+        drop((client, server, listener));
+    }
+
+    /// A blocking call past its limit fails with `ETIMEDOUT` and leaves
+    /// its operation in flight: another operation is refused (`EBUSY`),
+    /// and repeating the call waits for the first one's event, here the
+    /// REJECTED of a request the server held, then rejected.
+    #[test]
+    fn timed_out_call_resumes() {
+        let world = Arc::pin_init(
+            pin_init!(World {
+                seen <- new_mutex!(Seen::default()),
+            }),
+            GFP_KERNEL,
+        )
+        .unwrap();
+        let ns = NetNs::init();
+        let addr = SocketAddr::V4 {
+            ip: [192, 0, 2, 1],
+            port: 7186,
+        };
+        let listener = CmId::new(
+            Node {
+                world: world.clone(),
+                waiter: None,
+            },
+            &ns,
+            PortSpace::Tcp,
+            QpType::Rc,
+        )
+        .unwrap();
+        if let Err(e) = listener.with_lock(|l| l.bind(&addr)) {
+            super::skip_without_devices(e);
+            return;
+        }
+        listener.listen(4).unwrap();
+        let client = CmId::new(
+            Node::synchronous(&world).unwrap(),
+            &ns,
+            PortSpace::Tcp,
+            QpType::Rc,
+        )
+        .unwrap();
+        let ready = client
+            .resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)))
+            .and_then(|o| o.into_event())
+            .and_then(|_| client.resolve_route_sync(ms(2000), Some(ms(5000))))
+            .and_then(|o| o.into_event())
+            .and_then(|_| with_qp(&client));
+        assert!(ready.is_ok());
+        let param = ConnParam::new();
+        let first = client.connect_sync(&param, Some(ms(100)));
+        assert_eq!(first.err(), Some(ETIMEDOUT));
+        assert_eq!(client.resolve_route_sync(ms(100), None).err(), Some(EBUSY));
+        assert!(wait_until(|| world.seen.lock().server.is_some()));
+        let server = world.seen.lock().server.take();
+        let Some(server) = server else { return };
+        assert!(server.with_lock(|l| l.reject(0, b"held")).is_ok());
+        let resumed = client.connect_sync(&param, Some(ms(10_000)));
+        let Ok(resumed) = resumed else {
+            panic!("the resumed call got no event");
+        };
+        assert_eq!(resumed.event().kind(), EventType::Rejected);
+        assert_eq!(resumed.result(), Err(ECONNREFUSED));
+        drop((client, server, listener));
+    }
+}
