@@ -15,7 +15,8 @@
 #                    uapi header in step
 #   vm-one           one VM (rxe on a dummy netdev, siw beside it): the KUnit
 #                    suites at insmod, the userspace suite against the
-#                    module, the sample echo module, the sample rping server
+#                    module, then again on synchronous ids (suite --sync),
+#                    the sample echo module, the sample rping server
 #                    against unmodified rping and the module's own rping
 #                    client, a 45 s round of the seeded ioctl fuzzer
 #                    (seed 1), the fault scenarios (rmmod while open,
@@ -24,7 +25,8 @@
 #                    rxe0)
 #   vm-two           two VMs (rxe over a QEMU socket link), run from a copy
 #                    of the tree under /tmp: the userspace suite with the
-#                    librdmacm peer in the other VM, then the peer VM killed
+#                    librdmacm peer in the other VM, asynchronous then
+#                    synchronous ids, then the peer VM killed
 #                    by the host mid-transfer
 #   ktap             kunit.py parse reads all of the above and counts as
 #                    this script does
@@ -310,7 +312,7 @@ vm_one="$logs/vm-one"
 watched vm-one "$logs/vm-one.log" \
 	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" --stream \
 	--module "$out_dir/rdma_cm_rs.ko" -- \
-	"$part; part suite $tool suite; s=\$?; part echo tools/echo-test.sh || s=1; part rping tools/rping-test.sh || s=1; part fuzz $tool fuzz --seed 1 --seconds 45 --shrink-secs 0 || s=1; part faults tools/fault-test.sh || s=1; part removal tools/removal-test.sh || s=1; exit \$s"
+	"$part; part suite $tool suite; s=\$?; part suite-sync $tool suite --sync || s=1; part echo tools/echo-test.sh || s=1; part rping tools/rping-test.sh || s=1; part fuzz $tool fuzz --seed 1 --seconds 45 --shrink-secs 0 || s=1; part faults tools/fault-test.sh || s=1; part removal tools/removal-test.sh || s=1; exit \$s"
 rc=$?
 kunit_args=(--kunit)
 [ ! -f "$vm_one/dmesg" ] || kunit_args+=(--dmesg "$vm_one/dmesg")
@@ -349,7 +351,7 @@ RDMA_CM_RS_OUT=$copy watched vm-two "$logs/vm-two.log" \
 	"$copy/tools/vm/run" --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
 	--stream --module "$copy/rdma_cm_rs.ko" --two-vms \
 	--peer-cmd "$guest_tool agent --listen 0.0.0.0:7999" -- \
-	"$part; echo \"guest cwd: \$PWD\"; part suite $guest_tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; part peer-vm-killed $guest_tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s"
+	"$part; echo \"guest cwd: \$PWD\"; part suite $guest_tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; part suite-sync $guest_tool suite --sync --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; part peer-vm-killed $guest_tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s"
 rc=$?
 # VM A's lines only (VM B's are its agent's log).
 sed -n 's/^VM A: //p' "$logs/vm-two.log" >"$logs/vm-two-a.log"

@@ -4,7 +4,10 @@
 //! with it.
 //!
 //! Lock order: an id's CM handler mutex, then its [`IdState`], then the
-//! file's state.  Ioctls take the handler mutex through `CmId::with_lock`
+//! file's state.  A synchronous id's events are not queued on the file:
+//! the layer's waiter ([`EventWaiter`]) hands each to the blocking call it
+//! ends, and its listener's requests wait in the listener's own queue for
+//! `GET_REQUEST`.  Ioctls take the handler mutex through `CmId::with_lock`
 //! first; handlers already hold it.  Handlers queue events with the
 //! [`IdState`] locked, so that an id marked `retired` (under that lock)
 //! never queues another one.
@@ -13,6 +16,7 @@ use super::{conn::Conn, CtlFile};
 use crate::{
     abi,
     rdma::{
+        blocking::{EventWaiter, OwnedEvent},
         cm::{CmId, ConnectRequest, Handler, LockedId, QpType},
         conn_param::ConnParamView,
         event::{Event, EventType},
@@ -20,9 +24,9 @@ use crate::{
 };
 use core::sync::atomic::{AtomicU32, Ordering};
 use kernel::{
-    new_mutex,
+    new_condvar, new_mutex,
     prelude::*,
-    sync::{Arc, Mutex},
+    sync::{Arc, CondVar, Mutex},
 };
 
 /// An id owned by a file.
@@ -92,12 +96,27 @@ pub(crate) struct IdState {
     /// RDMA read depths: what was sent, then what the peer answered.
     pub(crate) responder_resources: u8,
     pub(crate) initiator_depth: u8,
+    /// Synchronous listeners: connection requests not yet fetched, oldest
+    /// first.  Its capacity is the backlog, reserved by LISTEN: a request
+    /// holds a backlog slot from its arrival, so pushing never allocates.
+    pub(crate) requests: KVec<abi::Event>,
+    /// Synchronous UD ids: the event as user space sees it of the last
+    /// ESTABLISHED (the SIDR reply), with the peer handle made for it.
+    pub(crate) ud_established: Option<abi::Event>,
 }
 
 #[pin_data]
 pub(crate) struct IdShared {
     #[pin]
     pub(crate) state: Mutex<IdState>,
+    /// Created with `RDMA_CM_RS_ID_SYNC`.
+    pub(crate) sync: bool,
+    /// A synchronous id's events, for its blocking calls.
+    #[pin]
+    pub(crate) waiter: EventWaiter,
+    /// A synchronous listener's `requests` grew, or the id was retired.
+    #[pin]
+    pub(crate) requests_ready: CondVar,
 }
 
 impl IdShared {
@@ -105,6 +124,7 @@ impl IdShared {
         state: u32,
         qp_type: QpType,
         backlog_slot: Option<BacklogSlot>,
+        sync: bool,
     ) -> Result<Arc<Self>> {
         Arc::pin_init(
             pin_init!(Self {
@@ -118,10 +138,23 @@ impl IdShared {
                     conn: None,
                     responder_resources: 0,
                     initiator_depth: 0,
+                    requests: KVec::new(),
+                    ud_established: None,
                 }),
+                sync,
+                waiter <- EventWaiter::new(),
+                requests_ready <- new_condvar!("rdma_cm_rs requests"),
             }),
             GFP_KERNEL,
         )
+    }
+
+    /// The file let go of the id: nothing is queued any more, and its
+    /// blocking calls end (`ECANCELED`).
+    pub(crate) fn retire(&self) {
+        self.state.lock().retired = true;
+        self.waiter.cancel();
+        self.requests_ready.notify_all();
     }
 }
 
@@ -149,6 +182,40 @@ fn fill_conn_param(out: &mut abi::ConnParam, view: &ConnParamView<'_>) {
 }
 
 impl IdEvents {
+    /// The event a synchronous call returns, in the ABI's form.
+    pub(crate) fn abi_owned_event(&self, event: &OwnedEvent) -> abi::Event {
+        if event.kind() == EventType::Established {
+            if let Some(ud) = self.shared.state.lock().ud_established {
+                return ud;
+            }
+        }
+        let mut out: abi::Event = pin_init::zeroed();
+        out.context = self.context;
+        out.id = self.handle;
+        out.event = event.kind() as u32;
+        out.status = event.status();
+        if let Some(p) = event.conn_param() {
+            let data = p.data().as_slice();
+            let n = data.len().min(out.param.private_data.len());
+            out.param.private_data[..n].copy_from_slice(&data[..n]);
+            out.param.private_data_len = n as u16;
+            (out.param.responder_resources, out.param.initiator_depth) = p.rd_atom();
+            out.param.flow_control = u8::from(p.has_flow_control());
+            (out.param.retry_count, out.param.rnr_retry_count) = p.retry_counts();
+            out.param.srq = u8::from(p.peer_srq());
+            out.param.qp_num = p.peer_qp_num();
+        }
+        if let Some(ud) = event.ud_reply() {
+            out.ud_qp_num = ud.qp_num;
+            out.ud_qkey = ud.qkey;
+            let data = ud.data.as_slice();
+            let n = data.len().min(out.param.private_data.len());
+            out.param.private_data[..n].copy_from_slice(&data[..n]);
+            out.param.private_data_len = n as u16;
+        }
+        out
+    }
+
     fn abi_event(&self, event: &Event<'_>) -> abi::Event {
         let mut out: abi::Event = pin_init::zeroed();
         out.context = self.context;
@@ -171,6 +238,10 @@ impl IdEvents {
 }
 
 impl Handler for IdEvents {
+    fn waiter(&self) -> Option<&EventWaiter> {
+        self.shared.sync.then_some(&self.shared.waiter)
+    }
+
     fn event(&self, id: &LockedId<'_>, event: &Event<'_>) {
         let mut st = self.shared.state.lock();
         if st.retired {
@@ -214,8 +285,16 @@ impl Handler for IdEvents {
                 }
             }
         }
-        // Queued with the id's state locked: see the module documentation.
-        self.file.push_event(out);
+        if self.shared.sync {
+            // The layer's waiter hands the event to the blocking call it
+            // ends; only a SIDR reply's peer handle is kept here for it.
+            if event.kind() == EventType::Established && st.qp_type == QpType::Ud {
+                st.ud_established = Some(out);
+            }
+        } else {
+            // Queued with the id's state locked: see the module documentation.
+            self.file.push_event(out);
+        }
         if event.kind() == EventType::DeviceRemoval {
             // The device waits for every id on it to be destroyed: drop the
             // file's reference now.  Dropped inside its own callback, the id
@@ -242,9 +321,11 @@ impl Handler for IdEvents {
             return;
         }
         let slot = BacklogSlot(backlog);
+        let sync = self.shared.sync;
         // Room for the event first: once the new id exists, its event
         // cannot be lost (the id would hold a backlog slot nobody knows).
-        if self.file.reserve_event().is_err() {
+        // A synchronous listener's queue has room for its whole backlog.
+        if !sync && self.file.reserve_event().is_err() {
             return;
         }
         let mut out = self.abi_event(event);
@@ -253,7 +334,7 @@ impl Handler for IdEvents {
         // listener's type).
         let qp_type = request.id().qp_type();
         let inserted = file.insert(|handle| {
-            let shared = IdShared::new(abi::state::CONNECT, qp_type, Some(slot))?;
+            let shared = IdShared::new(abi::state::CONNECT, qp_type, Some(slot), sync)?;
             let id = request.adopt(IdEvents {
                 file: file.clone(),
                 handle,
@@ -264,12 +345,26 @@ impl Handler for IdEvents {
         });
         // On failure the request (and with it the slot) is dropped: the CM
         // destroys the new id.
-        match inserted {
-            Ok(handle) => {
+        match (inserted, sync) {
+            (Ok(handle), false) => {
                 out.new_id = handle;
                 file.push_reserved_event(out);
             }
-            Err(_) => file.unreserve_event(),
+            (Err(_), false) => file.unreserve_event(),
+            (Ok(handle), true) => {
+                out.new_id = handle;
+                let mut st = st;
+                // Within the capacity LISTEN reserved: does not allocate.
+                if st.requests.push_within_capacity(out).is_ok() {
+                    self.shared.requests_ready.notify_all();
+                } else {
+                    // Unreachable by the capacity rule; the id must not
+                    // linger unknown to user space.
+                    drop(st);
+                    drop(file.detach(handle));
+                }
+            }
+            (Err(_), true) => {}
         }
     }
 }

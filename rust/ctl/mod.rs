@@ -14,6 +14,10 @@
 //! * `close()` destroys every id of the file without waiting for user
 //!   space; the module cannot be unloaded while a file is open (the file
 //!   operations hold the module).
+//! * A synchronous id (`RDMA_CM_RS_ID_SYNC`) blocks in the commands that
+//!   end with an event and returns the event with the call
+//!   (`CmId::call_sync`); its events never reach the file's queue, and
+//!   its listener's requests are fetched with `GET_REQUEST`.
 
 #![forbid(unsafe_code)]
 
@@ -27,6 +31,7 @@ use crate::{
     misc_poll::{PollMiscDevice, POLL_READABLE},
     rdma::{
         addr::SocketAddr,
+        blocking::{SyncOp, SyncResult},
         cm::{CmId, LockedId, PortSpace, QpType},
         conn_param::{ConnParam, PrivateDataUse},
         mr::{MrAccess, RemoteRegion},
@@ -269,10 +274,16 @@ impl CtlFile {
     /// last reference drops, possibly after an ioctl in flight returns;
     /// retired, it queues nothing meanwhile.
     fn retire(&self, handle: u32, id: Arc<CtlId>) -> Result {
-        Self::shared(&id).state.lock().retired = true;
+        let shared = Self::shared(&id);
+        shared.retire();
+        // A synchronous listener's requests not fetched: their ids go too.
+        let queued = core::mem::take(&mut shared.state.lock().requests);
         let orphans = {
             let mut st = self.state.lock();
             let mut orphans = KVec::new();
+            for e in queued.iter() {
+                orphans.push(e.new_id, GFP_KERNEL)?;
+            }
             for e in st.events.iter() {
                 if e.id == handle && e.new_id != 0 {
                     orphans.push(e.new_id, GFP_KERNEL)?;
@@ -359,7 +370,7 @@ impl CtlFile {
             // destruction sleeps.
             let id = self.ids.lock().remove(handle as usize);
             if let Some(id) = id {
-                Self::shared(&id).state.lock().retired = true;
+                Self::shared(&id).retire();
                 drop(id);
             }
         }
@@ -378,23 +389,24 @@ impl CtlFile {
         let this: &Self = &me;
         match cmd {
             INFO => this.info(arg),
-            CREATE_ID => this.create_id(me.clone(), arg),
+            CREATE_ID => this.create_id(me.clone(), arg, nonblock),
             DESTROY_ID => {
                 let c: abi::IdCmd = read_arg(arg)?;
                 require_zero(&[c.reserved])?;
                 this.destroy(c.id)
             }
             BIND => this.bind(arg),
-            RESOLVE_ADDR => this.resolve_addr(arg),
-            RESOLVE_ROUTE => this.resolve_route(arg),
+            RESOLVE_ADDR => this.resolve_addr(arg, nonblock),
+            RESOLVE_ROUTE => this.resolve_route(arg, nonblock),
             LISTEN => this.listen(arg),
-            CONNECT => this.connect(arg),
-            ACCEPT => this.accept(arg),
+            CONNECT => this.connect(arg, nonblock),
+            ACCEPT => this.accept(arg, nonblock),
             REJECT => this.reject(arg),
-            DISCONNECT => this.disconnect(arg),
+            DISCONNECT => this.disconnect(arg, nonblock),
             SET_OPTION => this.set_option(arg),
             QUERY => this.query(arg),
             GET_EVENT => this.get_event(arg, nonblock),
+            GET_REQUEST => this.get_request(arg, nonblock),
             SEND => this.send(arg),
             RECV => this.recv(arg, nonblock),
             MR_REG => this.mr_reg(arg),
@@ -419,9 +431,14 @@ impl CtlFile {
         write_arg(arg, &info)
     }
 
-    fn create_id(&self, me: Arc<CtlFile>, arg: usize) -> Result {
+    fn create_id(&self, me: Arc<CtlFile>, arg: usize, nonblock: bool) -> Result {
         let mut c: abi::CreateId = read_arg(arg)?;
-        require_zero(&[c.reserved, c.id])?;
+        require_zero(&[c.id, c.flags & !abi::ID_SYNC])?;
+        let sync = c.flags & abi::ID_SYNC != 0;
+        // A synchronous id's calls block: a non-blocking file cannot have one.
+        if sync && nonblock {
+            return Err(EINVAL);
+        }
         let ps = PortSpace::from_raw(c.port_space)?;
         let qp_type = QpType::from_raw(c.qp_type)?;
         if !ps.carries(qp_type) {
@@ -432,7 +449,7 @@ impl CtlFile {
                 file: me,
                 handle,
                 context: c.context,
-                shared: IdShared::new(abi::state::IDLE, qp_type, None)?,
+                shared: IdShared::new(abi::state::IDLE, qp_type, None, sync)?,
             };
             Ok(Arc::new(
                 CmId::new(events, &self.net, ps, qp_type)?,
@@ -456,22 +473,81 @@ impl CtlFile {
         Self::locked_then_state(&id, abi::state::ADDR_BOUND, |l| l.bind(&addr))
     }
 
-    fn resolve_addr(&self, arg: usize) -> Result {
-        let c: abi::ResolveAddr = read_arg(arg)?;
+    fn resolve_addr(&self, arg: usize, nonblock: bool) -> Result {
+        let mut c: abi::ResolveAddr = read_arg(arg)?;
         let src = addr_from_abi(&c.src.bytes)?;
         let dst = addr_from_abi(&c.dst.bytes)?.ok_or(EINVAL)?;
         let id = self.get(c.id)?;
         let timeout = Delta::from_millis(i64::from(c.timeout_ms));
-        Self::locked_then_state(&id, abi::state::ADDR_QUERY, |l| {
-            l.resolve_addr(src.as_ref(), &dst, timeout)
-        })
+        let start = || {
+            Self::locked_then_state(&id, abi::state::ADDR_QUERY, |l| {
+                l.resolve_addr(src.as_ref(), &dst, timeout)
+            })
+        };
+        let (result, write_back) =
+            Self::run(&id, SyncOp::ResolveAddr, &mut c.sync, nonblock, start);
+        if write_back {
+            write_arg(arg, &c)?;
+        }
+        result
     }
 
-    fn resolve_route(&self, arg: usize) -> Result {
-        let c: abi::ResolveRoute = read_arg(arg)?;
+    fn resolve_route(&self, arg: usize, nonblock: bool) -> Result {
+        let mut c: abi::ResolveRoute = read_arg(arg)?;
         let id = self.get(c.id)?;
         let timeout = Delta::from_millis(i64::from(c.timeout_ms));
-        Self::locked_then_state(&id, abi::state::ROUTE_QUERY, |l| l.resolve_route(timeout))
+        let start =
+            || Self::locked_then_state(&id, abi::state::ROUTE_QUERY, |l| l.resolve_route(timeout));
+        let (result, write_back) =
+            Self::run(&id, SyncOp::ResolveRoute, &mut c.sync, nonblock, start);
+        if write_back {
+            write_arg(arg, &c)?;
+        }
+        result
+    }
+
+    /// Starts `op` on an id (`start`).  On a synchronous id, then waits
+    /// for the event that ends it and puts that in `sync`; the flag says
+    /// whether the structure must go back to user space (an event came).
+    /// On an asynchronous id `sync.timeout_ms` must be 0.
+    fn run(
+        id: &CtlId,
+        op: SyncOp,
+        sync: &mut abi::Sync,
+        nonblock: bool,
+        start: impl FnOnce() -> Result,
+    ) -> (Result, bool) {
+        if !Self::shared(id).sync {
+            return (
+                require_zero(&[sync.timeout_ms]).and_then(|()| start()),
+                false,
+            );
+        }
+        // `CREATE_ID` refused a synchronous id on a non-blocking file; it
+        // may have been made non-blocking since.
+        if nonblock {
+            return (Err(EINVAL), false);
+        }
+        let limit = (sync.timeout_ms != 0).then(|| Delta::from_millis(i64::from(sync.timeout_ms)));
+        Self::sync_outcome(id, id.call_sync(op, limit, start), sync)
+    }
+
+    /// Puts a blocking call's event, if one ended it, in `sync`.
+    fn sync_outcome(id: &CtlId, result: SyncResult, sync: &mut abi::Sync) -> (Result, bool) {
+        let (result, event) = match result {
+            Ok(outcome) => (outcome.result(), Some(*outcome.event())),
+            Err(e) => (Err(e), None),
+        };
+        sync.flags = 0;
+        sync.event = pin_init::zeroed();
+        match event {
+            Some(event) => {
+                sync.flags = abi::SYNC_EVENT;
+                sync.event = id.handler().abi_owned_event(&event);
+                (result, true)
+            }
+            None => (result, false),
+        }
     }
 
     fn listen(&self, arg: usize) -> Result {
@@ -488,6 +564,10 @@ impl CtlFile {
             let mut st = shared.state.lock();
             if st.backlog.is_some() {
                 return Err(EINVAL);
+            }
+            if shared.sync {
+                // Room for every request the backlog admits (see `IdState`).
+                st.requests.reserve(c.backlog as usize, GFP_KERNEL)?;
             }
             st.backlog = Some(backlog);
         }
@@ -506,11 +586,20 @@ impl CtlFile {
         }
     }
 
-    fn connect(&self, arg: usize) -> Result {
-        let c: abi::Connect = read_arg(arg)?;
+    fn connect(&self, arg: usize, nonblock: bool) -> Result {
+        let mut c: abi::Connect = read_arg(arg)?;
         require_zero(&[c.reserved])?;
         let param = conn_param_from_abi(&c.param)?;
         let id = self.get(c.id)?;
+        let start = || Self::start_connect(&id, &param);
+        let (result, write_back) = Self::run(&id, SyncOp::Connect, &mut c.sync, nonblock, start);
+        if write_back {
+            write_arg(arg, &c)?;
+        }
+        result
+    }
+
+    fn start_connect(id: &CtlId, param: &ConnParam) -> Result {
         id.with_lock(|l| {
             // Refuse bad parameters before a QP exists.
             let usage = match l.qp_type() {
@@ -518,13 +607,13 @@ impl CtlFile {
                 QpType::Ud => PrivateDataUse::ConnectUd,
                 QpType::Rc => PrivateDataUse::ConnectRc,
             };
-            l.check_param(&param, usage)?;
+            l.check_param(param, usage)?;
             // The ESTABLISHED event may run as soon as the connect is
             // sent, and needs the data path (a UD id makes its peer
             // there): it is in place first.  The handler mutex held here
             // keeps the event from running before this returns.
-            let conn = Self::with_new_qp(l, |conn| l.connect(&param).map(|()| conn))?;
-            let mut st = Self::shared(&id).state.lock();
+            let conn = Self::with_new_qp(l, |conn| l.connect(param).map(|()| conn))?;
+            let mut st = Self::shared(id).state.lock();
             st.conn = Some(conn);
             st.state = abi::state::CONNECT;
             (st.responder_resources, st.initiator_depth) = param.rd_atom();
@@ -567,8 +656,8 @@ impl CtlFile {
         })
     }
 
-    fn accept(&self, arg: usize) -> Result {
-        let c: abi::Accept = read_arg(arg)?;
+    fn accept(&self, arg: usize, nonblock: bool) -> Result {
+        let mut c: abi::Accept = read_arg(arg)?;
         if c.flags & !abi::ACCEPT_REQUEST_PARAM != 0 {
             return Err(EINVAL);
         }
@@ -578,6 +667,26 @@ impl CtlFile {
             Some(conn_param_from_abi(&c.param)?)
         };
         let id = self.get(c.id)?;
+        let start = || Self::start_accept(&id, user_param);
+        // A SIDR reply ends the exchange: no event follows, on any id.
+        // (The id's state lock is released before `start` takes the
+        // handler mutex, which ranks above it.)
+        let qp_type = Self::shared(&id).state.lock().qp_type;
+        let op = match qp_type {
+            QpType::Rc => SyncOp::Accept,
+            QpType::Ud => {
+                require_zero(&[c.sync.timeout_ms])?;
+                return start();
+            }
+        };
+        let (result, write_back) = Self::run(&id, op, &mut c.sync, nonblock, start);
+        if write_back {
+            write_arg(arg, &c)?;
+        }
+        result
+    }
+
+    fn start_accept(id: &CtlId, user_param: Option<ConnParam>) -> Result {
         id.with_lock(|l| {
             let (param, usage) = match (l.qp_type(), user_param) {
                 (QpType::Rc, Some(p)) => (p, PrivateDataUse::AcceptRc),
@@ -587,7 +696,7 @@ impl CtlFile {
             };
             l.check_param(&param, usage)?;
             let conn = Self::with_new_qp(l, |conn| l.accept(Some(&param)).map(|()| conn))?;
-            let mut st = Self::shared(&id).state.lock();
+            let mut st = Self::shared(id).state.lock();
             st.conn = Some(conn);
             st.slot = None;
             st.state = abi::state::CONNECT;
@@ -613,14 +722,21 @@ impl CtlFile {
         })
     }
 
-    fn disconnect(&self, arg: usize) -> Result {
-        let c: abi::IdCmd = read_arg(arg)?;
+    fn disconnect(&self, arg: usize, nonblock: bool) -> Result {
+        let mut c: abi::Disconnect = read_arg(arg)?;
         require_zero(&[c.reserved])?;
         let id = self.get(c.id)?;
-        // Not under the handler lock: see `CmId::disconnect`.
-        id.disconnect()?;
-        Self::shared(&id).state.lock().state = abi::state::DISCONNECT;
-        Ok(())
+        let start = || {
+            // Not under the handler lock: see `CmId::disconnect`.
+            id.disconnect()?;
+            Self::shared(&id).state.lock().state = abi::state::DISCONNECT;
+            Ok(())
+        };
+        let (result, write_back) = Self::run(&id, SyncOp::Disconnect, &mut c.sync, nonblock, start);
+        if write_back {
+            write_arg(arg, &c)?;
+        }
+        result
     }
 
     fn set_option(&self, arg: usize) -> Result {
@@ -721,6 +837,35 @@ impl CtlFile {
         // Copy before dequeuing: a bad pointer loses no event.
         write_arg(arg, &out)?;
         st.events.remove(0)?;
+        Ok(())
+    }
+
+    /// The oldest connection request of a synchronous listener.
+    fn get_request(&self, arg: usize, nonblock: bool) -> Result {
+        let req: abi::GetRequest = read_arg(arg)?;
+        let id = self.get(req.id)?;
+        let shared = Self::shared(&id);
+        if !shared.sync {
+            return Err(EINVAL);
+        }
+        let mut st = shared.state.lock();
+        if st.backlog.is_none() {
+            return Err(EINVAL);
+        }
+        wait_for(
+            &shared.requests_ready,
+            &mut st,
+            Wait::new(req.timeout_ms, nonblock),
+            |s| !s.requests.is_empty() || s.retired,
+        )?;
+        if st.retired {
+            return Err(ECANCELED);
+        }
+        let mut out = req;
+        out.event = st.requests[0];
+        // Copy before dequeuing: a bad pointer loses no request.
+        write_arg(arg, &out)?;
+        st.requests.remove(0)?;
         Ok(())
     }
 

@@ -20,7 +20,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define RDMA_CM_RS_ABI_VERSION 1
+#define RDMA_CM_RS_ABI_VERSION 2
 #define RDMA_CM_RS_DEVICE_NAME "rdma_cm_rs"
 
 /* Largest private data any CM message can carry (the IB CM's RTU: 224). */
@@ -72,6 +72,35 @@ struct rdma_cm_rs_conn_param {
 	__u8 private_data[RDMA_CM_RS_MAX_PRIVATE_DATA];
 };
 
+/* An event: RDMA_CM_RS_IOC_GET_EVENT. */
+struct rdma_cm_rs_event {
+	__u64 context;			/* the id's create-time context */
+	__u32 id;			/* handle of the id the event is for */
+	__u32 event;			/* enum rdma_cm_event_type (RDMA_CM_EVENT_*) */
+	__s32 status;			/* 0 or a negative errno; REJECTED: the reject reason */
+	__u32 new_id;			/* CONNECT_REQUEST: handle of the new id, else 0 */
+	__u32 ud_qp_num;		/* UD ESTABLISHED (SIDR reply): the peer's QP */
+	__u32 ud_qkey;			/* ... and its Q_Key */
+	struct rdma_cm_rs_conn_param param;
+	__u32 ud_peer;			/* UD ESTABLISHED: the peer's handle for UD_SEND */
+	__u32 reserved[3];
+};
+
+/*
+ * Synchronous ids (created with RDMA_CM_RS_ID_SYNC, see "Synchronous ids"
+ * in ioctl-abi.rst): RESOLVE_ADDR, RESOLVE_ROUTE, CONNECT, ACCEPT (RC) and
+ * DISCONNECT block until the event that ends them and return it here; the
+ * ioctl fails with the event's errno if it reports a failure (REJECTED:
+ * -ECONNREFUSED), the event still returned.  On other ids timeout_ms must
+ * be 0 and nothing is written back.
+ */
+#define RDMA_CM_RS_SYNC_EVENT (1U << 0)	/* out: event holds the event that ended the call */
+struct rdma_cm_rs_sync {
+	__u32 timeout_ms;		/* in: longest wait; 0 = until the event */
+	__u32 flags;			/* out: RDMA_CM_RS_SYNC_EVENT */
+	struct rdma_cm_rs_event event;	/* out */
+};
+
 /* RDMA_CM_RS_IOC_INFO */
 struct rdma_cm_rs_info {
 	__u32 abi_version;		/* RDMA_CM_RS_ABI_VERSION */
@@ -84,15 +113,16 @@ struct rdma_cm_rs_info {
 };
 
 /* RDMA_CM_RS_IOC_CREATE_ID */
+#define RDMA_CM_RS_ID_SYNC (1U << 0)	/* synchronous: its events never reach GET_EVENT */
 struct rdma_cm_rs_create_id {
 	__u64 context;			/* in: returned with every event of the id */
 	__u32 port_space;		/* in: RDMA_CM_RS_PS_* */
 	__u32 qp_type;			/* in: RDMA_CM_RS_QPT_* */
 	__u32 id;			/* out: handle, never 0 */
-	__u32 reserved;
+	__u32 flags;			/* in: RDMA_CM_RS_ID_* */
 };
 
-/* RDMA_CM_RS_IOC_DESTROY_ID, RDMA_CM_RS_IOC_DISCONNECT */
+/* RDMA_CM_RS_IOC_DESTROY_ID */
 struct rdma_cm_rs_id_cmd {
 	__u32 id;
 	__u32 reserved;
@@ -111,12 +141,14 @@ struct rdma_cm_rs_resolve_addr {
 	__u32 timeout_ms;		/* 1..60000 */
 	struct rdma_cm_rs_sockaddr src;	/* optional: family 0 = any */
 	struct rdma_cm_rs_sockaddr dst;
+	struct rdma_cm_rs_sync sync;
 };
 
 /* RDMA_CM_RS_IOC_RESOLVE_ROUTE: completes with ROUTE_RESOLVED or ROUTE_ERROR. */
 struct rdma_cm_rs_resolve_route {
 	__u32 id;
 	__u32 timeout_ms;		/* 1..60000 */
+	struct rdma_cm_rs_sync sync;
 };
 
 /* RDMA_CM_RS_IOC_LISTEN */
@@ -133,6 +165,7 @@ struct rdma_cm_rs_connect {
 	__u32 id;
 	__u32 reserved;
 	struct rdma_cm_rs_conn_param param;
+	struct rdma_cm_rs_sync sync;
 };
 
 /* RDMA_CM_RS_IOC_ACCEPT: on an id delivered by a CONNECT_REQUEST event. */
@@ -141,6 +174,24 @@ struct rdma_cm_rs_accept {
 	__u32 id;
 	__u32 flags;			/* RDMA_CM_RS_ACCEPT_* */
 	struct rdma_cm_rs_conn_param param; /* ignored with ACCEPT_REQUEST_PARAM */
+	struct rdma_cm_rs_sync sync;	/* RC ids; a UD accept writes no event */
+};
+
+/* RDMA_CM_RS_IOC_DISCONNECT */
+struct rdma_cm_rs_disconnect {
+	__u32 id;
+	__u32 reserved;
+	struct rdma_cm_rs_sync sync;
+};
+
+/*
+ * RDMA_CM_RS_IOC_GET_REQUEST: the oldest connection request of a
+ * synchronous listener (rdma_get_request(3)); the new id is synchronous too.
+ */
+struct rdma_cm_rs_get_request {
+	__u32 id;			/* the listener */
+	__u32 timeout_ms;		/* 0 = do not wait; RDMA_CM_RS_TIMEOUT_INFINITE */
+	struct rdma_cm_rs_event event;	/* out: CONNECT_REQUEST, new_id set */
 };
 
 /* RDMA_CM_RS_IOC_REJECT */
@@ -200,20 +251,6 @@ enum rdma_cm_rs_state {
 	RDMA_CM_RS_LISTEN,
 	RDMA_CM_RS_DEVICE_REMOVAL,
 	RDMA_CM_RS_DESTROYING,
-};
-
-/* An event: RDMA_CM_RS_IOC_GET_EVENT. */
-struct rdma_cm_rs_event {
-	__u64 context;			/* the id's create-time context */
-	__u32 id;			/* handle of the id the event is for */
-	__u32 event;			/* enum rdma_cm_event_type (RDMA_CM_EVENT_*) */
-	__s32 status;			/* 0 or a negative errno; REJECTED: the reject reason */
-	__u32 new_id;			/* CONNECT_REQUEST: handle of the new id, else 0 */
-	__u32 ud_qp_num;		/* UD ESTABLISHED (SIDR reply): the peer's QP */
-	__u32 ud_qkey;			/* ... and its Q_Key */
-	struct rdma_cm_rs_conn_param param;
-	__u32 ud_peer;			/* UD ESTABLISHED: the peer's handle for UD_SEND */
-	__u32 reserved[3];
 };
 
 struct rdma_cm_rs_get_event {
@@ -361,13 +398,13 @@ struct rdma_cm_rs_ud_recv {
 #define RDMA_CM_RS_IOC_CREATE_ID	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x01, struct rdma_cm_rs_create_id)
 #define RDMA_CM_RS_IOC_DESTROY_ID	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x02, struct rdma_cm_rs_id_cmd)
 #define RDMA_CM_RS_IOC_BIND		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x03, struct rdma_cm_rs_bind)
-#define RDMA_CM_RS_IOC_RESOLVE_ADDR	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x04, struct rdma_cm_rs_resolve_addr)
-#define RDMA_CM_RS_IOC_RESOLVE_ROUTE	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x05, struct rdma_cm_rs_resolve_route)
+#define RDMA_CM_RS_IOC_RESOLVE_ADDR	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x04, struct rdma_cm_rs_resolve_addr)
+#define RDMA_CM_RS_IOC_RESOLVE_ROUTE	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x05, struct rdma_cm_rs_resolve_route)
 #define RDMA_CM_RS_IOC_LISTEN		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x06, struct rdma_cm_rs_listen)
-#define RDMA_CM_RS_IOC_CONNECT		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x07, struct rdma_cm_rs_connect)
-#define RDMA_CM_RS_IOC_ACCEPT		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x08, struct rdma_cm_rs_accept)
+#define RDMA_CM_RS_IOC_CONNECT		_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x07, struct rdma_cm_rs_connect)
+#define RDMA_CM_RS_IOC_ACCEPT		_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x08, struct rdma_cm_rs_accept)
 #define RDMA_CM_RS_IOC_REJECT		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x09, struct rdma_cm_rs_reject)
-#define RDMA_CM_RS_IOC_DISCONNECT	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x0a, struct rdma_cm_rs_id_cmd)
+#define RDMA_CM_RS_IOC_DISCONNECT	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x0a, struct rdma_cm_rs_disconnect)
 #define RDMA_CM_RS_IOC_SET_OPTION	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x0b, struct rdma_cm_rs_set_option)
 #define RDMA_CM_RS_IOC_QUERY		_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x0c, struct rdma_cm_rs_query)
 #define RDMA_CM_RS_IOC_GET_EVENT	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x0d, struct rdma_cm_rs_get_event)
@@ -380,5 +417,6 @@ struct rdma_cm_rs_ud_recv {
 #define RDMA_CM_RS_IOC_RDMA		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x14, struct rdma_cm_rs_rdma)
 #define RDMA_CM_RS_IOC_UD_SEND		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x15, struct rdma_cm_rs_ud_send)
 #define RDMA_CM_RS_IOC_UD_RECV		_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x16, struct rdma_cm_rs_ud_recv)
+#define RDMA_CM_RS_IOC_GET_REQUEST	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x17, struct rdma_cm_rs_get_request)
 
 #endif /* _UAPI_RDMA_CM_RS_H */

@@ -1042,8 +1042,8 @@ fn live_ioctl(
 // fork() mid-sequence.
 
 /// Bytes of an argument structure a fork child sends back (the largest
-/// structure, QUERY's, has 384).
-const CHILD_OUT: usize = 512;
+/// structures, CONNECT's and ACCEPT's, have 608).
+const CHILD_OUT: usize = 640;
 /// One result record of a fork child: the errno (0: success), then the
 /// argument structure as the kernel left it.
 const CHILD_REC: usize = 4 + CHILD_OUT;
@@ -3095,7 +3095,13 @@ impl Worker {
                         port_space: v[1] as u32,
                         qp_type: v[2] as u32,
                         id: if res != 0 { 7 } else { 0 },
-                        reserved: (res >> 32) as u32,
+                        // Unknown flags only: a synchronous id would block
+                        // the actor in its calls (the suite tests those).
+                        flags: if res != 0 {
+                            (res >> 32) as u32 | 0x8000_0000
+                        } else {
+                            0
+                        },
                     },
                     rdma_cm_rs_create_id
                 );
@@ -3112,13 +3118,20 @@ impl Worker {
                 r
             }
             Cmd::DestroyId | Cmd::Disconnect => {
-                let (r, _) = call!(
-                    rdma_cm_rs_id_cmd {
-                        id,
-                        reserved: res as u32 | (res >> 32) as u32,
-                    },
-                    rdma_cm_rs_id_cmd
-                );
+                let reserved = res as u32 | (res >> 32) as u32;
+                let r = if cmd == Cmd::DestroyId {
+                    call!(rdma_cm_rs_id_cmd { id, reserved }, rdma_cm_rs_id_cmd).0
+                } else {
+                    call!(
+                        rdma_cm_rs_disconnect {
+                            id,
+                            reserved,
+                            ..Default::default()
+                        },
+                        rdma_cm_rs_disconnect
+                    )
+                    .0
+                };
                 if real && r.is_ok() {
                     let st = if cmd == Cmd::DestroyId {
                         St::Destroyed
@@ -3195,6 +3208,7 @@ impl Worker {
                         timeout_ms: v[2] as u32,
                         src,
                         dst,
+                        ..Default::default()
                     },
                     rdma_cm_rs_resolve_addr
                 );
@@ -3211,6 +3225,7 @@ impl Worker {
                     rdma_cm_rs_resolve_route {
                         id,
                         timeout_ms: v[2] as u32,
+                        ..Default::default()
                     },
                     rdma_cm_rs_resolve_route
                 );
@@ -3258,6 +3273,7 @@ impl Worker {
                         id,
                         reserved: if res != 0 { res as u32 | 1 } else { 0 },
                         param: param(&v, res >> 32),
+                        ..Default::default()
                     },
                     rdma_cm_rs_connect
                 );
@@ -3275,6 +3291,7 @@ impl Worker {
                         id,
                         flags: (v[5] as u32) | if res != 0 { 0x80 } else { 0 },
                         param: param(&v, 0),
+                        ..Default::default()
                     },
                     rdma_cm_rs_accept
                 );

@@ -63,6 +63,9 @@ enum Cmd {
         /// List the scenarios and exit.
         #[arg(long)]
         list: bool,
+        /// Drive the module's ids in synchronous mode (RDMA_CM_RS_ID_SYNC).
+        #[arg(long)]
+        sync: bool,
     },
     /// Serve the librdmacm side of the suite (in the peer VM).
     Agent {
@@ -937,7 +940,13 @@ fn main() -> Result<()> {
             prefer,
             seed,
         } => fuzz::peer(addr, span, &prefer, seed)?,
-        Cmd::Suite { filter, peer, list } => {
+        Cmd::Suite {
+            filter,
+            peer,
+            list,
+            sync,
+        } => {
+            uapi::set_sync_mode(sync);
             if list {
                 for name in suite::names() {
                     say(name);
@@ -1067,7 +1076,13 @@ mod tests {
             _ => panic!("peer client"),
         }
         match parse("suite --filter ipv6 --peer 192.0.2.2:7999") {
-            Cmd::Suite { filter, peer, list } => {
+            Cmd::Suite {
+                filter,
+                peer,
+                list,
+                sync,
+            } => {
+                uapi::set_sync_mode(sync);
                 assert_eq!(filter.as_deref(), Some("ipv6"));
                 assert_eq!(peer.as_deref(), Some("192.0.2.2:7999"));
                 assert!(!list);

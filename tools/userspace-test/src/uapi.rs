@@ -5,11 +5,17 @@
 #![allow(non_camel_case_types, non_upper_case_globals, dead_code)]
 
 use std::{
+    collections::{BTreeSet, VecDeque},
     fs::{File, OpenOptions},
     io,
     mem::size_of,
     net::SocketAddr,
     os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Mutex,
+    },
+    time::{Duration, Instant},
 };
 
 include!(concat!(env!("OUT_DIR"), "/uapi.rs"));
@@ -37,13 +43,13 @@ pub const IOC_INFO: u32 = ior::<rdma_cm_rs_info>(0x00);
 pub const IOC_CREATE_ID: u32 = iowr::<rdma_cm_rs_create_id>(0x01);
 pub const IOC_DESTROY_ID: u32 = iow::<rdma_cm_rs_id_cmd>(0x02);
 pub const IOC_BIND: u32 = iow::<rdma_cm_rs_bind>(0x03);
-pub const IOC_RESOLVE_ADDR: u32 = iow::<rdma_cm_rs_resolve_addr>(0x04);
-pub const IOC_RESOLVE_ROUTE: u32 = iow::<rdma_cm_rs_resolve_route>(0x05);
+pub const IOC_RESOLVE_ADDR: u32 = iowr::<rdma_cm_rs_resolve_addr>(0x04);
+pub const IOC_RESOLVE_ROUTE: u32 = iowr::<rdma_cm_rs_resolve_route>(0x05);
 pub const IOC_LISTEN: u32 = iow::<rdma_cm_rs_listen>(0x06);
-pub const IOC_CONNECT: u32 = iow::<rdma_cm_rs_connect>(0x07);
-pub const IOC_ACCEPT: u32 = iow::<rdma_cm_rs_accept>(0x08);
+pub const IOC_CONNECT: u32 = iowr::<rdma_cm_rs_connect>(0x07);
+pub const IOC_ACCEPT: u32 = iowr::<rdma_cm_rs_accept>(0x08);
 pub const IOC_REJECT: u32 = iow::<rdma_cm_rs_reject>(0x09);
-pub const IOC_DISCONNECT: u32 = iow::<rdma_cm_rs_id_cmd>(0x0a);
+pub const IOC_DISCONNECT: u32 = iowr::<rdma_cm_rs_disconnect>(0x0a);
 pub const IOC_SET_OPTION: u32 = iow::<rdma_cm_rs_set_option>(0x0b);
 pub const IOC_QUERY: u32 = iowr::<rdma_cm_rs_query>(0x0c);
 pub const IOC_GET_EVENT: u32 = iowr::<rdma_cm_rs_get_event>(0x0d);
@@ -56,6 +62,20 @@ pub const IOC_MR_READ: u32 = iow::<rdma_cm_rs_mr_copy>(0x13);
 pub const IOC_RDMA: u32 = iow::<rdma_cm_rs_rdma>(0x14);
 pub const IOC_UD_SEND: u32 = iow::<rdma_cm_rs_ud_send>(0x15);
 pub const IOC_UD_RECV: u32 = iowr::<rdma_cm_rs_ud_recv>(0x16);
+pub const IOC_GET_REQUEST: u32 = iowr::<rdma_cm_rs_get_request>(0x17);
+
+/// Whether [`Device::open`] opens devices in synchronous mode (the suite's
+/// `--sync`): see [`SyncStream`].
+static SYNC_MODE: AtomicBool = AtomicBool::new(false);
+
+/// Makes every later [`Device::open`] synchronous.
+pub fn set_sync_mode(on: bool) {
+    SYNC_MODE.store(on, Ordering::Release);
+}
+
+pub fn sync_mode() -> bool {
+    SYNC_MODE.load(Ordering::Acquire)
+}
 
 pub use crate::report::EventType;
 
@@ -144,7 +164,7 @@ impl Param {
         }
     }
 
-    fn to_abi(&self) -> rdma_cm_rs_conn_param {
+    pub fn to_abi(&self) -> rdma_cm_rs_conn_param {
         let mut p = rdma_cm_rs_conn_param {
             private_data_len: self.private_data.len() as u16,
             responder_resources: self.responder_resources,
@@ -236,6 +256,29 @@ impl Event {
     }
 }
 
+/// A synchronous device's events, as the suite's scenarios read them.
+///
+/// A synchronous id's events never reach GET_EVENT: each comes back with
+/// the blocking call it ended.  To drive every scenario unchanged in that
+/// mode, a synchronous [`Device`] keeps what its blocking calls returned
+/// here, and [`Device::get_event`] hands it out in order; a failure an
+/// event reported (REJECTED, ADDR_ERROR, ...) is returned as that event,
+/// as the asynchronous ioctl would have queued it.  What no call of the
+/// scenario waits for comes the synchronous way too: connection requests
+/// through GET_REQUEST on the device's listeners, and a peer's
+/// disconnect, seen in QUERY's state, through a DISCONNECT that returns at
+/// once with the DISCONNECTED event the module kept (a later DISCONNECT of
+/// the scenario gets it again, and it is not handed out twice).
+#[derive(Default)]
+struct SyncStream {
+    pending: VecDeque<Event>,
+    listeners: Vec<u32>,
+    /// Connected ids whose DISCONNECTED was not handed out yet.
+    connected: BTreeSet<u32>,
+    /// Ids whose DISCONNECTED was handed out.
+    disconnected: BTreeSet<u32>,
+}
+
 /// A datagram UD_RECV returned.
 #[derive(Clone, Debug)]
 pub struct Datagram {
@@ -250,16 +293,44 @@ pub struct Datagram {
     pub src: Option<SocketAddr>,
 }
 
+/// The event a synchronous call wrote back, if one ended it.
+pub fn sync_event(s: &rdma_cm_rs_sync) -> Option<Event> {
+    (s.flags & RDMA_CM_RS_SYNC_EVENT != 0).then(|| Event::from_abi(&s.event))
+}
+
 /// An open `/dev/rdma_cm_rs`.
 pub struct Device {
     file: File,
+    /// Synchronous mode: ids are created with RDMA_CM_RS_ID_SYNC.
+    sync: Option<Mutex<SyncStream>>,
 }
 
 pub type Result<T> = std::result::Result<T, io::Error>;
 
 impl Device {
+    /// Opens the device; synchronous when the suite runs with `--sync`.
     pub fn open() -> Result<Self> {
+        let mut dev = Self::open_flags(0)?;
+        if sync_mode() {
+            dev.sync = Some(Mutex::default());
+        }
+        Ok(dev)
+    }
+
+    /// Opens the device in asynchronous mode, whatever the suite's mode.
+    pub fn open_async() -> Result<Self> {
         Self::open_flags(0)
+    }
+
+    /// Opens the device in synchronous mode (see [`SyncStream`]).
+    pub fn open_sync() -> Result<Self> {
+        let mut dev = Self::open_flags(0)?;
+        dev.sync = Some(Mutex::default());
+        Ok(dev)
+    }
+
+    pub fn is_sync(&self) -> bool {
+        self.sync.is_some()
     }
 
     pub fn open_nonblocking() -> Result<Self> {
@@ -278,7 +349,7 @@ impl Device {
         // SAFETY: The descriptor is open (checked above) and this process
         // hands it to nothing else: the caller named it to be owned here.
         let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        Ok(Self { file })
+        Ok(Self { file, sync: None })
     }
 
     fn open_flags(flags: i32) -> Result<Self> {
@@ -287,7 +358,7 @@ impl Device {
             .write(true)
             .custom_flags(flags)
             .open(DEVICE)?;
-        Ok(Self { file })
+        Ok(Self { file, sync: None })
     }
 
     pub fn fd(&self) -> i32 {
@@ -320,10 +391,20 @@ impl Device {
     }
 
     pub fn create_id_ps(&self, context: u64, ps: u32, qpt: u32) -> Result<u32> {
+        let flags = if self.is_sync() {
+            RDMA_CM_RS_ID_SYNC
+        } else {
+            0
+        };
+        self.create_id_flags(context, ps, qpt, flags)
+    }
+
+    pub fn create_id_flags(&self, context: u64, ps: u32, qpt: u32, flags: u32) -> Result<u32> {
         let mut c = rdma_cm_rs_create_id {
             context,
             port_space: ps,
             qp_type: qpt,
+            flags,
             ..Default::default()
         };
         self.call(IOC_CREATE_ID, &mut c)?;
@@ -343,25 +424,67 @@ impl Device {
         self.call(IOC_BIND, &mut b)
     }
 
+    /// RESOLVE_ADDR; on a synchronous id it returns with its event (see
+    /// [`Self::sync_resolve_addr`] for the raw form).
     pub fn resolve_addr(&self, id: u32, dst: &SocketAddr, timeout_ms: u32) -> Result<()> {
         let mut r = rdma_cm_rs_resolve_addr {
             id,
             timeout_ms,
             src: rdma_cm_rs_sockaddr { bytes: [0; 128] },
             dst: sockaddr(dst),
+            ..Default::default()
         };
-        self.call(IOC_RESOLVE_ADDR, &mut r)
+        self.blocking(IOC_RESOLVE_ADDR, &mut r, |r| &mut r.sync)
+    }
+
+    /// RESOLVE_ADDR on a synchronous id waiting at most `wait_ms` (0: until
+    /// the event): the ioctl's result and the event it returned.
+    pub fn sync_resolve_addr(
+        &self,
+        id: u32,
+        dst: &SocketAddr,
+        timeout_ms: u32,
+        wait_ms: u32,
+    ) -> (Result<()>, Option<Event>) {
+        let mut r = rdma_cm_rs_resolve_addr {
+            id,
+            timeout_ms,
+            dst: sockaddr(dst),
+            ..Default::default()
+        };
+        r.sync.timeout_ms = wait_ms;
+        let result = self.call(IOC_RESOLVE_ADDR, &mut r);
+        (result, sync_event(&r.sync))
+    }
+
+    /// CONNECT on a synchronous id waiting at most `wait_ms` (0: until the
+    /// event): the ioctl's result and the event it returned.
+    pub fn sync_connect(&self, id: u32, p: &Param, wait_ms: u32) -> (Result<()>, Option<Event>) {
+        let mut c = rdma_cm_rs_connect {
+            id,
+            param: p.to_abi(),
+            ..Default::default()
+        };
+        c.sync.timeout_ms = wait_ms;
+        let result = self.call(IOC_CONNECT, &mut c);
+        (result, sync_event(&c.sync))
     }
 
     pub fn resolve_route(&self, id: u32, timeout_ms: u32) -> Result<()> {
-        self.call(
-            IOC_RESOLVE_ROUTE,
-            &mut rdma_cm_rs_resolve_route { id, timeout_ms },
-        )
+        let mut r = rdma_cm_rs_resolve_route {
+            id,
+            timeout_ms,
+            ..Default::default()
+        };
+        self.blocking(IOC_RESOLVE_ROUTE, &mut r, |r| &mut r.sync)
     }
 
     pub fn listen(&self, id: u32, backlog: u32) -> Result<()> {
-        self.call(IOC_LISTEN, &mut rdma_cm_rs_listen { id, backlog })
+        self.call(IOC_LISTEN, &mut rdma_cm_rs_listen { id, backlog })?;
+        if let Some(s) = &self.sync {
+            s.lock().unwrap().listeners.push(id);
+        }
+        Ok(())
     }
 
     pub fn connect(&self, id: u32, p: &Param) -> Result<()> {
@@ -369,8 +492,43 @@ impl Device {
             id,
             reserved: 0,
             param: p.to_abi(),
+            ..Default::default()
         };
-        self.call(IOC_CONNECT, &mut c)
+        self.blocking(IOC_CONNECT, &mut c, |c| &mut c.sync)
+    }
+
+    /// A command that blocks on a synchronous id: its event goes to the
+    /// [`SyncStream`], and a failure an event reported counts as success
+    /// (the event tells), as on an asynchronous id.
+    fn blocking<T>(
+        &self,
+        cmd: u32,
+        arg: &mut T,
+        sync: impl Fn(&mut T) -> &mut rdma_cm_rs_sync,
+    ) -> Result<()> {
+        let result = self.call(cmd, arg);
+        let Some(stream) = &self.sync else {
+            return result;
+        };
+        let Some(ev) = sync_event(sync(arg)) else {
+            return result;
+        };
+        let mut st = stream.lock().unwrap();
+        match ev.event {
+            EventType::Established => {
+                st.connected.insert(ev.id);
+            }
+            EventType::Disconnected => {
+                st.connected.remove(&ev.id);
+                if !st.disconnected.insert(ev.id) {
+                    // Handed out already (a peer's disconnect).
+                    return Ok(());
+                }
+            }
+            _ => {}
+        }
+        st.pending.push_back(ev);
+        Ok(())
     }
 
     /// `None` accepts with the request's values (ACCEPT_REQUEST_PARAM).
@@ -383,8 +541,9 @@ impl Device {
                 0
             },
             param: p.map(Param::to_abi).unwrap_or_default(),
+            ..Default::default()
         };
-        self.call(IOC_ACCEPT, &mut a)
+        self.blocking(IOC_ACCEPT, &mut a, |a| &mut a.sync)
     }
 
     pub fn reject(&self, id: u32, reason: u8, data: &[u8]) -> Result<()> {
@@ -400,7 +559,22 @@ impl Device {
     }
 
     pub fn disconnect(&self, id: u32) -> Result<()> {
-        self.call(IOC_DISCONNECT, &mut rdma_cm_rs_id_cmd { id, reserved: 0 })
+        let mut d = rdma_cm_rs_disconnect {
+            id,
+            ..Default::default()
+        };
+        self.blocking(IOC_DISCONNECT, &mut d, |d| &mut d.sync)
+    }
+
+    /// GET_REQUEST: the oldest connection request of a synchronous listener.
+    pub fn get_request(&self, listener: u32, timeout_ms: u32) -> Result<Event> {
+        let mut g = rdma_cm_rs_get_request {
+            id: listener,
+            timeout_ms,
+            ..Default::default()
+        };
+        self.call(IOC_GET_REQUEST, &mut g)?;
+        Ok(Event::from_abi(&g.event))
     }
 
     pub fn set_option(&self, id: u32, option: u32, value: u64) -> Result<()> {
@@ -419,13 +593,71 @@ impl Device {
         Ok(q)
     }
 
+    /// The next event: GET_EVENT, or on a synchronous device the next one
+    /// of its [`SyncStream`].
     pub fn get_event(&self, timeout_ms: u32) -> Result<Event> {
+        if self.sync.is_some() {
+            return self.next_sync_event(timeout_ms);
+        }
+        self.get_event_ioctl(timeout_ms)
+    }
+
+    /// GET_EVENT itself, in any mode.
+    pub fn get_event_ioctl(&self, timeout_ms: u32) -> Result<Event> {
         let mut g = rdma_cm_rs_get_event {
             timeout_ms,
             ..Default::default()
         };
         self.call(IOC_GET_EVENT, &mut g)?;
         Ok(Event::from_abi(&g.event))
+    }
+
+    fn next_sync_event(&self, timeout_ms: u32) -> Result<Event> {
+        let stream = self.sync.as_ref().expect("a synchronous device");
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
+        loop {
+            if let Some(ev) = stream.lock().unwrap().pending.pop_front() {
+                return Ok(ev);
+            }
+            let (listeners, connected) = {
+                let st = stream.lock().unwrap();
+                (st.listeners.clone(), st.connected.clone())
+            };
+            for l in listeners {
+                match self.get_request(l, 0) {
+                    Ok(ev) => return Ok(ev),
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+                    // Destroyed meanwhile.
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                        stream.lock().unwrap().listeners.retain(|x| *x != l);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            for id in connected {
+                match self.query(id) {
+                    Ok(q) if q.state == rdma_cm_rs_state_RDMA_CM_RS_DISCONNECT => {
+                        // The peer disconnected: the module kept its event.
+                        self.disconnect(id)?;
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                        stream.lock().unwrap().connected.remove(&id);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if !stream.lock().unwrap().pending.is_empty() {
+                continue;
+            }
+            if timeout_ms == 0 {
+                return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     pub fn send(&self, id: u32, data: &[u8]) -> Result<()> {
@@ -604,20 +836,34 @@ mod tests {
         assert_eq!(size_of::<rdma_cm_rs_create_id>(), 24);
         assert_eq!(offset_of!(rdma_cm_rs_create_id, port_space), 8);
         assert_eq!(offset_of!(rdma_cm_rs_create_id, id), 16);
+        assert_eq!(offset_of!(rdma_cm_rs_create_id, flags), 20);
+
+        assert_eq!(size_of::<rdma_cm_rs_sync>(), 328);
+        assert_eq!(offset_of!(rdma_cm_rs_sync, flags), 4);
+        assert_eq!(offset_of!(rdma_cm_rs_sync, event), 8);
+        assert_eq!(size_of::<rdma_cm_rs_disconnect>(), 336);
+        assert_eq!(offset_of!(rdma_cm_rs_disconnect, sync), 8);
+        assert_eq!(size_of::<rdma_cm_rs_get_request>(), 328);
+        assert_eq!(offset_of!(rdma_cm_rs_get_request, timeout_ms), 4);
+        assert_eq!(offset_of!(rdma_cm_rs_get_request, event), 8);
 
         assert_eq!(size_of::<rdma_cm_rs_id_cmd>(), 8);
         assert_eq!(size_of::<rdma_cm_rs_bind>(), 136);
         assert_eq!(offset_of!(rdma_cm_rs_bind, addr), 8);
-        assert_eq!(size_of::<rdma_cm_rs_resolve_addr>(), 264);
+        assert_eq!(size_of::<rdma_cm_rs_resolve_addr>(), 592);
         assert_eq!(offset_of!(rdma_cm_rs_resolve_addr, src), 8);
         assert_eq!(offset_of!(rdma_cm_rs_resolve_addr, dst), 136);
-        assert_eq!(size_of::<rdma_cm_rs_resolve_route>(), 8);
+        assert_eq!(offset_of!(rdma_cm_rs_resolve_addr, sync), 264);
+        assert_eq!(size_of::<rdma_cm_rs_resolve_route>(), 336);
+        assert_eq!(offset_of!(rdma_cm_rs_resolve_route, sync), 8);
         assert_eq!(size_of::<rdma_cm_rs_listen>(), 8);
-        assert_eq!(size_of::<rdma_cm_rs_connect>(), 280);
+        assert_eq!(size_of::<rdma_cm_rs_connect>(), 608);
         assert_eq!(offset_of!(rdma_cm_rs_connect, param), 8);
-        assert_eq!(size_of::<rdma_cm_rs_accept>(), 280);
+        assert_eq!(offset_of!(rdma_cm_rs_connect, sync), 280);
+        assert_eq!(size_of::<rdma_cm_rs_accept>(), 608);
         assert_eq!(offset_of!(rdma_cm_rs_accept, flags), 4);
         assert_eq!(offset_of!(rdma_cm_rs_accept, param), 8);
+        assert_eq!(offset_of!(rdma_cm_rs_accept, sync), 280);
 
         assert_eq!(size_of::<rdma_cm_rs_reject>(), 264);
         assert_eq!(offset_of!(rdma_cm_rs_reject, reason), 4);
@@ -716,7 +962,9 @@ mod tests {
 
     #[test]
     fn constants_match_the_header() {
-        assert_eq!(RDMA_CM_RS_ABI_VERSION, 1);
+        assert_eq!(RDMA_CM_RS_ABI_VERSION, 2);
+        assert_eq!(RDMA_CM_RS_ID_SYNC, 1);
+        assert_eq!(RDMA_CM_RS_SYNC_EVENT, 1);
         assert_eq!(RDMA_CM_RS_MAX_PRIVATE_DATA, 256);
         assert_eq!(RDMA_CM_RS_MAX_MESSAGE, 4096);
         assert_eq!(RDMA_CM_RS_RECV_DEPTH, 16);
@@ -743,13 +991,13 @@ mod tests {
         assert_eq!(IOC_CREATE_ID, 0xc018_d701);
         assert_eq!(IOC_DESTROY_ID, 0x4008_d702);
         assert_eq!(IOC_BIND, 0x4088_d703);
-        assert_eq!(IOC_RESOLVE_ADDR, 0x4108_d704);
-        assert_eq!(IOC_RESOLVE_ROUTE, 0x4008_d705);
+        assert_eq!(IOC_RESOLVE_ADDR, 0xc250_d704);
+        assert_eq!(IOC_RESOLVE_ROUTE, 0xc150_d705);
         assert_eq!(IOC_LISTEN, 0x4008_d706);
-        assert_eq!(IOC_CONNECT, 0x4118_d707);
-        assert_eq!(IOC_ACCEPT, 0x4118_d708);
+        assert_eq!(IOC_CONNECT, 0xc260_d707);
+        assert_eq!(IOC_ACCEPT, 0xc260_d708);
         assert_eq!(IOC_REJECT, 0x4108_d709);
-        assert_eq!(IOC_DISCONNECT, 0x4008_d70a);
+        assert_eq!(IOC_DISCONNECT, 0xc150_d70a);
         assert_eq!(IOC_SET_OPTION, 0x4010_d70b);
         assert_eq!(IOC_QUERY, 0xc180_d70c);
         assert_eq!(IOC_GET_EVENT, 0xc148_d70d);
@@ -762,6 +1010,7 @@ mod tests {
         assert_eq!(IOC_RDMA, 0x4028_d714);
         assert_eq!(IOC_UD_SEND, 0x4020_d715);
         assert_eq!(IOC_UD_RECV, 0xc0a8_d716);
+        assert_eq!(IOC_GET_REQUEST, 0xc148_d717);
     }
 
     #[test]
