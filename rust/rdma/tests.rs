@@ -1554,14 +1554,27 @@ mod sync_tests {
             Some(EventType::Established)
         );
 
-        // The server disconnects; the client's disconnect then finds the
-        // DISCONNECTED it kept (or waits for it).
+        // The server disconnects from a work item: its DISCONNECTED needs
+        // the client's answer (a DREP, or the client's own DREQ), which the
+        // client's disconnect sends; that one returns the DISCONNECTED the
+        // server's request caused, kept if it came first.
         let server = world.seen.lock().server.take();
         let Some(server) = server else { return };
-        let ended = server.disconnect_sync(Some(ms(5000)));
-        assert_eq!(ended.map(|o| o.event().kind()), Ok(EventType::Disconnected));
+        let s = server.clone();
+        let w = world.clone();
+        let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
+            let ended = s.disconnect_sync(Some(ms(5000)));
+            w.seen.lock().accepted = Some(ended);
+        });
+        assert!(spawned.is_ok());
         let ended = client.disconnect_sync(Some(ms(5000)));
         assert_eq!(ended.map(|o| o.event().kind()), Ok(EventType::Disconnected));
+        assert!(wait_until(|| world.seen.lock().accepted.is_some()));
+        let ended = world.seen.lock().accepted.take();
+        assert_eq!(
+            ended.map(|r| r.map(|o| o.event().kind())),
+            Some(Ok(EventType::Disconnected))
+        );
         // Kept: a second disconnect returns it at once.
         let again = client.disconnect_sync(Some(ms(1)));
         assert_eq!(again.map(|o| o.event().kind()), Ok(EventType::Disconnected));

@@ -156,6 +156,10 @@ const NOT_SYNCHRONOUS: &[(&str, &str)] = &[
     ),
     ("access_control", "who may open the device"),
     (
+        "librdmacm_peer_killed",
+        "a request whose peer died before ACCEPT: its REJECTED comes while no call waits",
+    ),
+    (
         "ud_",
         "datagrams: a SIDR reply ends the exchange with no event to wait for",
     ),
