@@ -166,12 +166,16 @@ pub(crate) struct IdEvents {
     pub(crate) shared: Arc<IdShared>,
 }
 
-/// Copies an event's connection parameters into the ABI form.
-fn fill_conn_param(out: &mut abi::ConnParam, view: &ConnParamView<'_>) {
-    let data = view.private_data();
+/// Copies private data into the ABI form (at most its 256 bytes).
+fn fill_private_data(out: &mut abi::ConnParam, data: &[u8]) {
     let n = data.len().min(out.private_data.len());
     out.private_data[..n].copy_from_slice(&data[..n]);
     out.private_data_len = n as u16;
+}
+
+/// Copies an event's connection parameters into the ABI form.
+fn fill_conn_param(out: &mut abi::ConnParam, view: &ConnParamView<'_>) {
+    fill_private_data(out, view.private_data());
     out.responder_resources = view.responder_resources();
     out.initiator_depth = view.initiator_depth();
     out.flow_control = u8::from(view.flow_control());
@@ -189,16 +193,9 @@ impl IdEvents {
                 return ud;
             }
         }
-        let mut out: abi::Event = pin_init::zeroed();
-        out.context = self.context;
-        out.id = self.handle;
-        out.event = event.kind() as u32;
-        out.status = event.status();
+        let mut out = self.event_header(event.kind(), event.status());
         if let Some(p) = event.conn_param() {
-            let data = p.data().as_slice();
-            let n = data.len().min(out.param.private_data.len());
-            out.param.private_data[..n].copy_from_slice(&data[..n]);
-            out.param.private_data_len = n as u16;
+            fill_private_data(&mut out.param, p.data().as_slice());
             (out.param.responder_resources, out.param.initiator_depth) = p.rd_atom();
             out.param.flow_control = u8::from(p.has_flow_control());
             (out.param.retry_count, out.param.rnr_retry_count) = p.retry_counts();
@@ -208,30 +205,30 @@ impl IdEvents {
         if let Some(ud) = event.ud_reply() {
             out.ud_qp_num = ud.qp_num;
             out.ud_qkey = ud.qkey;
-            let data = ud.data.as_slice();
-            let n = data.len().min(out.param.private_data.len());
-            out.param.private_data[..n].copy_from_slice(&data[..n]);
-            out.param.private_data_len = n as u16;
+            fill_private_data(&mut out.param, ud.data.as_slice());
         }
         out
     }
 
-    fn abi_event(&self, event: &Event<'_>) -> abi::Event {
+    /// An event of this id of type `kind`, nothing filled in beyond.
+    fn event_header(&self, kind: EventType, status: i32) -> abi::Event {
         let mut out: abi::Event = pin_init::zeroed();
         out.context = self.context;
         out.id = self.handle;
-        out.event = event.kind() as u32;
-        out.status = event.status();
+        out.event = kind as u32;
+        out.status = status;
+        out
+    }
+
+    fn abi_event(&self, event: &Event<'_>) -> abi::Event {
+        let mut out = self.event_header(event.kind(), event.status());
         if let Some(param) = event.conn_param() {
             fill_conn_param(&mut out.param, &param);
         }
         if let Some(ud) = event.ud_param() {
             out.ud_qp_num = ud.qp_num();
             out.ud_qkey = ud.qkey();
-            let data = ud.private_data();
-            let n = data.len().min(out.param.private_data.len());
-            out.param.private_data[..n].copy_from_slice(&data[..n]);
-            out.param.private_data_len = n as u16;
+            fill_private_data(&mut out.param, ud.private_data());
         }
         out
     }

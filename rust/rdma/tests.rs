@@ -1455,13 +1455,9 @@ mod sync_tests {
         })
     }
 
-    /// The blocking forms on rxe, client and server in the kernel: each
-    /// returns the event that ended it (ADDR_RESOLVED, ROUTE_RESOLVED,
-    /// ESTABLISHED with the peer's private data on both sides,
-    /// DISCONNECTED); inside `with_lock` they are refused (`EDEADLK`), on
-    /// a handler without a waiter too (`EINVAL`).
-    #[test]
-    fn blocking_calls_return_their_events() {
+    /// A world and a listener of it (no waiter) on rxe at `port`; `None`
+    /// (the test skipped) without the device.
+    fn listening(ns: &NetNs, port: u16) -> Option<(Arc<World>, CmId<Node>, SocketAddr)> {
         let world = Arc::pin_init(
             pin_init!(World {
                 seen <- new_mutex!(Seen::default()),
@@ -1469,26 +1465,34 @@ mod sync_tests {
             GFP_KERNEL,
         )
         .unwrap();
-        let ns = NetNs::init();
         let addr = SocketAddr::V4 {
             ip: [192, 0, 2, 1],
-            port: 7185,
+            port,
         };
-        let listener = CmId::new(
-            Node {
-                world: world.clone(),
-                waiter: None,
-            },
-            &ns,
-            PortSpace::Tcp,
-            QpType::Rc,
-        )
-        .unwrap();
+        let node = Node {
+            world: world.clone(),
+            waiter: None,
+        };
+        let listener = CmId::new(node, ns, PortSpace::Tcp, QpType::Rc).unwrap();
         if let Err(e) = listener.with_lock(|l| l.bind(&addr)) {
             super::skip_without_devices(e);
-            return;
+            return None;
         }
         listener.listen(4).unwrap();
+        Some((world, listener, addr))
+    }
+
+    /// The blocking forms on rxe, client and server in the kernel: each
+    /// returns the event that ended it (ADDR_RESOLVED, ROUTE_RESOLVED,
+    /// ESTABLISHED with the peer's private data on both sides,
+    /// DISCONNECTED); inside `with_lock` they are refused (`EDEADLK`), on
+    /// a handler without a waiter too (`EINVAL`).
+    #[test]
+    fn blocking_calls_return_their_events() {
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening(&ns, 7185) else {
+            return;
+        };
         assert_eq!(
             listener.resolve_route_sync(ms(100), None).err(),
             Some(EINVAL)
@@ -1587,33 +1591,10 @@ mod sync_tests {
     /// REJECTED of a request the server held, then rejected.
     #[test]
     fn timed_out_call_resumes() {
-        let world = Arc::pin_init(
-            pin_init!(World {
-                seen <- new_mutex!(Seen::default()),
-            }),
-            GFP_KERNEL,
-        )
-        .unwrap();
         let ns = NetNs::init();
-        let addr = SocketAddr::V4 {
-            ip: [192, 0, 2, 1],
-            port: 7186,
-        };
-        let listener = CmId::new(
-            Node {
-                world: world.clone(),
-                waiter: None,
-            },
-            &ns,
-            PortSpace::Tcp,
-            QpType::Rc,
-        )
-        .unwrap();
-        if let Err(e) = listener.with_lock(|l| l.bind(&addr)) {
-            super::skip_without_devices(e);
+        let Some((world, listener, addr)) = listening(&ns, 7186) else {
             return;
-        }
-        listener.listen(4).unwrap();
+        };
         let client = CmId::new(
             Node::synchronous(&world).unwrap(),
             &ns,
