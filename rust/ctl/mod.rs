@@ -708,8 +708,10 @@ impl CtlFile {
     fn reject(&self, arg: usize) -> Result {
         let c: abi::Reject = read_arg(arg)?;
         require_zero(&[u32::from(c.reserved[0])])?;
+        // The layer checks the length for the id's transport; this only
+        // keeps the slice within the structure.
         let len = usize::from(c.private_data_len);
-        if len > PrivateDataUse::Reject.limit() {
+        if len > c.private_data.len() {
             return Err(EINVAL);
         }
         let id = self.get(c.id)?;

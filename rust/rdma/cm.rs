@@ -59,7 +59,7 @@ use super::{
     callback::{current_task, in_any_callback, CallbackMark},
     conn_param::{ConnParam, PrivateDataUse, MAX_RETRY_COUNT},
     deferred::{self, DeferredDestroy},
-    device::Device,
+    device::{Device, Transport},
     event::{Event, EventType},
     net::NetNs,
     pd::Pd,
@@ -780,7 +780,12 @@ impl LockedId<'_> {
     /// Checks `param` for `usage` against the bound device's limits.
     pub fn check_param(&self, param: &ConnParam, usage: PrivateDataUse) -> Result {
         let dev = self.device().map_err(|_| EINVAL)?;
-        param.check(usage, dev.max_qp_rd_atom(), dev.max_qp_init_rd_atom())
+        param.check(usage, &dev)
+    }
+
+    /// The transport of the bound device; `EINVAL` before the id has one.
+    pub fn transport(&self) -> Result<Transport> {
+        Ok(self.device().map_err(|_| EINVAL)?.transport())
     }
 
     /// Whether the id's own QP is live: the CM connects that one and no
@@ -848,7 +853,9 @@ impl LockedId<'_> {
         }
         if self.qp_type == QpType::Ud {
             let param = param.copied().unwrap_or_default();
-            param.data().check(PrivateDataUse::AcceptUd)?;
+            param
+                .data()
+                .check(PrivateDataUse::AcceptUd, self.transport()?)?;
             let mut raw = param.as_raw();
             // A zero `qkey` answers with the port space's default Q_Key,
             // the one the QP was created with.
@@ -894,14 +901,17 @@ impl LockedId<'_> {
     /// Rejects a connection request (`rdma_reject`) with an IB CM reason
     /// (0 means consumer defined, 28) and up to 148 bytes of private data,
     /// 136 on a UD id (a SIDR reply carries the rejection, with no reason:
-    /// the CM does not send it).  `EINVAL` as [`Self::accept`] when there
-    /// is no request to answer.
+    /// the CM does not send it).  On iWARP up to 252 bytes travel in an MPA
+    /// reply with the reject bit, and no reason (the peer sees
+    /// `ECONNREFUSED`).  `EINVAL` as [`Self::accept`] when there is no
+    /// request to answer.
     pub fn reject(&self, reason: u8, data: &[u8]) -> Result {
         self.check_unanswered()?;
-        let limit = match self.qp_type {
-            QpType::Rc => PrivateDataUse::Reject.limit(),
-            QpType::Ud => PrivateDataUse::AcceptUd.limit(),
+        let usage = match self.qp_type {
+            QpType::Rc => PrivateDataUse::Reject,
+            QpType::Ud => PrivateDataUse::AcceptUd,
         };
+        let limit = usage.limit(self.transport()?)?;
         if data.len() > limit {
             return Err(EINVAL);
         }
@@ -1016,7 +1026,13 @@ impl LockedId<'_> {
     /// `cq` is of another device than the id's, `ENOSPC` if `cq` has no
     /// room for `caps` and the drain, `EBUSY` if the id has a QP,
     /// `ESHUTDOWN` once the id is being destroyed, `EINVAL` on an id not
-    /// adopted yet.
+    /// adopted yet, `EPROTONOSUPPORT` for a UD id on an iWARP device (UD
+    /// does not exist there).
+    ///
+    /// On the passive side of an iWARP connection (an id a request made)
+    /// the QP holds its sends until the peer's first message arrived (see
+    /// [`Qp::awaits_first_message`]): `rdma_connect(3)` requires the active
+    /// side to send first there.
     pub fn create_qp<C: CompletionHandler>(
         &self,
         pd: &Arc<Pd>,
@@ -1025,6 +1041,10 @@ impl LockedId<'_> {
     ) -> Result<Arc<Qp<C>>> {
         let slot = self.qp_slot.ok_or(EINVAL)?;
         let dev = self.device()?;
+        let iwarp = dev.transport() == Transport::Iwarp;
+        if iwarp && self.qp_type == QpType::Ud {
+            return Err(EPROTONOSUPPORT);
+        }
         let mut slot = slot.lock();
         match *slot {
             QpSlot::Empty => {}
@@ -1032,6 +1052,9 @@ impl LockedId<'_> {
             QpSlot::Dying => return Err(ESHUTDOWN),
         }
         let (qp, mut attr) = Qp::prepare(&dev, pd, cq, caps, self.qp_type)?;
+        if iwarp && self.request_param.is_some() {
+            qp.hold_sends_until_first_message();
+        }
         // SAFETY: The id is live, locked and bound to `dev`, the device of
         // `pd` and of the CQs in `attr` (checked by `prepare`), which `qp`
         // keeps alive.

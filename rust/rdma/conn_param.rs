@@ -19,8 +19,27 @@
 //! Receivers see padded lengths over IB/RoCE (a REQ's data always arrives as
 //! 56 bytes, a REP's as 196, a REJ's as 148): the CM cannot tell the sender's
 //! length.  [`ConnParamView::private_data`] reports what the CM reported.
+//!
+//! iWARP carries private data in the MPA request, reply or reject message
+//! over TCP, with its exact length.  `cma.c` adds no header there, but MPA
+//! v2 (RFC 6581, which siw uses by default) puts its 4-byte IRD/ORD header
+//! in the same field, whose ceiling is `RDMA_MAX_PRIVATE_DATA` (siw's
+//! `MPA_MAX_PRIVDATA`, 256): siw refuses an accept or reject above 252 and
+//! drops a request whose field exceeds 256 at the receiver.  So every use
+//! is limited to 252 bytes; UD does not exist on iWARP.
+//!
+//! | use                   | IB/RoCE | iWARP                   |
+//! |-----------------------|---------|-------------------------|
+//! | connect, RC           | 56      | 252                     |
+//! | connect, UD (SIDR)    | 180     | `EPROTONOSUPPORT`       |
+//! | accept, RC            | 196     | 252                     |
+//! | accept, UD (SIDR)     | 136     | `EPROTONOSUPPORT`       |
+//! | reject                | 148     | 252                     |
 
-use super::bindings;
+use super::{
+    bindings,
+    device::{Device, Transport},
+};
 use kernel::prelude::*;
 
 /// Size of the IP header `cma.c` prepends to REQ and SIDR REQ private data.
@@ -40,6 +59,13 @@ pub const MAX_ACCEPT_PRIVATE_DATA_UD: usize =
 /// Reject (REJ) private data.
 pub const MAX_REJECT_PRIVATE_DATA: usize =
     bindings::ib_cm_data_size_IB_CM_REJ_PRIVATE_DATA_SIZE as usize;
+/// The private data field of an MPA message (`RDMA_MAX_PRIVATE_DATA`,
+/// siw's `MPA_MAX_PRIVDATA`).
+pub const MPA_MAX_PRIVATE_DATA: usize = bindings::RDMA_MAX_PRIVATE_DATA as usize;
+/// The MPA v2 header (IRD and ORD, RFC 6581) sharing that field.
+pub const MPA_V2_HEADER_SIZE: usize = 4;
+/// Private data of any iWARP use.
+pub const MAX_PRIVATE_DATA_IWARP: usize = MPA_MAX_PRIVATE_DATA - MPA_V2_HEADER_SIZE;
 /// Room for any private data a CM message can carry (RTU: 224).
 pub const PRIVATE_DATA_CAPACITY: usize = 256;
 /// Largest 3-bit retry count (`rnr_retry_count` 7 means "retry for ever").
@@ -63,14 +89,19 @@ pub enum PrivateDataUse {
 }
 
 impl PrivateDataUse {
-    /// The largest private data this use allows.
-    pub const fn limit(self) -> usize {
-        match self {
-            Self::ConnectRc => MAX_CONNECT_PRIVATE_DATA_RC,
-            Self::ConnectUd => MAX_CONNECT_PRIVATE_DATA_UD,
-            Self::AcceptRc => MAX_ACCEPT_PRIVATE_DATA_RC,
-            Self::AcceptUd => MAX_ACCEPT_PRIVATE_DATA_UD,
-            Self::Reject => MAX_REJECT_PRIVATE_DATA,
+    /// The largest private data this use allows on `transport` (see the
+    /// module documentation); `EPROTONOSUPPORT` for a UD use on iWARP.
+    pub const fn limit(self, transport: Transport) -> Result<usize> {
+        match (transport, self) {
+            (Transport::Ib, Self::ConnectRc) => Ok(MAX_CONNECT_PRIVATE_DATA_RC),
+            (Transport::Ib, Self::ConnectUd) => Ok(MAX_CONNECT_PRIVATE_DATA_UD),
+            (Transport::Ib, Self::AcceptRc) => Ok(MAX_ACCEPT_PRIVATE_DATA_RC),
+            (Transport::Ib, Self::AcceptUd) => Ok(MAX_ACCEPT_PRIVATE_DATA_UD),
+            (Transport::Ib, Self::Reject) => Ok(MAX_REJECT_PRIVATE_DATA),
+            (Transport::Iwarp, Self::ConnectRc | Self::AcceptRc | Self::Reject) => {
+                Ok(MAX_PRIVATE_DATA_IWARP)
+            }
+            (Transport::Iwarp, Self::ConnectUd | Self::AcceptUd) => Err(EPROTONOSUPPORT),
         }
     }
 }
@@ -118,9 +149,9 @@ impl PrivateData {
         self.len == 0
     }
 
-    /// Checks the length against the limit of `usage`.
-    pub fn check(&self, usage: PrivateDataUse) -> Result {
-        if self.len() > usage.limit() {
+    /// Checks the length against the limit of `usage` on `transport`.
+    pub fn check(&self, usage: PrivateDataUse, transport: Transport) -> Result {
+        if self.len() > usage.limit(transport)? {
             Err(EINVAL)
         } else {
             Ok(())
@@ -231,11 +262,28 @@ impl ConnParam {
         &self.private_data
     }
 
-    /// Checks the private data's length for `usage`, and the RDMA read
-    /// depths against the device's limits (`max_qp_rd_atom` for responder
-    /// resources, `max_qp_init_rd_atom` for the initiator depth).
-    pub fn check(&self, usage: PrivateDataUse, max_rd_atom: u32, max_init_rd_atom: u32) -> Result {
-        self.private_data.check(usage)?;
+    /// Checks the private data's length for `usage` on the device's
+    /// transport, and the RDMA read depths against the device's limits
+    /// (`max_qp_rd_atom` for responder resources, `max_qp_init_rd_atom` for
+    /// the initiator depth; on iWARP they travel as IRD and ORD).
+    pub fn check(&self, usage: PrivateDataUse, dev: &Device) -> Result {
+        self.check_against(
+            usage,
+            dev.transport(),
+            dev.max_qp_rd_atom(),
+            dev.max_qp_init_rd_atom(),
+        )
+    }
+
+    /// [`Self::check`] against given limits.
+    pub fn check_against(
+        &self,
+        usage: PrivateDataUse,
+        transport: Transport,
+        max_rd_atom: u32,
+        max_init_rd_atom: u32,
+    ) -> Result {
+        self.private_data.check(usage, transport)?;
         if u32::from(self.responder_resources) > max_rd_atom
             || u32::from(self.initiator_depth) > max_init_rd_atom
         {

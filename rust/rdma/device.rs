@@ -55,6 +55,18 @@ unsafe impl AlwaysRefCounted for Device {
     }
 }
 
+/// How a device carries RDMA, which decides the connection manager's rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// InfiniBand or RoCE: the IB CM (fixed-size CM messages, SIDR for UD,
+    /// padded private data).
+    Ib,
+    /// iWARP (an RNIC such as `siw`): the iWARP CM over TCP and MPA (exact
+    /// private data lengths, IRD/ORD in the MPA v2 header, RC only, the
+    /// active side sends first).
+    Iwarp,
+}
+
 /// The name of a device, copied (a device can be renamed while in use).
 #[derive(Clone, Copy)]
 pub struct DeviceName {
@@ -140,6 +152,21 @@ impl Device {
         }
         out.len = out.len.min(out.bytes.len() - 1);
         out
+    }
+
+    /// The device's transport.  An iWARP device is an RNIC
+    /// (`RDMA_NODE_RNIC`): every port of it is iWARP.
+    pub fn transport(&self) -> Transport {
+        // SAFETY: The device is valid (type invariants); `node_type` is set
+        // before registration and never changes; `rdma_node_get_transport`
+        // only maps the value.
+        let transport =
+            unsafe { bindings::rdma_node_get_transport((*self.as_ptr()).node_type.into()) };
+        if transport == bindings::rdma_transport_type_RDMA_TRANSPORT_IWARP {
+            Transport::Iwarp
+        } else {
+            Transport::Ib
+        }
     }
 
     /// RDMA reads and atomics the device accepts per QP as a responder.

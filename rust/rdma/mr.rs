@@ -33,7 +33,11 @@
 //!   from an earlier registration of the same region stops working once the
 //!   region is invalidated.
 
-use super::{bindings, device::Device, pd::Pd};
+use super::{
+    bindings,
+    device::{Device, Transport},
+    pd::Pd,
+};
 use core::{alloc::Layout, mem::ManuallyDrop, ptr::NonNull};
 use kernel::{
     alloc::{
@@ -62,24 +66,30 @@ pub const MAX_MR_LEN: usize = 1 << 20;
 pub struct MrAccess {
     /// The peer may RDMA READ the region.
     pub remote_read: bool,
-    /// The peer may RDMA WRITE the region (iWARP also requires this of the
-    /// local sink of an RDMA READ).
+    /// The peer may RDMA WRITE the region (on iWARP also granted to a
+    /// [`Self::LOCAL`] registration, the sink of an RDMA READ: see
+    /// [`Self::to_raw`]).
     pub remote_write: bool,
 }
 
 impl MrAccess {
-    /// Only local access: for the local side of RDMA READ/WRITE on IB/RoCE.
+    /// No remote access asked for: the local side of RDMA READ/WRITE.
     pub const LOCAL: Self = Self {
         remote_read: false,
         remote_write: false,
     };
 
-    pub(crate) fn to_raw(self) -> i32 {
+    /// The access flags a registration on `transport` uses.  On iWARP the
+    /// sink of an RDMA READ must allow remote write (the READ response is
+    /// placed as a tagged write, RFC 5040), so a region registered for
+    /// local use gets it there, as `rdma_rw.c` does for its READ sinks
+    /// (so never advertise the key of a [`Self::LOCAL`] registration).
+    pub fn to_raw(self, transport: Transport) -> i32 {
         let mut raw = bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE;
         if self.remote_read {
             raw |= bindings::ib_access_flags_IB_ACCESS_REMOTE_READ;
         }
-        if self.remote_write {
+        if self.remote_write || (self == Self::LOCAL && transport == Transport::Iwarp) {
             raw |= bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE;
         }
         raw as i32

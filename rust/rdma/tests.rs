@@ -133,7 +133,8 @@ mod addr_tests {
 
 #[kunit_tests(rdma_cm_rs_conn_param)]
 mod conn_param_tests {
-    use crate::rdma::conn_param::*;
+    use crate::rdma::{conn_param::*, device::Transport};
+    use kernel::error::code::*;
 
     #[test]
     fn private_data_limits_match_the_man_pages() {
@@ -145,23 +146,37 @@ mod conn_param_tests {
     }
 
     #[test]
-    fn private_data_checked_per_use() {
-        let data = [0xa5u8; 200];
-        for (usage, limit) in [
-            (PrivateDataUse::ConnectRc, 56),
-            (PrivateDataUse::ConnectUd, 180),
-            (PrivateDataUse::AcceptRc, 196),
-            (PrivateDataUse::AcceptUd, 136),
-            (PrivateDataUse::Reject, 148),
+    fn private_data_checked_per_use_and_transport() {
+        let data = [0xa5u8; 256];
+        for (transport, usage, limit) in [
+            (Transport::Ib, PrivateDataUse::ConnectRc, 56),
+            (Transport::Ib, PrivateDataUse::ConnectUd, 180),
+            (Transport::Ib, PrivateDataUse::AcceptRc, 196),
+            (Transport::Ib, PrivateDataUse::AcceptUd, 136),
+            (Transport::Ib, PrivateDataUse::Reject, 148),
+            // MPA's 256 less the MPA v2 header's 4.
+            (Transport::Iwarp, PrivateDataUse::ConnectRc, 252),
+            (Transport::Iwarp, PrivateDataUse::AcceptRc, 252),
+            (Transport::Iwarp, PrivateDataUse::Reject, 252),
         ] {
             assert!(PrivateData::new(&data[..limit])
                 .unwrap()
-                .check(usage)
+                .check(usage, transport)
                 .is_ok());
-            assert!(PrivateData::new(&data[..limit + 1])
-                .unwrap()
-                .check(usage)
-                .is_err());
+            assert_eq!(
+                PrivateData::new(&data[..limit + 1])
+                    .unwrap()
+                    .check(usage, transport),
+                Err(EINVAL)
+            );
+        }
+        // No UD on iWARP, whatever the length.
+        for usage in [PrivateDataUse::ConnectUd, PrivateDataUse::AcceptUd] {
+            assert_eq!(usage.limit(Transport::Iwarp), Err(EPROTONOSUPPORT));
+            assert_eq!(
+                PrivateData::default().check(usage, Transport::Iwarp),
+                Err(EPROTONOSUPPORT)
+            );
         }
         assert!(PrivateData::new(&[0u8; 257]).is_err());
     }
@@ -187,9 +202,12 @@ mod conn_param_tests {
     #[test]
     fn rd_atom_bounded_by_device() {
         let p = ConnParam::new().responder_resources(4).initiator_depth(2);
-        assert!(p.check(PrivateDataUse::ConnectRc, 4, 2).is_ok());
-        assert!(p.check(PrivateDataUse::ConnectRc, 3, 2).is_err());
-        assert!(p.check(PrivateDataUse::ConnectRc, 4, 1).is_err());
+        for transport in [Transport::Ib, Transport::Iwarp] {
+            let check = |rd, init| p.check_against(PrivateDataUse::ConnectRc, transport, rd, init);
+            assert!(check(4, 2).is_ok());
+            assert!(check(3, 2).is_err());
+            assert!(check(4, 1).is_err());
+        }
     }
 }
 
@@ -1228,6 +1246,7 @@ mod mr_tests {
         addr::SocketAddr,
         bindings,
         cm::*,
+        device::Transport,
         event::Event,
         mr::*,
         net::NetNs,
@@ -1271,12 +1290,29 @@ mod mr_tests {
         let local = bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE as i32;
         let read = bindings::ib_access_flags_IB_ACCESS_REMOTE_READ as i32;
         let write = bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE as i32;
-        assert_eq!(MrAccess::LOCAL.to_raw(), local);
+        assert_eq!(MrAccess::LOCAL.to_raw(Transport::Ib), local);
         let rw = MrAccess {
             remote_read: true,
             remote_write: true,
         };
-        assert_eq!(rw.to_raw(), local | read | write);
+        let ro = MrAccess {
+            remote_read: true,
+            remote_write: false,
+        };
+        for transport in [Transport::Ib, Transport::Iwarp] {
+            assert_eq!(rw.to_raw(transport), local | read | write);
+            assert_eq!(ro.to_raw(transport), local | read);
+        }
+    }
+
+    #[test]
+    fn iwarp_read_sinks_allow_remote_write() {
+        // The READ response is placed as a tagged write: a sink registered
+        // for local use must take it on iWARP (siw checks only local write
+        // there, hardware RNICs check this).
+        let local = bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE as i32;
+        let write = bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE as i32;
+        assert_eq!(MrAccess::LOCAL.to_raw(Transport::Iwarp), local | write);
     }
 
     struct Nop;

@@ -61,7 +61,7 @@ use super::{
 };
 use core::{
     ptr::{self, NonNull},
-    sync::atomic::{AtomicPtr, AtomicU32, Ordering},
+    sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering},
 };
 use kernel::{
     new_condvar, new_mutex, new_spinlock,
@@ -539,6 +539,9 @@ struct WrCredits {
     /// Notified when `posted` becomes empty.
     #[pin]
     flushed: CondVar,
+    /// Requests that reach the peer wait for the peer's first message
+    /// (see [`Qp::hold_sends_until_first_message`]).
+    awaiting_first_message: AtomicBool,
 }
 
 impl WrCredits {
@@ -555,6 +558,7 @@ impl WrCredits {
                 caps,
                 posted <- new_spinlock!(posted),
                 flushed <- new_condvar!(),
+                awaiting_first_message: AtomicBool::new(false),
             }),
             GFP_KERNEL,
         )
@@ -822,6 +826,34 @@ impl<C: CompletionHandler> Qp<C> {
     }
 
     /// `EOPNOTSUPP` unless the QP is of type `want`.
+    /// Makes the requests that reach the peer (SEND, RDMA READ and WRITE)
+    /// fail with `EAGAIN` until a message from the peer completed a
+    /// receive: the passive side of an iWARP connection must not send
+    /// before the active side did (`rdma_connect(3)`; MPA, RFC 5044).
+    /// Registrations and invalidations stay local and are not held.
+    pub(crate) fn hold_sends_until_first_message(&self) {
+        self.credits
+            .awaiting_first_message
+            .store(true, Ordering::Release);
+    }
+
+    /// Whether requests to the peer are held until its first message (the
+    /// passive side of an iWARP connection before the first receive
+    /// completed): [`Self::post_send`] and [`Self::rdma`] fail with `EAGAIN`
+    /// meanwhile.  A peer's RDMA WRITE completes no receive and does not
+    /// count.
+    pub fn awaits_first_message(&self) -> bool {
+        self.credits.awaiting_first_message.load(Ordering::Acquire)
+    }
+
+    fn check_peer_spoke(&self) -> Result {
+        if self.awaits_first_message() {
+            Err(EAGAIN)
+        } else {
+            Ok(())
+        }
+    }
+
     fn check_type(&self, want: QpType) -> Result {
         if self.qp_type == want {
             Ok(())
@@ -979,7 +1011,9 @@ impl<C: CompletionHandler> Qp<C> {
     /// comes back with the error: `EOPNOTSUPP` on a UD QP (see
     /// [`Self::post_send_ud`]), `EXDEV`/`EINVAL` for a buffer of another
     /// device or PD, `ENOSPC` with `max_send_wr` requests in flight,
-    /// `ENOTCONN` once the QP is shut down.
+    /// `ENOTCONN` once the QP is shut down, `EAGAIN` on the passive side of
+    /// an iWARP connection before the peer's first message
+    /// ([`Self::awaits_first_message`]).
     pub fn post_send(&self, buf: SendBuffer) -> core::result::Result<(), (Error, SendBuffer)> {
         if let Err(e) = self.check_type(QpType::Rc) {
             return Err((e, buf));
@@ -1014,7 +1048,10 @@ impl<C: CompletionHandler> Qp<C> {
         buf: SendBuffer,
         dest: Option<UdDest>,
     ) -> core::result::Result<(), (Error, SendBuffer)> {
-        if let Err(e) = self.check_pd(&buf.0.pd) {
+        if let Err(e) = self
+            .check_pd(&buf.0.pd)
+            .and_then(|()| self.check_peer_spoke())
+        {
             return Err((e, buf));
         }
         let credit = match self.credits.take(WrQueue::Send) {
@@ -1118,7 +1155,8 @@ impl<C: CompletionHandler> Qp<C> {
         Ok(())
     }
 
-    /// Registers `mr` with `access` (`IB_WR_REG_MR`) under a fresh key and
+    /// Registers `mr` with `access` (`IB_WR_REG_MR`, the flags chosen for
+    /// the QP's transport: see [`MrAccess::to_raw`]) under a fresh key and
     /// returns what to advertise to the peer.
     ///
     /// The key is usable by the peer once the registration has executed;
@@ -1135,6 +1173,7 @@ impl<C: CompletionHandler> Qp<C> {
             return Err(EBUSY);
         }
         let (addr, lkey, rkey) = mr.map_for_registration(&mut reg)?;
+        let transport = self.device().transport();
         let mut wr_reg: bindings::ib_reg_wr = pin_init::zeroed();
         self.post_work(
             WorkDone {
@@ -1148,7 +1187,7 @@ impl<C: CompletionHandler> Qp<C> {
                 wr_reg.wr.opcode = bindings::ib_wr_opcode_IB_WR_REG_MR;
                 wr_reg.mr = mr.as_ptr();
                 wr_reg.key = rkey;
-                wr_reg.access = access.to_raw();
+                wr_reg.access = access.to_raw(transport);
                 (&raw const wr_reg).cast()
             },
         )?;
@@ -1193,8 +1232,9 @@ impl<C: CompletionHandler> Qp<C> {
     /// Posts an RDMA READ (`remote` into `mr` at `offset`) or WRITE (`mr` at
     /// `offset` into `remote`) of `remote.len` bytes.  The region must be
     /// registered (its local key is used; on iWARP the sink of a READ must
-    /// be registered with remote write).  `EINVAL` for a range outside the
-    /// region or an operation that is not READ/WRITE.
+    /// be registered with remote write, which [`Self::register`] grants
+    /// there).  `EINVAL` for a range outside the region or an operation
+    /// that is not READ/WRITE, `EAGAIN` as [`Self::post_send`].
     pub fn rdma(
         &self,
         op: WorkOp,
@@ -1209,6 +1249,7 @@ impl<C: CompletionHandler> Qp<C> {
             _ => return Err(EINVAL),
         };
         self.check_pd(mr.pd())?;
+        self.check_peer_spoke()?;
         let len = remote.len as usize;
         check_range(offset, len, mr.len())?;
         remote
@@ -1353,7 +1394,7 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
     let _mark = CallbackMark::enter();
     // SAFETY: By the safety requirements.
     let mut buf = unsafe { Buffer::from_wc(wc) };
-    buf.credit = None;
+    let credit = buf.credit.take();
     // SAFETY: The CQ is live during its callback; its context is the `Cq<C>`.
     let handler = unsafe { handler_of::<C>(cq) };
     // SAFETY: `wc` is valid during the callback.
@@ -1385,6 +1426,16 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
         }
         Ok(buf.len)
     });
+    if let Some(credit) = credit {
+        if result.is_ok() {
+            // The peer has spoken: held sends may go (before the handler
+            // sees the message and answers it).
+            credit
+                .credits
+                .awaiting_first_message
+                .store(false, Ordering::Release);
+        }
+    }
     handler.recv_done(RecvBuffer(buf), result);
 }
 
