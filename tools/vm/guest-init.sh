@@ -147,24 +147,40 @@ for ((i = 0; i < 100; i++)); do
 done
 gids_ready || setup_failed "rxe0 has no GIDs $GID4 and $GID6 after 10 s"
 log "rxe0 is up on $netdev"
-if [ -z "$NIC_MAC" ]; then
-	# A second device, of another transport: siw0 on a dummy netdev of its
-	# own (TEST-NET-3), for the KUnit cases that mix objects of two devices.
-	ip link add rxenet1 type dummy || setup_failed "ip link add rxenet1 type dummy"
-	ip addr add 203.0.113.1/24 dev rxenet1 || setup_failed "ip addr add 203.0.113.1/24"
-	ip link set rxenet1 up || setup_failed "ip link set rxenet1 up"
-	rdma link add siw0 type siw netdev rxenet1 || setup_failed "rdma link add siw0 on rxenet1"
-	for ((i = 0; i < 300; i++)); do
-		[ -e /sys/class/infiniband/siw0 ] && break
-		sleep 0.1
+# A second device, of the other transport: siw0 (iWARP) on a netdev of its
+# own, since the CM finds one device per netdev.  One VM: a dummy netdev
+# (TEST-NET-3; siw loops through the kernel's TCP); two VMs: the second
+# NIC, a wire of its own (TEST-NET-2).
+if [ -z "$SIW_MAC" ]; then
+	siwnet=rxenet1
+	ip link add "$siwnet" type dummy || setup_failed "ip link add $siwnet type dummy"
+else
+	siwnet=
+	for d in /sys/class/net/*; do
+		if [ "$(cat "$d/address")" = "$SIW_MAC" ]; then
+			siwnet=${d##*/}
+		fi
 	done
-	[ -e /sys/class/infiniband/siw0 ] || setup_failed "siw0 did not appear in 30 s"
-	log "siw0 is up on rxenet1"
+	[ -n "$siwnet" ] || setup_failed "no netdev with MAC $SIW_MAC"
 fi
+sysctl -qw "net.ipv6.conf.$siwnet.accept_dad=0" || setup_failed "sysctl accept_dad on $siwnet"
+ip addr add "$SIW_IP/24" dev "$siwnet" || setup_failed "ip addr add $SIW_IP/24"
+ip -6 addr add "$SIW_IP6/64" dev "$siwnet" nodad || setup_failed "ip addr add $SIW_IP6/64"
+ip link set "$siwnet" up || setup_failed "ip link set $siwnet up"
+rdma link add siw0 type siw netdev "$siwnet" || setup_failed "rdma link add siw0 on $siwnet"
+for ((i = 0; i < 300; i++)); do
+	[ -e /sys/class/infiniband/siw0 ] && break
+	sleep 0.1
+done
+[ -e /sys/class/infiniband/siw0 ] || setup_failed "siw0 did not appear in 30 s"
+log "siw0 is up on $siwnet"
 export RDMA_CM_RS_IN_VM=1 RDMA_CM_RS_NETDEV=$netdev RDMA_CM_RS_RDMA_DEV=rxe0
 export RDMA_CM_RS_OUT=$OUT
 export RDMA_CM_RS_LOCAL_IP=$LOCAL_IP RDMA_CM_RS_PEER_IP=$PEER_IP
 export RDMA_CM_RS_LOCAL_IP6=$LOCAL_IP6 RDMA_CM_RS_PEER_IP6=$PEER_IP6
+export RDMA_CM_RS_SIW_NETDEV=$siwnet
+export RDMA_CM_RS_SIW_IP=$SIW_IP RDMA_CM_RS_SIW_PEER_IP=$SIW_PEER_IP
+export RDMA_CM_RS_SIW_IP6=$SIW_IP6 RDMA_CM_RS_SIW_PEER_IP6=$SIW_PEER_IP6
 # VM A of two may have the host kill VM B (tools/vm/run).
 [ "$TWO_VMS" = 1 ] && [ "$PEER" = 0 ] && export RDMA_CM_RS_KILL_PEER=$R/kill-peer
 
@@ -179,7 +195,7 @@ if [ "$TWO_VMS" = 1 ]; then
 	[ -e "$R/go" ] || setup_failed "no go from the host after $BARRIER_WAIT s"
 	# The wire: both addresses must answer (this also fills the
 	# neighbour caches).
-	for ip in "$PEER_IP" "$PEER_IP6"; do
+	for ip in "$PEER_IP" "$PEER_IP6" "$SIW_PEER_IP" "$SIW_PEER_IP6"; do
 		ok=
 		for ((i = 0; i < 10; i++)); do
 			if "$busybox" ping -c 1 -W 1 "$ip" >/dev/null 2>&1; then

@@ -236,6 +236,9 @@ fn connect(req: &Req) -> Result<String> {
     }
     let msg = req.bytes("msg")?;
     if !msg.is_empty() {
+        // `delay=MS`: hold the first message back (the iWARP passive side
+        // may not send before it).
+        std::thread::sleep(Duration::from_millis(req.num("delay", 0)?.into()));
         conn.send(&msg)?;
         let reply = conn.recv(T)?;
         let _ = write!(report, " reply={}", hex(&reply));

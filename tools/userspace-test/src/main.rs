@@ -66,6 +66,10 @@ enum Cmd {
         /// Drive the module's ids in synchronous mode (RDMA_CM_RS_ID_SYNC).
         #[arg(long)]
         sync: bool,
+        /// The device the scenarios run on: rxe0 (RoCE) at
+        /// RDMA_CM_RS_LOCAL_IP(6), or siw0 (iWARP) at RDMA_CM_RS_SIW_IP(6).
+        #[arg(long, value_enum, default_value_t = suite::Transport::Rxe)]
+        transport: suite::Transport,
     },
     /// Serve the librdmacm side of the suite (in the peer VM).
     Agent {
@@ -593,7 +597,13 @@ fn run_shell_command(dev: &Device, c: shell::Command) -> Result<String> {
             Ok(e) => e.line("module"),
             Err(e) => format!("error: {e}"),
         },
-        C::Send { id, text } => ok_or_errno(dev.send(id, &text)),
+        C::Send { id, text } => match dev.send(id, &text) {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => format!(
+                "error: {e}: over iWARP the active side sends first (rdma_connect(3)); \
+                 this passive id may send once the peer's first message arrived"
+            ),
+            other => ok_or_errno(other),
+        },
         C::Recv { id, timeout_ms } => match dev.recv(id, cm::MSG, timeout_ms) {
             Ok(m) => format!("module: recv id={id} {}", show("message", &m)),
             Err(e) => format!("error: {e}"),
@@ -945,6 +955,7 @@ fn main() -> Result<()> {
             peer,
             list,
             sync,
+            transport,
         } => {
             uapi::set_sync_mode(sync);
             if list {
@@ -953,18 +964,39 @@ fn main() -> Result<()> {
                 }
                 return Ok(());
             }
-            let local4 = env_ip("RDMA_CM_RS_LOCAL_IP", [192, 0, 2, 1].into())?;
-            let local6 = env_ip(
-                "RDMA_CM_RS_LOCAL_IP6",
-                "2001:db8::1".parse().expect("literal"),
-            )?;
-            let peer4 = env_ip("RDMA_CM_RS_PEER_IP", local4)?;
-            let peer6 = env_ip("RDMA_CM_RS_PEER_IP6", local6)?;
+            // Local and peer, IPv4 and IPv6: the variables tools/vm sets,
+            // and the one-VM addresses.
+            let ([l4, l6, p4, p6], default4, default6) = match transport {
+                suite::Transport::Rxe => (
+                    [
+                        "RDMA_CM_RS_LOCAL_IP",
+                        "RDMA_CM_RS_LOCAL_IP6",
+                        "RDMA_CM_RS_PEER_IP",
+                        "RDMA_CM_RS_PEER_IP6",
+                    ],
+                    "192.0.2.1",
+                    "2001:db8::1",
+                ),
+                suite::Transport::Siw => (
+                    [
+                        "RDMA_CM_RS_SIW_IP",
+                        "RDMA_CM_RS_SIW_IP6",
+                        "RDMA_CM_RS_SIW_PEER_IP",
+                        "RDMA_CM_RS_SIW_PEER_IP6",
+                    ],
+                    "203.0.113.1",
+                    "2001:db8:1::1",
+                ),
+            };
+            let local4 = env_ip(l4, default4.parse().expect("literal"))?;
+            let local6 = env_ip(l6, default6.parse().expect("literal"))?;
+            let peer4 = env_ip(p4, local4)?;
+            let peer6 = env_ip(p6, local6)?;
             let agent = match peer {
                 Some(p) => shell::resolve_host(&p).context("--peer")?,
                 None => agent::spawn_local()?,
             };
-            let mut ctx = suite::Ctx::new(local4, peer4, local6, peer6, agent);
+            let mut ctx = suite::Ctx::new(transport, local4, peer4, local6, peer6, agent);
             if !suite::run(&mut ctx, filter.as_deref())? {
                 std::process::exit(1);
             }
@@ -1075,20 +1107,29 @@ mod tests {
             }
             _ => panic!("peer client"),
         }
-        match parse("suite --filter ipv6 --peer 192.0.2.2:7999") {
+        match parse("suite --filter ipv6 --peer 192.0.2.2:7999 --transport siw") {
             Cmd::Suite {
                 filter,
                 peer,
                 list,
                 sync,
+                transport,
             } => {
-                uapi::set_sync_mode(sync);
+                assert!(!sync);
                 assert_eq!(filter.as_deref(), Some("ipv6"));
                 assert_eq!(peer.as_deref(), Some("192.0.2.2:7999"));
+                assert_eq!(transport, suite::Transport::Siw);
                 assert!(!list);
             }
             _ => panic!("suite"),
         }
+        assert!(matches!(
+            parse("suite"),
+            Cmd::Suite {
+                transport: suite::Transport::Rxe,
+                ..
+            }
+        ));
         assert!(matches!(parse("agent"), Cmd::Agent { .. }));
         assert!(matches!(
             parse("ctl udaddy-server 192.0.2.1 --connections 2"),

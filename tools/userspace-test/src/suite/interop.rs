@@ -279,6 +279,15 @@ pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
     let built = std::env::var("RDMA_CM_RS_OUT").unwrap_or_else(|_| ".".to_string());
     let ko = std::path::Path::new(&built).join("rdma_cm_rs_rping.ko");
     let port = ctx.port();
+    // Passes of the suite running at once share the kernel: one of them
+    // has the sample loaded at a time (the lock goes with the file).
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/tmp/rdma_cm_rs_rping.lock")
+        .context("the sample's lock file")?;
+    lock.lock().context("lock the sample")?;
     let loaded = std::process::Command::new("insmod")
         .arg(&ko)
         .arg(format!("port={port}"))
@@ -292,12 +301,15 @@ pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
     let sessions = (|| -> Result<()> {
         for &(count, size) in &[(10u32, 64u32), (3, 60000)] {
             let args = format!("-c -a {} -p {port} -C {count} -S {size} -V", ctx.local4);
+            let ended = format!("after {count} pings");
+            let this_ending = |line: &str| {
+                line.contains("rdma_cm_rs_rping: session ended") && line.ends_with(&ended)
+            };
+            // Earlier runs (of this pass or another) logged the same line.
+            let before = dmesg_count(this_ending);
             let client = run_tool(ctx, "rping", &args, 0, SCENARIO_TOOL_TIMEOUT_S)?;
             client.result()?.succeeded_with(&[])?;
-            let ended = format!("after {count} pings");
-            let logged = poll_dmesg(|line| {
-                line.contains("rdma_cm_rs_rping: session ended") && line.ends_with(&ended)
-            });
+            let logged = poll_dmesg(|| dmesg_count(this_ending) > before);
             ensure!(logged, "the sample logged no session ending {ended:?}");
             note(&format!(
                 "rping {args}: the sample served {count} pings of {size} bytes"
@@ -315,12 +327,24 @@ pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
 }
 
 /// Whether a line of the kernel log satisfies `want` within 5 s.
-fn poll_dmesg(want: impl Fn(&str) -> bool) -> bool {
+/// The kernel log's lines that `want` matches.
+fn dmesg_count(want: impl Fn(&str) -> bool) -> usize {
+    std::process::Command::new("dmesg")
+        .output()
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| want(l))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Polls for 5 s until `done`.
+fn poll_dmesg(done: impl Fn() -> bool) -> bool {
     for _ in 0..50 {
-        if let Ok(out) = std::process::Command::new("dmesg").output() {
-            if String::from_utf8_lossy(&out.stdout).lines().any(&want) {
-                return true;
-            }
+        if done() {
+            return true;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
