@@ -14,9 +14,9 @@
 #                             (default /var/cache/rdma-cm-rs)
 set -euo pipefail
 . "$(dirname "$0")/lib/help.sh"
+. "$(dirname "$0")/lib/env.sh"
 
-cache=${RDMA_CM_RS_CACHE:-/var/cache/rdma-cm-rs}
-kernel_series=7.3
+cache=$RDMA_CM_RS_CACHE
 bindgen_version=0.72.1
 
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -29,7 +29,7 @@ packages=(
 	qemu-system-x86 busybox-static
 	librdmacm-dev libibverbs-dev ibverbs-providers rdmacm-utils ibverbs-utils
 	iproute2 flex bison bc libelf-dev libssl-dev cpio kmod xz-utils
-	make gcc pkg-config
+	make gcc pkg-config patch
 )
 
 install_packages() {
@@ -78,11 +78,16 @@ debian_mirror() {
 }
 
 # Fetches Debian's linux-source-$kernel_series from trixie-backports through a
-# private apt configuration: its own sources and lists, the system keyring.
+# private apt configuration: its own sources and lists, the system keyring;
+# unpacks it and applies tools/kernel-patches/ (fixes of kernel bugs the
+# suite found, each written for upstream).  The stamp holds the digest of
+# the patches applied: a changed set unpacks the source again.
 fetch_kernel_source() {
-	local src_root="$cache/src" apt_root="$cache/apt" deb tarball dir
+	local src_root="$cache/src" apt_root="$cache/apt" deb tarball dir digest
+	digest=$(kernel_patches_digest)
 	dir=$(ls -d "$src_root"/linux-source-"$kernel_series" 2>/dev/null || true)
-	if [ -n "$dir" ] && [ -f "$dir/.rdma-cm-rs-complete" ]; then
+	if [ -n "$dir" ] && [ -f "$dir/.rdma-cm-rs-complete" ] &&
+		[ "$(cat "$dir/.rdma-cm-rs-complete")" = "$digest" ]; then
 		return 0
 	fi
 	mkdir -p "$apt_root/sources.list.d" "$apt_root/lists/partial" \
@@ -100,10 +105,13 @@ fetch_kernel_source() {
 		# The cache is root's: download as root rather than as _apt.
 		-o APT::Sandbox::User=root
 	)
-	log "fetching linux-source-$kernel_series (private apt configuration)"
-	apt-get "${opts[@]}" update -qq
-	(cd "$apt_root/archives" && apt-get "${opts[@]}" download -qq "linux-source-$kernel_series")
-	deb=$(ls -t "$apt_root"/archives/linux-source-"$kernel_series"_*.deb | head -n1)
+	deb=$(ls -t "$apt_root"/archives/linux-source-"$kernel_series"_*.deb 2>/dev/null | head -n1 || true)
+	if [ -z "$deb" ]; then
+		log "fetching linux-source-$kernel_series (private apt configuration)"
+		apt-get "${opts[@]}" update -qq
+		(cd "$apt_root/archives" && apt-get "${opts[@]}" download -qq "linux-source-$kernel_series")
+		deb=$(ls -t "$apt_root"/archives/linux-source-"$kernel_series"_*.deb | head -n1)
+	fi
 	[ -f "$deb" ] || die "linux-source-$kernel_series was not downloaded"
 	log "unpacking $(basename "$deb")"
 	rm -rf "$apt_root/unpack" && mkdir -p "$apt_root/unpack"
@@ -120,7 +128,13 @@ fetch_kernel_source() {
 	"$kernel_series".*) log "kernel source $version in $dir" ;;
 	*) die "expected a $kernel_series.x kernel, got $version" ;;
 	esac
-	touch "$dir/.rdma-cm-rs-complete"
+	local p
+	for p in "$repo_root"/tools/kernel-patches/*.patch; do
+		[ -f "$p" ] || continue
+		log "applying $(basename "$p")"
+		patch -d "$dir" -p1 --forward --quiet <"$p" || die "$(basename "$p") does not apply to $version"
+	done
+	echo "$digest" >"$dir/.rdma-cm-rs-complete"
 }
 
 install_packages

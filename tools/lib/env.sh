@@ -55,12 +55,20 @@ module_dirs() {
 # ABI the module is compiled against (Rust modules must be built by the same
 # rustc as the kernel).
 kernel_version() { make -s -C "$kernel_src" kernelversion; }
+# The patches tools/setup.sh applies to the kernel source.
+kernel_patches_digest() {
+	local p
+	for p in "$repo_root"/tools/kernel-patches/*.patch; do
+		[ -f "$p" ] && cat "$p"
+	done | sha256sum | cut -c1-16
+}
 kernel_cache_key() {
 	local version
 	version=$(kernel_version)
 	{
 		echo "$version"
 		cat "$repo_root/.config.fragment"
+		kernel_patches_digest
 		rustc --version
 		bindgen --version
 		clang-19 --version | head -n1

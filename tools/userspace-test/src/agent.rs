@@ -23,9 +23,16 @@
 //!                             after wait_ms, then `status=` and the
 //!                             tail of its output (the suite may send
 //!                             "stop" meanwhile), see `run`
+//!
+//! A connect that `rdma_connect` itself refuses (iWARP's TCP connect to a
+//! port nobody listens on, or reset by a listener going away) is reported
+//! as the event `REFUSED_AT_CONNECT` in `connect` and `burst`.
 
 pub mod run;
 pub mod ud;
+
+/// The "event" of a connect refused by `rdma_connect` itself.
+pub const REFUSED_AT_CONNECT: &str = "REFUSED_AT_CONNECT";
 
 use crate::cm::{self, Channel, Conn, Param, RdmaOp};
 use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex};
@@ -222,7 +229,10 @@ fn connect(req: &Req) -> Result<String> {
     param.initiator_depth = req.num("id", 1)? as u8;
     param.retry_count = req.num("retry", 7)? as u8;
     param.rnr_retry_count = req.num("rnr", 7)? as u8;
-    let ev = conn.connect(&param, &ch, T)?;
+    if !conn.start_connect_unless_refused(&param)? {
+        return Ok(format!("event={REFUSED_AT_CONNECT}"));
+    }
+    let ev = ch.next(T)?;
     let mut report = format!(
         "event={} status={} pdata={} rr={} id={}",
         ev.name(),
@@ -310,11 +320,16 @@ fn burst(req: &Req, out: &mut TcpStream, input: &mut BufReader<TcpStream>) -> Re
     writeln!(out, "ready")?;
     let mut line = String::new();
     input.read_line(&mut line)?;
-    for c in &conns {
-        c.start_connect(&param)?;
-    }
     let mut events = Vec::new();
-    for _ in 0..conns.len() {
+    let mut pending = 0;
+    for c in &conns {
+        if c.start_connect_unless_refused(&param)? {
+            pending += 1;
+        } else {
+            events.push(REFUSED_AT_CONNECT);
+        }
+    }
+    for _ in 0..pending {
         events.push(ch.next(T)?.name());
     }
     drop(conns);

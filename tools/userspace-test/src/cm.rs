@@ -573,12 +573,38 @@ impl<'ch> Conn<'ch> {
 
     /// `rdma_connect` alone: the answer comes on the id's channel.
     pub fn start_connect(&self, param: &Param) -> Result<()> {
+        if self.start_connect_unless_refused(param)? {
+            Ok(())
+        } else {
+            bail!(
+                "rdma_connect: {}",
+                std::io::Error::from_raw_os_error(libc::ECONNREFUSED)
+            )
+        }
+    }
+
+    /// [`Self::start_connect`], `Ok(false)` when `rdma_connect` itself
+    /// failed with `ECONNREFUSED` or `ECONNRESET`: over iWARP it makes the
+    /// TCP connection inside the call, so a port nobody listens on (or a
+    /// listener destroyed meanwhile) is refused there, with no event (IB's
+    /// CM answers with REJECTED).
+    pub fn start_connect_unless_refused(&self, param: &Param) -> Result<bool> {
         let mut raw = param.raw();
         // SAFETY: The id is live, with a QP; librdmacm reads `raw` and the
         // private data it points to (owned by `param`) during the call only.
         // A wrong state (no resolved route) is an error return.
         let r = unsafe { rdma_connect(self.id.raw, &mut raw) };
-        check(r, "rdma_connect")
+        if r == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        if matches!(
+            e.raw_os_error(),
+            Some(libc::ECONNREFUSED | libc::ECONNRESET)
+        ) {
+            return Ok(false);
+        }
+        bail!("rdma_connect: {e}")
     }
 
     pub fn accept(&self, param: &Param) -> Result<()> {

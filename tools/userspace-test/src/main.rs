@@ -70,6 +70,10 @@ enum Cmd {
         /// RDMA_CM_RS_LOCAL_IP(6), or siw0 (iWARP) at RDMA_CM_RS_SIW_IP(6).
         #[arg(long, value_enum, default_value_t = suite::Transport::Rxe)]
         transport: suite::Transport,
+        /// Run only the scenarios this mode or transport leaves out, to see
+        /// what they do there (make check never does).
+        #[arg(long)]
+        left_out: bool,
     },
     /// Serve the librdmacm side of the suite (in the peer VM).
     Agent {
@@ -956,6 +960,7 @@ fn main() -> Result<()> {
             list,
             sync,
             transport,
+            left_out,
         } => {
             uapi::set_sync_mode(sync);
             if list {
@@ -997,7 +1002,7 @@ fn main() -> Result<()> {
                 None => agent::spawn_local()?,
             };
             let mut ctx = suite::Ctx::new(transport, local4, peer4, local6, peer6, agent);
-            if !suite::run(&mut ctx, filter.as_deref())? {
+            if !suite::run(&mut ctx, filter.as_deref(), left_out)? {
                 std::process::exit(1);
             }
         }
@@ -1107,15 +1112,16 @@ mod tests {
             }
             _ => panic!("peer client"),
         }
-        match parse("suite --filter ipv6 --peer 192.0.2.2:7999 --transport siw") {
+        match parse("suite --filter ipv6 --peer 192.0.2.2:7999 --transport siw --left-out") {
             Cmd::Suite {
                 filter,
                 peer,
                 list,
                 sync,
                 transport,
+                left_out,
             } => {
-                assert!(!sync);
+                assert!(!sync && left_out);
                 assert_eq!(filter.as_deref(), Some("ipv6"));
                 assert_eq!(peer.as_deref(), Some("192.0.2.2:7999"));
                 assert_eq!(transport, suite::Transport::Siw);
