@@ -19,6 +19,7 @@ use crate::{
         blocking::{EventWaiter, OwnedEvent},
         cm::{CmId, ConnectRequest, Handler, LockedId, QpType},
         conn_param::ConnParamView,
+        device::Transport,
         event::{Event, EventType},
     },
 };
@@ -274,11 +275,21 @@ impl Handler for IdEvents {
         };
         if event.kind() == EventType::Established {
             if let Some(p) = event.conn_param() {
-                // The active side learns the peer's answer here, already
-                // from its own side (the IB CM swaps the REP's fields).
+                // Over IB the active side learns the peer's answer here (the
+                // passive side's ESTABLISHED carries none).  Over iWARP both
+                // sides learn what the provider settled on, which can exceed
+                // what was asked: siw raises an accepted IRD to the peer's
+                // ORD (relaxed IRD negotiation).  The view gives this side's
+                // values on both.
                 if p.responder_resources() != 0 || p.initiator_depth() != 0 {
-                    st.responder_resources = st.responder_resources.min(p.responder_resources());
-                    st.initiator_depth = st.initiator_depth.min(p.initiator_depth());
+                    if id.transport() == Ok(Transport::Iwarp) {
+                        st.responder_resources = p.responder_resources();
+                        st.initiator_depth = p.initiator_depth();
+                    } else {
+                        st.responder_resources =
+                            st.responder_resources.min(p.responder_resources());
+                        st.initiator_depth = st.initiator_depth.min(p.initiator_depth());
+                    }
                 }
             }
         }

@@ -552,14 +552,18 @@ impl CtlFile {
 
     fn listen(&self, arg: usize) -> Result {
         let c: abi::Listen = read_arg(arg)?;
-        if c.backlog == 0 || c.backlog > MAX_BACKLOG {
-            return Err(EINVAL);
-        }
+        // 0 takes the largest, as ucma does for librdmacm's rdma_listen;
+        // the CM gets the same number (on iWARP it enforces it too).
+        let backlog = match c.backlog {
+            0 => MAX_BACKLOG,
+            1..=MAX_BACKLOG => c.backlog,
+            _ => return Err(EINVAL),
+        };
         let id = self.get(c.id)?;
         let shared = Self::shared(&id);
         // Requests may arrive as soon as the CM listens: install the
         // backlog first.
-        let backlog = Backlog::new(c.backlog)?;
+        let slots = Backlog::new(backlog)?;
         {
             let mut st = shared.state.lock();
             if st.backlog.is_some() {
@@ -567,14 +571,14 @@ impl CtlFile {
             }
             if shared.sync {
                 // Room for every request the backlog admits (see `IdState`).
-                st.requests.reserve(c.backlog as usize, GFP_KERNEL)?;
+                st.requests.reserve(backlog as usize, GFP_KERNEL)?;
             }
-            st.backlog = Some(backlog);
+            st.backlog = Some(slots);
         }
         // Not under the handler mutex (see `CmId::listen`); a listener's
         // events (requests) do not change its state, so setting it after
         // the call loses nothing.
-        match id.listen(c.backlog) {
+        match id.listen(backlog) {
             Ok(()) => {
                 shared.state.lock().state = abi::state::LISTEN;
                 Ok(())

@@ -345,15 +345,16 @@ impl<H: Handler> CmId<H> {
 impl<H: Handler> CmId<H> {
     /// Listens (`rdma_listen`); an unbound id listens on the wildcard.
     ///
-    /// The backlog (1 or more) is honoured by the CM only on iWARP: on
-    /// IB/RoCE the consumer enforces its own.  Called without the id's
-    /// handler mutex (see the module documentation), so not from inside any
-    /// callback of the layer or `with_lock` (`EDEADLK`).
+    /// `backlog` bounds the connection requests not yet answered, and only
+    /// the iWARP CM enforces it (`iw_cm_listen`: the device refuses a
+    /// request over it); on IB/RoCE the consumer enforces its own.  0 asks
+    /// for the CM's default: `net.iw_cm.default_backlog` (256) on iWARP,
+    /// no bound on IB/RoCE, as isert listens.  Above `i32::MAX`: `EINVAL`.
+    /// Called without the id's handler mutex (see the module
+    /// documentation), so not from inside any callback of the layer or
+    /// `with_lock` (`EDEADLK`).
     pub fn listen(&self, backlog: u32) -> Result {
         let backlog = i32::try_from(backlog).map_err(|_| EINVAL)?;
-        if backlog <= 0 {
-            return Err(EINVAL);
-        }
         if in_any_callback() {
             return Err(EDEADLK);
         }
@@ -1134,9 +1135,18 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
     // below when the listener is UD).
     let qp_type = QpType::from_raw(raw_qp_type).unwrap_or(inner.qp_type);
     let ps = PortSpace::from_raw(raw_ps).unwrap_or(inner.ps);
+    // SAFETY: `raw_id` is live; its device, once bound, is held by the id
+    // until it is destroyed, also while the device is being removed (its
+    // DEVICE_REMOVAL event runs before the CM lets go).
+    let transport = unsafe {
+        let raw_dev = (*raw_id).device;
+        (!raw_dev.is_null()).then(|| Transport::of_raw(raw_dev))
+    };
     // SAFETY: `raw_event` is valid for the callback, which outlives `event`;
-    // `qp_type` is the type of the id it was delivered to.
-    let Some(event) = (unsafe { Event::from_raw(raw_event, qp_type == QpType::Ud) }) else {
+    // `qp_type` is the type of the id it was delivered to, `transport` that
+    // of its device.
+    let Some(event) = (unsafe { Event::from_raw(raw_event, qp_type == QpType::Ud, transport) })
+    else {
         // A value 7.3 does not define: a newer CM than this layer knows.
         // Its meaning (and whether it carries a new id) is unknown, so it
         // is not passed on; returning 0 keeps the id, as for any event.

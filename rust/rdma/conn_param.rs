@@ -323,6 +323,9 @@ impl ConnParam {
 #[derive(Clone, Copy)]
 pub struct ConnParamView<'a> {
     pub(crate) raw: &'a bindings::rdma_conn_param,
+    /// The CM reported the read depths the other way round (iWARP's
+    /// `ESTABLISHED`, see [`super::event::Event::conn_param`]).
+    pub(crate) depths_swapped: bool,
 }
 
 impl<'a> ConnParamView<'a> {
@@ -338,14 +341,26 @@ impl<'a> ConnParamView<'a> {
         unsafe { core::slice::from_raw_parts(self.raw.private_data.cast::<u8>(), len) }
     }
 
-    /// Responder resources the peer offered.
+    /// This side's responder resources: the RDMA reads and atomics the
+    /// peer may have outstanding towards it (in a request: the peer's
+    /// initiator depth).
     pub fn responder_resources(&self) -> u8 {
-        self.raw.responder_resources
+        if self.depths_swapped {
+            self.raw.initiator_depth
+        } else {
+            self.raw.responder_resources
+        }
     }
 
-    /// Initiator depth the peer offered.
+    /// This side's initiator depth: the RDMA reads and atomics it may have
+    /// outstanding towards the peer (in a request: the peer's responder
+    /// resources).
     pub fn initiator_depth(&self) -> u8 {
-        self.raw.initiator_depth
+        if self.depths_swapped {
+            self.raw.responder_resources
+        } else {
+            self.raw.initiator_depth
+        }
     }
 
     /// Whether the peer uses flow control.

@@ -67,6 +67,25 @@ pub enum Transport {
     Iwarp,
 }
 
+impl Transport {
+    /// The transport of the device `raw`.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must point to a valid `ib_device` for the duration of the call.
+    pub(crate) unsafe fn of_raw(raw: *const bindings::ib_device) -> Self {
+        // SAFETY: `raw` is valid (the function's safety requirements);
+        // `node_type` is set before registration and never changes;
+        // `rdma_node_get_transport` only maps the value.
+        let transport = unsafe { bindings::rdma_node_get_transport((*raw).node_type.into()) };
+        if transport == bindings::rdma_transport_type_RDMA_TRANSPORT_IWARP {
+            Self::Iwarp
+        } else {
+            Self::Ib
+        }
+    }
+}
+
 /// The name of a device, copied (a device can be renamed while in use).
 #[derive(Clone, Copy)]
 pub struct DeviceName {
@@ -157,16 +176,8 @@ impl Device {
     /// The device's transport.  An iWARP device is an RNIC
     /// (`RDMA_NODE_RNIC`): every port of it is iWARP.
     pub fn transport(&self) -> Transport {
-        // SAFETY: The device is valid (type invariants); `node_type` is set
-        // before registration and never changes; `rdma_node_get_transport`
-        // only maps the value.
-        let transport =
-            unsafe { bindings::rdma_node_get_transport((*self.as_ptr()).node_type.into()) };
-        if transport == bindings::rdma_transport_type_RDMA_TRANSPORT_IWARP {
-            Transport::Iwarp
-        } else {
-            Transport::Ib
-        }
+        // SAFETY: The device is valid (type invariants).
+        unsafe { Transport::of_raw(self.as_ptr()) }
     }
 
     /// RDMA reads and atomics the device accepts per QP as a responder.

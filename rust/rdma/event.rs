@@ -9,6 +9,7 @@
 use super::{
     bindings,
     conn_param::{ConnParamView, UdParamView},
+    device::Transport,
 };
 use kernel::prelude::*;
 
@@ -117,6 +118,8 @@ pub struct Event<'a> {
     kind: EventType,
     /// The id is a UD id: connection events carry `param.ud`.
     datagram: bool,
+    /// The id's device, once it has one.
+    transport: Option<Transport>,
 }
 
 impl<'a> Event<'a> {
@@ -125,11 +128,13 @@ impl<'a> Event<'a> {
     ///
     /// # Safety
     ///
-    /// `raw` must point to a valid event for the duration of `'a`, and
-    /// `datagram` must tell whether the id it was delivered to is a UD id.
+    /// `raw` must point to a valid event for the duration of `'a`,
+    /// `datagram` must tell whether the id it was delivered to is a UD id,
+    /// and `transport` must be that of the id's device, if it has one.
     pub(crate) unsafe fn from_raw(
         raw: *const bindings::rdma_cm_event,
         datagram: bool,
+        transport: Option<Transport>,
     ) -> Option<Self> {
         // SAFETY: By the function's safety requirements.
         let raw = unsafe { &*raw };
@@ -137,6 +142,7 @@ impl<'a> Event<'a> {
             kind: EventType::from_raw(raw.event)?,
             raw,
             datagram,
+            transport,
         })
     }
 
@@ -162,12 +168,22 @@ impl<'a> Event<'a> {
     }
 
     /// Connection parameters, for connection events on RC ids.
+    ///
+    /// The read depths are this side's on every transport: what it may
+    /// accept (`responder_resources`) and issue (`initiator_depth`).  The
+    /// IB CM reports requests and replies that way (`cm_format_req_event`,
+    /// `cm_format_rep_event` swap the peer's fields); the iWARP CM does for
+    /// a request, but reports `ESTABLISHED` the other way round
+    /// (`cma_iw_handler` puts the provider's IRD in `initiator_depth`), so
+    /// the view swaps those back.
     pub fn conn_param(&self) -> Option<ConnParamView<'a>> {
         if self.kind.has_conn_param() && !self.datagram {
             Some(ConnParamView {
                 // SAFETY: For these event types on connected ids the CM fills
                 // the `conn` member of the union.
                 raw: unsafe { self.raw.param.conn.as_ref() },
+                depths_swapped: self.kind == EventType::Established
+                    && self.transport == Some(Transport::Iwarp),
             })
         } else {
             None

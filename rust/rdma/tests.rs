@@ -341,6 +341,7 @@ mod id_tests {
         bindings,
         cm::*,
         deferred::flush_deferred_destroys,
+        device::Transport,
         event::*,
         mr::{Mr, MrAccess},
         net::NetNs,
@@ -373,6 +374,36 @@ mod id_tests {
             bindings::rdma_cm_event_type_RDMA_CM_EVENT_INTERNAL
         );
         assert_eq!(EventType::from_raw(20), None);
+    }
+
+    #[test]
+    fn read_depths_are_this_sides_on_every_transport() {
+        // SAFETY: All-zero is a valid `rdma_cm_event`: null private data,
+        // no pointer that anything follows.
+        let mut raw: bindings::rdma_cm_event = unsafe { core::mem::zeroed() };
+        {
+            // SAFETY: Connection events use the `conn` member of the union.
+            let conn = unsafe { raw.param.conn.as_mut() };
+            conn.responder_resources = 5;
+            conn.initiator_depth = 2;
+        }
+        for (kind, transport, want) in [
+            // Requests and IB's replies come from the receiver's side.
+            (EventType::ConnectRequest, Some(Transport::Iwarp), (5, 2)),
+            (EventType::ConnectRequest, Some(Transport::Ib), (5, 2)),
+            (EventType::Established, Some(Transport::Ib), (5, 2)),
+            // cma_iw_handler reports the provider's IRD as initiator_depth.
+            (EventType::Established, Some(Transport::Iwarp), (2, 5)),
+            (EventType::Established, None, (5, 2)),
+        ] {
+            raw.event = kind as u32;
+            // SAFETY: `raw` is valid for the loop body, which `event` does
+            // not outlive; the id would be RC; `transport` is the one tried.
+            let event = unsafe { Event::from_raw(&raw, false, transport) }.unwrap();
+            let view = event.conn_param().unwrap();
+            assert_eq!((view.responder_resources(), view.initiator_depth()), want);
+            assert_eq!(view.to_owned().rd_atom(), want);
+        }
     }
 
     #[test]
@@ -440,7 +471,9 @@ mod id_tests {
         assert!(reuse.is_ok());
         assert!(route0.is_err());
         assert_eq!(listen_locked, Err(EDEADLK));
-        assert_eq!(id.listen(0), Err(EINVAL));
+        // 0: the CM's default (no bound on RoCE), on the wildcard.
+        assert_eq!(id.listen(0), Ok(()));
+        assert_eq!(id.listen(u32::MAX), Err(EINVAL));
         drop(id);
         let ns = NetNs::current().unwrap();
         assert!(CmId::new(Nop, &ns, PortSpace::Tcp, QpType::Ud).is_err());

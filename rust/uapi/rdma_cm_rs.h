@@ -154,7 +154,7 @@ struct rdma_cm_rs_resolve_route {
 /* RDMA_CM_RS_IOC_LISTEN */
 struct rdma_cm_rs_listen {
 	__u32 id;
-	__u32 backlog;			/* 1..1024, enforced by the module */
+	__u32 backlog;			/* 1..1024, 0 takes 1024; enforced by the module */
 };
 
 /*
