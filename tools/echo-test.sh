@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: GPL-2.0
 #
-# Kernel-to-kernel test, run inside the test VM: the sample echo module
-# listens, rdma_cm_rs.ko connects to it through /dev/rdma_cm_rs (driven by
-# the userspace tool) and checks that messages come back unchanged.
+# Kernel-to-kernel test, run inside the test VM on rxe0 and on siw0: the
+# sample echo module listens, rdma_cm_rs.ko connects to it through
+# /dev/rdma_cm_rs (driven by the userspace tool) and checks that messages
+# come back unchanged.
 # Prints KTAP; exits non-zero on failure.
 set -uo pipefail
 . "$(dirname "$0")/lib/help.sh"
@@ -11,19 +12,23 @@ cd "$(dirname "$0")/.."
 # The build directory (tools/lib/env.sh): the tool and the .ko files.
 built=${RDMA_CM_RS_OUT:-.}
 tool=$built/tools/userspace-test/target/release/userspace-test
-ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
+# The sample listens on the wildcard: it serves rxe0 and siw0 alike.
+transports="rxe=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1} siw=${RDMA_CM_RS_SIW_IP:-203.0.113.1}"
 port=7500
 . tools/lib/ktap.sh
 
 insmod "$built"/rdma_cm_rs_echo.ko port=$port
 result $? "echo: insmod rdma_cm_rs_echo"
-for msg in x "hello, echo" "$(head -c 4000 /dev/zero | tr '\0' 'e')"; do
-	out=$($tool ctl connect "$ip:$port" --message "$msg" 2>&1)
-	rc=$?
-	echo "$out" | sed 's/^/# /' | cut -c1-200
-	reply=$(echo "$out" | sed -n 's/^module: reply(\([0-9]*\))=.*/\1/p' | tail -n1)
-	[ $rc -eq 0 ] && [ "$reply" = "${#msg}" ]
-	result $? "echo: kernel client <-> kernel echo service, ${#msg}-byte message"
+for t in $transports; do
+	ip=${t#*=}
+	for msg in x "hello, echo" "$(head -c 4000 /dev/zero | tr '\0' 'e')"; do
+		out=$($tool ctl connect "$ip:$port" --message "$msg" 2>&1)
+		rc=$?
+		echo "$out" | sed 's/^/# /' | cut -c1-200
+		reply=$(echo "$out" | sed -n 's/^module: reply(\([0-9]*\))=.*/\1/p' | tail -n1)
+		[ $rc -eq 0 ] && [ "$reply" = "${#msg}" ]
+		result $? "echo: ${t%%=*}: kernel client <-> kernel echo service, ${#msg}-byte message"
+	done
 done
 rmmod rdma_cm_rs_echo
 result $? "echo: rmmod with connections ended"

@@ -106,25 +106,31 @@ for m in "${RXE_MODULES[@]}"; do
 	insmod "$m" || setup_failed "insmod $m"
 done
 
-if [ -z "$NIC_MAC" ]; then
-	# One VM: no NIC at all (-nic none); rxe loops to its own address on
-	# a dummy netdev, as it refuses lo.
-	netdev=rxenet0
-	ip link add "$netdev" type dummy || setup_failed "ip link add $netdev type dummy"
-else
-	# Two VMs: the one virtio NIC, found by the MAC the host gave it.
-	netdev=
-	for d in /sys/class/net/*; do
-		if [ "$(cat "$d/address")" = "$NIC_MAC" ]; then
-			netdev=${d##*/}
-		fi
-	done
-	[ -n "$netdev" ] || setup_failed "no netdev with MAC $NIC_MAC"
-fi
-sysctl -qw "net.ipv6.conf.$netdev.accept_dad=0" || setup_failed "sysctl accept_dad on $netdev"
-ip addr add "$LOCAL_IP/24" dev "$netdev" || setup_failed "ip addr add $LOCAL_IP/24"
-ip -6 addr add "$LOCAL_IP6/64" dev "$netdev" nodad || setup_failed "ip addr add $LOCAL_IP6/64"
-ip link set "$netdev" up || setup_failed "ip link set $netdev up"
+# netdev_up VAR DUMMY MAC IP IP6: the netdev a device goes on, its name put
+# in VAR: in one VM (no MAC) a new dummy netdev DUMMY, in two VMs the NIC
+# the host gave MAC; up, with IP/24 and IP6/64.
+netdev_up() {
+	local var=$1 dummy=$2 mac=$3 ip4=$4 ip6=$5 dev= d
+	if [ -z "$mac" ]; then
+		dev=$dummy
+		ip link add "$dev" type dummy || setup_failed "ip link add $dev type dummy"
+	else
+		for d in /sys/class/net/*; do
+			[ "$(cat "$d/address")" != "$mac" ] || dev=${d##*/}
+		done
+		[ -n "$dev" ] || setup_failed "no netdev with MAC $mac"
+	fi
+	sysctl -qw "net.ipv6.conf.$dev.accept_dad=0" || setup_failed "sysctl accept_dad on $dev"
+	ip addr add "$ip4/24" dev "$dev" || setup_failed "ip addr add $ip4/24"
+	ip -6 addr add "$ip6/64" dev "$dev" nodad || setup_failed "ip addr add $ip6/64"
+	ip link set "$dev" up || setup_failed "ip link set $dev up"
+	printf -v "$var" '%s' "$dev"
+}
+
+# rxe0: in one VM there is no NIC at all (-nic none) and rxe, which
+# refuses lo, loops to its own address on a dummy netdev; in two VMs it
+# goes on the one virtio NIC.
+netdev_up netdev rxenet0 "$NIC_MAC" "$LOCAL_IP" "$LOCAL_IP6"
 rdma link add rxe0 type rxe netdev "$netdev" || setup_failed "rdma link add rxe0 on $netdev"
 
 # The GID table fills asynchronously (netdev events, a workqueue): wait for
@@ -151,22 +157,7 @@ log "rxe0 is up on $netdev"
 # own, since the CM finds one device per netdev.  One VM: a dummy netdev
 # (TEST-NET-3; siw loops through the kernel's TCP); two VMs: the second
 # NIC, a wire of its own (TEST-NET-2).
-if [ -z "$SIW_MAC" ]; then
-	siwnet=rxenet1
-	ip link add "$siwnet" type dummy || setup_failed "ip link add $siwnet type dummy"
-else
-	siwnet=
-	for d in /sys/class/net/*; do
-		if [ "$(cat "$d/address")" = "$SIW_MAC" ]; then
-			siwnet=${d##*/}
-		fi
-	done
-	[ -n "$siwnet" ] || setup_failed "no netdev with MAC $SIW_MAC"
-fi
-sysctl -qw "net.ipv6.conf.$siwnet.accept_dad=0" || setup_failed "sysctl accept_dad on $siwnet"
-ip addr add "$SIW_IP/24" dev "$siwnet" || setup_failed "ip addr add $SIW_IP/24"
-ip -6 addr add "$SIW_IP6/64" dev "$siwnet" nodad || setup_failed "ip addr add $SIW_IP6/64"
-ip link set "$siwnet" up || setup_failed "ip link set $siwnet up"
+netdev_up siwnet rxenet1 "$SIW_MAC" "$SIW_IP" "$SIW_IP6"
 rdma link add siw0 type siw netdev "$siwnet" || setup_failed "rdma link add siw0 on $siwnet"
 for ((i = 0; i < 300; i++)); do
 	[ -e /sys/class/infiniband/siw0 ] && break

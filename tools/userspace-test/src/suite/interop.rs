@@ -199,7 +199,8 @@ const LISTEN_WAIT: Duration = Duration::from_secs(15);
 /// Connects a new RC id to `addr` with `param` and returns it once
 /// ESTABLISHED.  `prepare` runs on the id before it resolves (options:
 /// TOS must be set before the route is).  A REJECTED with nobody
-/// listening is tried again with a fresh id, for up to [`LISTEN_WAIT`].
+/// listening (over iWARP: `CONNECT` failing with `ECONNREFUSED`) is tried
+/// again with a fresh id, for up to [`LISTEN_WAIT`].
 fn connect_when_listening(
     dev: &Device,
     addr: SocketAddr,
@@ -214,7 +215,18 @@ fn connect_when_listening(
         wait(dev, EventType::AddrResolved)?;
         dev.resolve_route(id, 2000).context("resolve_route")?;
         wait(dev, EventType::RouteResolved)?;
-        dev.connect(id, param).context("connect")?;
+        match dev.connect(id, param) {
+            // iWARP: TCP refused the connection inside rdma_connect.
+            Err(e)
+                if e.raw_os_error() == Some(libc::ECONNREFUSED)
+                    && since.elapsed() < LISTEN_WAIT =>
+            {
+                dev.destroy(id)?;
+                std::thread::sleep(Duration::from_millis(300));
+                continue;
+            }
+            r => r.context("connect")?,
+        }
         let e = next_event(dev)?;
         ensure!(e.id == id, "module: {} of another id", e.line("module"));
         match e.event {
