@@ -1960,7 +1960,8 @@ impl Worker {
                 };
             }
             Cmd::ResolveRoute => v[2] = self.rng.range(100, 2000),
-            Cmd::Listen => v[0] = self.rng.range(1, 8),
+            // 0 too: it takes the largest backlog.
+            Cmd::Listen => v[0] = self.rng.range(0, 8),
             Cmd::Connect => {
                 // A UD id's SIDR request carries up to 180 bytes, an RC
                 // REQ 56.
@@ -2313,13 +2314,8 @@ impl Worker {
                                 60_001 + self.rng.below(1 << 20)
                             }
                         }
-                        Cmd::Listen => {
-                            op.v[0] = if self.rng.pct(50) {
-                                0
-                            } else {
-                                1025 + self.rng.below(1 << 20)
-                            }
-                        }
+                        // Backlog 0 takes the largest: only above it fails.
+                        Cmd::Listen => op.v[0] = 1025 + self.rng.below(1 << 20),
                         _ => {
                             if self.rng.pct(50) {
                                 op.v[0] = 6 + self.rng.below(100);

@@ -1282,7 +1282,7 @@ fn first_message_right_after_established(ctx: &mut Ctx) -> Result<()> {
                 Call::start(
                     &ctx.agent,
                     &format!(
-                        "connect addr={addr} data={} msg={} disc=self",
+                        "connect addr={addr} data={} msg={} disc=peer",
                         hex(&[k as u8]),
                         hex(&message(k))
                     ),
@@ -1311,10 +1311,16 @@ fn first_message_right_after_established(ctx: &mut Ctx) -> Result<()> {
                     })?;
                     slowest = slowest.max(start.elapsed());
                     verify("module: first message", &message(k), &got)?;
-                    dev.send(ev.id, format!("answer {k}").as_bytes())?;
+                    dev.send(ev.id, format!("answer {k}").as_bytes())
+                        .with_context(|| format!("connection {k}: the answer"))?;
+                    // The module ends the connection once its answer is
+                    // acknowledged: a peer disconnecting the moment it has
+                    // the answer could drop that ACK (rxe reports a receive
+                    // before it acknowledges), and the SEND would complete
+                    // only after the transport's retries.
+                    dev.disconnect(ev.id)?;
                 }
                 EventType::Disconnected => {
-                    dev.disconnect(ev.id)?;
                     dev.destroy(ev.id)?;
                     disconnected += 1;
                 }
