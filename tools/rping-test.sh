@@ -5,7 +5,8 @@
 # rxe0 and on siw0: rdma_cm_rs_rping.ko serves rping's protocol; the
 # unmodified rping client of rdmacm-utils (user space, librdmacm) and
 # rdma_cm_rs.ko's own rping client (kernel to kernel, driven through
-# /dev/rdma_cm_rs) ping it and verify every byte (-V).  Prints flat KTAP; exits non-zero on failure.
+# /dev/rdma_cm_rs) ping it and verify every byte (-V).  Prints flat KTAP;
+# exits non-zero on failure.
 set -uo pipefail
 . "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."

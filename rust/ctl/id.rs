@@ -282,7 +282,7 @@ impl Handler for IdEvents {
                 // ORD (relaxed IRD negotiation).  The view gives this side's
                 // values on both.
                 if p.responder_resources() != 0 || p.initiator_depth() != 0 {
-                    if id.transport() == Ok(Transport::Iwarp) {
+                    if event.transport() == Some(Transport::Iwarp) {
                         st.responder_resources = p.responder_resources();
                         st.initiator_depth = p.initiator_depth();
                     } else {

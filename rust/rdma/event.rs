@@ -151,6 +151,11 @@ impl<'a> Event<'a> {
         self.kind
     }
 
+    /// The transport of the id's device, once the id has one.
+    pub fn transport(&self) -> Option<Transport> {
+        self.transport
+    }
+
     /// The raw status: 0, a negative errno, or for [`EventType::Rejected`]
     /// the (positive) IB CM reject reason.
     pub fn status(&self) -> i32 {

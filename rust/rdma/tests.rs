@@ -400,6 +400,7 @@ mod id_tests {
             // SAFETY: `raw` is valid for the loop body, which `event` does
             // not outlive; the id would be RC; `transport` is the one tried.
             let event = unsafe { Event::from_raw(&raw, false, transport) }.unwrap();
+            assert_eq!(event.transport(), transport);
             let view = event.conn_param().unwrap();
             assert_eq!((view.responder_resources(), view.initiator_depth()), want);
             assert_eq!(view.to_owned().rd_atom(), want);

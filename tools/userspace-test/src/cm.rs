@@ -573,14 +573,8 @@ impl<'ch> Conn<'ch> {
 
     /// `rdma_connect` alone: the answer comes on the id's channel.
     pub fn start_connect(&self, param: &Param) -> Result<()> {
-        if self.start_connect_unless_refused(param)? {
-            Ok(())
-        } else {
-            bail!(
-                "rdma_connect: {}",
-                std::io::Error::from_raw_os_error(libc::ECONNREFUSED)
-            )
-        }
+        self.rdma_connect(param)
+            .map_err(|e| anyhow!("rdma_connect: {e}"))
     }
 
     /// [`Self::start_connect`], `Ok(false)` when `rdma_connect` itself
@@ -589,22 +583,31 @@ impl<'ch> Conn<'ch> {
     /// listener destroyed meanwhile) is refused there, with no event (IB's
     /// CM answers with REJECTED).
     pub fn start_connect_unless_refused(&self, param: &Param) -> Result<bool> {
+        match self.rdma_connect(param) {
+            Ok(()) => Ok(true),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ECONNREFUSED | libc::ECONNRESET)
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => bail!("rdma_connect: {e}"),
+        }
+    }
+
+    fn rdma_connect(&self, param: &Param) -> std::io::Result<()> {
         let mut raw = param.raw();
         // SAFETY: The id is live, with a QP; librdmacm reads `raw` and the
         // private data it points to (owned by `param`) during the call only.
         // A wrong state (no resolved route) is an error return.
         let r = unsafe { rdma_connect(self.id.raw, &mut raw) };
         if r == 0 {
-            return Ok(true);
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
         }
-        let e = std::io::Error::last_os_error();
-        if matches!(
-            e.raw_os_error(),
-            Some(libc::ECONNREFUSED | libc::ECONNRESET)
-        ) {
-            return Ok(false);
-        }
-        bail!("rdma_connect: {e}")
     }
 
     pub fn accept(&self, param: &Param) -> Result<()> {
