@@ -8,7 +8,7 @@
 //! Requests:
 //!   serve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N] [disc=self]
 //!         [rdma=LEN [rdmamode=full|victim]]   (see `rdma_peer`)
-//!   connect addr=A data=HEX [rr= id= retry= rnr=] [msg=HEX] [disc=self|peer|none]
+//!   connect addr=A data=HEX [rr= id= retry= rnr=] [msg=HEX [bye=HEX]] [disc=self|peer|none]
 //!   multi addr=A count=N      (then the suite sends "close")
 //!   burst addr=A count=N data=HEX   (then the suite sends "go"; see `burst`)
 //!   hold addr=A               connects, `ready` once established, then
@@ -262,6 +262,11 @@ fn connect(req: &Req) -> Result<String> {
         conn.send(&msg)?;
         let reply = conn.recv(T)?;
         let _ = write!(report, " reply={}", hex(&reply));
+        // `bye=HEX`: one more message, so that the side that sends last
+        // (and disconnects once its send completed) is this one.
+        if req.get("bye").is_some() {
+            conn.send(&req.bytes("bye")?)?;
+        }
     }
     match req.get("disc").unwrap_or("self") {
         "self" => {

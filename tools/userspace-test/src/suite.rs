@@ -1302,6 +1302,7 @@ fn first_message_right_after_established(ctx: &mut Ctx) -> Result<()> {
     let addr = SocketAddr::new(ctx.local4, ctx.port());
     let l = listen(&dev, addr, 2 * AT_ONCE as u32, 0)?;
     let message = |k: usize| format!("first message of connection {k}").into_bytes();
+    let bye = |k: usize| format!("bye from connection {k}").into_bytes();
     let mut slowest = Duration::ZERO;
     for round in 0..ROUNDS {
         let calls = (0..AT_ONCE)
@@ -1310,9 +1311,10 @@ fn first_message_right_after_established(ctx: &mut Ctx) -> Result<()> {
                 Call::start(
                     &ctx.agent,
                     &format!(
-                        "connect addr={addr} data={} msg={} disc=peer",
+                        "connect addr={addr} data={} msg={} bye={} disc=self",
                         hex(&[k as u8]),
-                        hex(&message(k))
+                        hex(&message(k)),
+                        hex(&bye(k))
                     ),
                 )
             })
@@ -1341,14 +1343,19 @@ fn first_message_right_after_established(ctx: &mut Ctx) -> Result<()> {
                     verify("module: first message", &message(k), &got)?;
                     dev.send(ev.id, format!("answer {k}").as_bytes())
                         .with_context(|| format!("connection {k}: the answer"))?;
-                    // The module ends the connection once its answer is
-                    // acknowledged: a peer disconnecting the moment it has
-                    // the answer could drop that ACK (rxe reports a receive
-                    // before it acknowledges), and the SEND would complete
-                    // only after the transport's retries.
-                    dev.disconnect(ev.id)?;
+                    // The peer sends last and disconnects once that send
+                    // completed: every SEND of both sides is acknowledged
+                    // before a QP goes to the error state.  (rxe reports a
+                    // receive before it sends the ACK: a side that
+                    // disconnected right after receiving could drop it, and
+                    // the sender's SEND would wait for the retries.)
+                    let got = dev
+                        .recv(ev.id, 4096, T)
+                        .with_context(|| format!("connection {k}: the peer's last message"))?;
+                    verify("module: last message", &bye(k), &got)?;
                 }
                 EventType::Disconnected => {
+                    dev.disconnect(ev.id)?;
                     dev.destroy(ev.id)?;
                     disconnected += 1;
                 }
