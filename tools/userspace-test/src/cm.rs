@@ -748,7 +748,11 @@ impl<'ch> Conn<'ch> {
             if Instant::now() >= deadline {
                 bail!("no completion within {timeout:?}");
             }
-            std::thread::sleep(Duration::from_millis(1));
+            if BUSY_POLL.get() {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
     }
 
@@ -826,6 +830,54 @@ impl Drop for Conn<'_> {
             }
         }
     }
+}
+
+thread_local! {
+    /// Whether this thread's completion waits spin (see [`set_busy_poll`]).
+    static BUSY_POLL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes the calling thread's completion waits ([`Conn::send`],
+/// [`Conn::recv`], [`Conn::rdma`]) poll the CQ in a loop that yields the
+/// CPU between polls, as perftest does, instead of sleeping 1 ms between
+/// polls (the default): the benchmark's librdmacm peers.
+pub fn set_busy_poll(on: bool) {
+    BUSY_POLL.set(on);
+}
+
+/// A new id on `ch` (no address yet), for callers that time each step.
+pub fn create_id(ch: &Channel) -> Result<Id<'_>> {
+    ch.create_id()
+}
+
+/// `rdma_resolve_addr` of `id` to `dst`, then its event, which must be
+/// ADDR_RESOLVED.
+pub fn resolve_addr(ch: &Channel, id: &Id<'_>, dst: &SocketAddr, timeout: Duration) -> Result<()> {
+    let mut ss = sockaddr(dst);
+    // SAFETY: `id.raw` is a live id; no source address (NULL); `ss` holds a
+    // sockaddr_in or sockaddr_in6, read during the call only.
+    let r = unsafe {
+        rdma_resolve_addr(
+            id.raw,
+            ptr::null_mut(),
+            ptr::addr_of_mut!(ss).cast(),
+            timeout.as_millis() as i32,
+        )
+    };
+    check(r, "rdma_resolve_addr")?;
+    ch.expect(EventType::AddrResolved, timeout)?;
+    Ok(())
+}
+
+/// `rdma_resolve_route` of `id` (its address resolved), then its event,
+/// which must be ROUTE_RESOLVED.
+pub fn resolve_route(ch: &Channel, id: &Id<'_>, timeout: Duration) -> Result<()> {
+    // SAFETY: `id.raw` is a live id; an id whose address is not resolved
+    // gets an error return.
+    let r = unsafe { rdma_resolve_route(id.raw, timeout.as_millis() as i32) };
+    check(r, "rdma_resolve_route")?;
+    ch.expect(EventType::RouteResolved, timeout)?;
+    Ok(())
 }
 
 /// Client side up to a resolved route: returns the id (no QP yet).

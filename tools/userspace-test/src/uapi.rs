@@ -470,6 +470,36 @@ impl Device {
         (result, sync_event(&c.sync))
     }
 
+    /// RESOLVE_ROUTE on a synchronous id waiting at most `wait_ms` (0: until
+    /// the event): the ioctl's result and the event it returned.
+    pub fn sync_resolve_route(
+        &self,
+        id: u32,
+        timeout_ms: u32,
+        wait_ms: u32,
+    ) -> (Result<()>, Option<Event>) {
+        let mut r = rdma_cm_rs_resolve_route {
+            id,
+            timeout_ms,
+            ..Default::default()
+        };
+        r.sync.timeout_ms = wait_ms;
+        let result = self.call(IOC_RESOLVE_ROUTE, &mut r);
+        (result, sync_event(&r.sync))
+    }
+
+    /// DISCONNECT on a synchronous id waiting at most `wait_ms` (0: until
+    /// the event): the ioctl's result and the event it returned.
+    pub fn sync_disconnect(&self, id: u32, wait_ms: u32) -> (Result<()>, Option<Event>) {
+        let mut d = rdma_cm_rs_disconnect {
+            id,
+            ..Default::default()
+        };
+        d.sync.timeout_ms = wait_ms;
+        let result = self.call(IOC_DISCONNECT, &mut d);
+        (result, sync_event(&d.sync))
+    }
+
     pub fn resolve_route(&self, id: u32, timeout_ms: u32) -> Result<()> {
         let mut r = rdma_cm_rs_resolve_route {
             id,
