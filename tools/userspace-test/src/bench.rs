@@ -1,0 +1,463 @@
+// SPDX-License-Identifier: GPL-2.0
+//! `userspace-test bench`: the in-kernel CM consumer (the module, driven
+//! through `/dev/rdma_cm_rs`) against a user-space librdmacm peer doing the
+//! same work, both facing the same librdmacm counterpart (threads of this
+//! process, [`peer`]).  Run in the test VM with the module loaded.
+//!
+//! Per repetition, each with both sides (the kernel first in odd
+//! repetitions, the user side first in even ones):
+//!  - connection setup, sequential cycles ([`conn`]): active (asynchronous
+//!    ids, and the module's synchronous ids), passive;
+//!  - round trips of a small and the largest message, send throughput,
+//!    RDMA WRITE and READ throughput ([`data`]);
+//!  - the CPU time of the driving thread and of the whole guest per
+//!    operation, for each of them.
+//!
+//! Writes `results.json`, `table.md` and `plot.tsv` ([`stats`]) into the
+//! output directory; a progress line a step and repetition on stderr.
+
+mod conn;
+mod data;
+mod peer;
+pub mod stats;
+
+use anyhow::{bail, Context, Result};
+use stats::{Cpu, CpuPerOp, Kind, Meta, Results, RunInfo, Sample, Target};
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::Instant,
+};
+
+/// What `bench` was asked.
+pub struct Options {
+    pub out_dir: PathBuf,
+    pub quick: bool,
+    pub reps: Option<usize>,
+    pub cycles: Option<usize>,
+    pub round_trips: Option<usize>,
+    pub allow_coarse_clock: bool,
+    /// Groups to run: `active`, `sync`, `passive`, `data` (default all).
+    pub only: Option<String>,
+}
+
+const GROUPS: [&str; 4] = ["active", "sync", "passive", "data"];
+
+/// Ports of the benchmark: 9000-9099, a fresh one for every run of a side.
+const PORT_BASE: u16 = 9000;
+const PORTS: u16 = 100;
+
+const CLOCKSOURCE: &str = "/sys/devices/system/clocksource/clocksource0/current_clocksource";
+
+/// Largest RDMA region: the module's limit (`RDMA_CM_RS_MAX_MR_LEN`, the
+/// 1 MiB the issue asks).
+const REGION: usize = crate::uapi::RDMA_CM_RS_MAX_MR_LEN as usize;
+
+/// What one run of one side measured.
+pub struct Block {
+    pub name: String,
+    pub ops: usize,
+    /// (step, µs per operation); an empty step names the block itself.
+    pub dists: Vec<(String, Vec<f64>)>,
+    pub dist_target: Target,
+    /// A figure over the whole run: (value, unit, target).
+    pub rate: Option<(f64, &'static str, Target)>,
+    pub cpu: CpuPerOp,
+}
+
+/// Per-step times of connection cycles.
+pub struct Steps {
+    names: Vec<String>,
+    v: Vec<Vec<f64>>,
+}
+
+impl Steps {
+    fn new(names: &[&str]) -> Self {
+        Self {
+            names: names.iter().map(|s| s.to_string()).collect(),
+            v: vec![Vec::new(); names.len()],
+        }
+    }
+
+    /// One cycle: `t` holds the instant before the first step and after
+    /// each.
+    fn add(&mut self, t: &[Instant]) {
+        for (i, v) in self.v.iter_mut().enumerate() {
+            if let (Some(a), Some(b)) = (t.get(i), t.get(i + 1)) {
+                v.push((*b - *a).as_secs_f64() * 1e6);
+            }
+        }
+    }
+
+    fn block(self, cycles: usize, cpu: &Cpu) -> Block {
+        let c = cpu.per_op(cycles);
+        Block {
+            name: String::new(),
+            ops: cycles,
+            dists: self.names.into_iter().zip(self.v).collect(),
+            dist_target: Target::None,
+            rate: Some((
+                cycles as f64 / c.wall.as_secs_f64().max(1e-9),
+                "conn/s",
+                Target::AtLeast(1.3),
+            )),
+            cpu: c,
+        }
+    }
+}
+
+fn read_trim(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Hands out the benchmark's ports in turn.
+struct Ports(u16);
+
+impl Ports {
+    fn next(&mut self, ip: IpAddr) -> SocketAddr {
+        let p = PORT_BASE + self.0 % PORTS;
+        self.0 += 1;
+        SocketAddr::new(ip, p)
+    }
+}
+
+/// Where one side's run goes in the results.
+struct Slot<'a> {
+    side: &'static str,
+    role: &'static str,
+    rep: usize,
+    reps: usize,
+    /// For the module's synchronous ids: the user-space block compared.
+    compare_block: Option<&'a str>,
+}
+
+fn unit_ops(b: &Block) -> &'static str {
+    if b.rate.is_some_and(|r| r.1 == "conn/s") {
+        "cycles"
+    } else if b.rate.is_some() {
+        "operations"
+    } else {
+        "round trips"
+    }
+}
+
+/// Prints the progress line of `r` and files it.
+fn record(res: &mut Results, what: &str, s: &Slot<'_>, r: Result<Vec<Block>>) {
+    let blocks = match r {
+        Ok(b) => b,
+        Err(e) => {
+            let msg = format!("{what} {} rep {}/{}: {e:#}", s.side, s.rep, s.reps);
+            eprintln!("bench: {msg}: FAILED");
+            res.failures.push(msg);
+            return;
+        }
+    };
+    for b in blocks {
+        let mut line = format!(
+            "bench: {} {} rep {}/{}: {} {}",
+            b.name,
+            s.side,
+            s.rep,
+            s.reps,
+            b.ops,
+            unit_ops(&b)
+        );
+        let compare = |name: &str| {
+            s.compare_block
+                .map(|base| format!("{base}{}", &name[b.name.len()..]))
+        };
+        for (step, v) in &b.dists {
+            let name = if step.is_empty() {
+                b.name.clone()
+            } else {
+                format!("{}: {step}", b.name)
+            };
+            let Some(sample) = Sample::of(v) else {
+                continue;
+            };
+            if step.is_empty() {
+                line += &format!(", median {:.0} us, p99 {:.0} us", sample.median, sample.p99);
+            }
+            res.add(
+                Meta {
+                    name: &name,
+                    side: s.side,
+                    role: s.role,
+                    unit: "us",
+                    kind: Kind::Latency,
+                    target: b.dist_target,
+                    compare_with: compare(&name).as_deref(),
+                },
+                s.rep,
+                sample,
+            );
+        }
+        if let Some((x, unit, target)) = b.rate {
+            line += &format!(", {x:.1} {unit}");
+            let name = format!("{}: {unit}", b.name);
+            res.add(
+                Meta {
+                    name: &name,
+                    side: s.side,
+                    role: s.role,
+                    unit,
+                    kind: Kind::Value,
+                    target,
+                    compare_with: compare(&name).as_deref(),
+                },
+                s.rep,
+                Sample::value(x, b.ops),
+            );
+        }
+        let mut cpu = vec![("CPU of the driving thread per op", Some(b.cpu.thread_us))];
+        cpu.push(("guest CPU busy per op", b.cpu.guest_us));
+        line += &format!(", thread CPU {:.0} us/op", b.cpu.thread_us);
+        if let Some(g) = b.cpu.guest_us {
+            line += &format!(", guest busy {g:.0} us/op");
+        }
+        for (what, v) in cpu {
+            let Some(v) = v else {
+                continue;
+            };
+            let name = format!("{}: {what}", b.name);
+            res.add(
+                Meta {
+                    name: &name,
+                    side: s.side,
+                    role: s.role,
+                    unit: "us/op",
+                    kind: Kind::Value,
+                    target: Target::None,
+                    compare_with: compare(&name).as_deref(),
+                },
+                s.rep,
+                Sample::value(v, b.ops),
+            );
+        }
+        eprintln!("{line}");
+    }
+}
+
+/// Files the end of a counterpart thread: its error is a failure.
+fn counterpart_end(res: &mut Results, what: &str, s: &Slot<'_>, mut p: peer::Peer) {
+    if let Err(e) = p.finish() {
+        let msg = format!(
+            "{what} {} rep {}/{}: counterpart: {e:#}",
+            s.side, s.rep, s.reps
+        );
+        eprintln!("bench: {msg}");
+        res.failures.push(msg);
+    }
+}
+
+fn named(mut b: Block, name: &str) -> Vec<Block> {
+    b.name = name.into();
+    vec![b]
+}
+
+pub fn run(o: Options) -> Result<()> {
+    let clocksource = read_trim(CLOCKSOURCE).unwrap_or_else(|| "unknown".into());
+    let coarse = matches!(clocksource.as_str(), "jiffies" | "refined-jiffies");
+    if coarse && !o.allow_coarse_clock {
+        bail!(
+            "the clocksource is {clocksource}: every clock of this machine moves in jiffies \
+             (4 ms steps at HZ=250), so no latency below that can be measured; boot a kernel \
+             with a fine clocksource (tsc, hpet, acpi_pm), or pass --allow-coarse-clock for a \
+             functional run"
+        );
+    }
+    let groups: Vec<&str> = match &o.only {
+        Some(s) => s.split(',').map(str::trim).collect(),
+        None => GROUPS.to_vec(),
+    };
+    if let Some(g) = groups.iter().find(|g| !GROUPS.contains(g)) {
+        bail!("--only {g}: not one of {}", GROUPS.join(","));
+    }
+    let want = |g: &str| groups.contains(&g);
+    let reps = o.reps.unwrap_or(if o.quick { 1 } else { 3 }).max(1);
+    let cycles = o.cycles.unwrap_or(if o.quick { 50 } else { 1000 }).max(1);
+    let round_trips = o
+        .round_trips
+        .unwrap_or(if o.quick { 100 } else { 1000 })
+        .max(1);
+    let ip: IpAddr = match std::env::var("RDMA_CM_RS_LOCAL_IP") {
+        Ok(v) if !v.is_empty() => v
+            .parse()
+            .with_context(|| format!("RDMA_CM_RS_LOCAL_IP={v:?}"))?,
+        _ => [192, 0, 2, 1].into(),
+    };
+    let abi = crate::uapi::Device::open_async()
+        .with_context(|| format!("open {} (is the module loaded?)", crate::uapi::DEVICE))?
+        .info()
+        .context("INFO")?;
+    // The largest message both sides take: the module's max_message and
+    // the librdmacm peer's buffers.
+    let large = (abi.max_message as usize).min(crate::cm::MSG);
+    let sizes = data::Sizes {
+        round_trips,
+        small: 64,
+        large,
+        messages: round_trips * 2,
+        rdma_ops: if o.quick { 10 } else { 100 },
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let info = RunInfo {
+        date: stats::utc(std::time::SystemTime::now()),
+        clocksource: clocksource.clone(),
+        coarse,
+        kernel: read_trim("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".into()),
+        cpus,
+        reps,
+        cycles,
+        round_trips,
+        messages: sizes.messages,
+        rdma_ops: sizes.rdma_ops,
+        message_size: large,
+        region: REGION,
+        counterpart: "plain librdmacm code (the tool's cm layer) in threads of the bench process, \
+                      one event channel each, busy-polling its CQs"
+            .into(),
+        notes: notes(large, &groups),
+    };
+    eprintln!(
+        "bench: clocksource {clocksource}{}, {reps} reps, {cycles} cycles, {round_trips} round trips, \
+         {} messages of {large} B, {} RDMA ops of {REGION} B, address {ip}, groups {}",
+        if coarse { " (coarse, allowed)" } else { "" },
+        sizes.messages,
+        sizes.rdma_ops,
+        groups.join(",")
+    );
+    let mut res = Results::default();
+    let mut ports = Ports(0);
+    for rep in 1..=reps {
+        let sides: [&'static str; 2] = if rep % 2 == 1 {
+            ["kernel", "user"]
+        } else {
+            ["user", "kernel"]
+        };
+        let slot = |side, role| Slot {
+            side,
+            role,
+            rep,
+            reps,
+            compare_block: None,
+        };
+        if want("active") {
+            for side in sides {
+                let s = slot(side, "active");
+                let addr = ports.next(ip);
+                let what = "connect active";
+                match peer::listener(addr) {
+                    Ok(l) => {
+                        let r = if side == "kernel" {
+                            conn::kernel_active(addr, cycles, false)
+                        } else {
+                            conn::user_active(addr, cycles)
+                        };
+                        record(&mut res, what, &s, r.map(|b| named(b, what)));
+                        counterpart_end(&mut res, what, &s, l);
+                    }
+                    Err(e) => record(&mut res, what, &s, Err(e)),
+                }
+            }
+        }
+        if want("sync") {
+            let what = "connect active (sync ids)";
+            let s = Slot {
+                compare_block: Some("connect active"),
+                ..slot("kernel", "active")
+            };
+            let addr = ports.next(ip);
+            match peer::listener(addr) {
+                Ok(l) => {
+                    let r = conn::kernel_active(addr, cycles, true);
+                    record(&mut res, what, &s, r.map(|b| named(b, what)));
+                    counterpart_end(&mut res, what, &s, l);
+                }
+                Err(e) => record(&mut res, what, &s, Err(e)),
+            }
+        }
+        if want("passive") {
+            for side in sides {
+                let s = slot(side, "passive");
+                let addr = ports.next(ip);
+                let what = "connect passive";
+                let r = if side == "kernel" {
+                    conn::kernel_passive(addr, cycles)
+                } else {
+                    conn::user_passive(addr, cycles)
+                };
+                record(&mut res, what, &s, r.map(|b| named(b, what)));
+            }
+        }
+        if want("data") {
+            for side in sides {
+                let s = slot(side, "active");
+                let addr = ports.next(ip);
+                let what = "data";
+                match peer::data_server(addr, REGION) {
+                    Ok(srv) => {
+                        let r = if side == "kernel" {
+                            data::kernel(addr, sizes)
+                        } else {
+                            data::user(addr, sizes)
+                        };
+                        record(&mut res, what, &s, r);
+                        counterpart_end(&mut res, what, &s, srv);
+                    }
+                    Err(e) => record(&mut res, what, &s, Err(e)),
+                }
+            }
+        }
+    }
+    stats::write_all(&o.out_dir, &info, &res)?;
+    print!("{}", stats::table(&info, &res));
+    eprintln!(
+        "bench: wrote results.json, table.md and plot.tsv in {}",
+        o.out_dir.display()
+    );
+    if !res.failures.is_empty() {
+        bail!(
+            "{} measurement(s) failed (listed in table.md)",
+            res.failures.len()
+        );
+    }
+    Ok(())
+}
+
+/// How the figures were made, and what is not measured.
+fn notes(large: usize, groups: &[&str]) -> Vec<String> {
+    let mut n = vec![
+        "connect: the user side's connect step includes creating its PD, CQs, QP and \
+         buffers and posting 16 receives (Conn::new), which the module does inside CONNECT; \
+         passive: request runs from the counterpart's go (it resolves and connects) to \
+         CONNECT_REQUEST, accept from there to ESTABLISHED; the side under test disconnects"
+            .to_string(),
+        format!(
+            "messages: the module's SEND/RECV carry at most {large} B (INFO max_message) and \
+             SEND returns after its completion, so send throughput uses {large} B messages \
+             with a window of one on both sides (not the issue's 64 KiB with a window)"
+        ),
+        format!(
+            "RDMA: one {} KiB region (the module's RDMA_CM_RS_MAX_MR_LEN), one operation in flight",
+            REGION / 1024
+        ),
+        "the librdmacm side under test and the counterpart busy-poll their CQs (yielding between \
+         polls); the module's caller sleeps until the completion"
+            .into(),
+        "CPU: the driving thread's getrusage(RUSAGE_THREAD) per operation (the module's work in \
+         its ioctls included, not its work items or interrupts); guest: /proc/stat busy time of \
+         all CPUs per operation (10 ms ticks; the counterpart and rxe included)"
+            .into(),
+        "not measured: 1000 concurrent connections, a sample module as peer (no ioctl in the \
+         loop), rping/cmtime reference figures, the scaling curve, the data path with the \
+         side under test passive"
+            .into(),
+    ];
+    if !groups.contains(&"sync") || !groups.contains(&"active") {
+        n.push(format!("groups run: {}", groups.join(",")));
+    }
+    n
+}

@@ -1,0 +1,284 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The counterpart both sides under test face: plain librdmacm code
+//! ([`crate::cm`]) in a thread of this process, each thread with its own
+//! event channel.  Three kinds: a listener that accepts every request (the
+//! active connection tests), a client that makes one connection a `go`
+//! (the passive ones), and a data server for one connection that sends the
+//! advertisement of a region it registered, then echoes, sinks and
+//! acknowledges messages (the data tests).  Every wait is bounded.
+
+use crate::cm::{self, Channel, Conn, IdKey};
+use crate::report::EventType;
+use anyhow::{anyhow, bail, Context, Result};
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+/// The counterpart's longest wait for a CM event.
+pub const T: Duration = Duration::from_secs(20);
+/// The data server's longest wait for the next message (the RDMA phase
+/// sends none for a while).
+const DATA_T: Duration = Duration::from_secs(180);
+
+/// Message kinds of the data tests (their first byte).
+pub const ECHO: u8 = b'E';
+pub const SINK: u8 = b'S';
+pub const ACK: u8 = b'A';
+pub const QUIT: u8 = b'Q';
+
+/// A running counterpart thread.
+pub struct Peer {
+    handle: Option<JoinHandle<Result<String>>>,
+    stop: Arc<AtomicBool>,
+    go: Option<mpsc::Sender<()>>,
+    done: Option<mpsc::Receiver<std::result::Result<(), String>>>,
+}
+
+impl Peer {
+    fn spawn(
+        what: &str,
+        body: impl FnOnce(Ctx) -> Result<String> + Send + 'static,
+        with_go: bool,
+    ) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel();
+        let ctx = Ctx {
+            stop: stop.clone(),
+            ready: ready_tx,
+            go: go_rx,
+            done: done_tx,
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("bench-{what}"))
+            .spawn(move || body(ctx))?;
+        let mut peer = Self {
+            handle: Some(handle),
+            stop,
+            go: with_go.then_some(go_tx),
+            done: with_go.then_some(done_rx),
+        };
+        match ready_rx.recv_timeout(T) {
+            Ok(Ok(())) => Ok(peer),
+            Ok(Err(e)) => {
+                let _ = peer.finish();
+                bail!("counterpart {what}: {e}")
+            }
+            Err(_) => {
+                let r = peer.finish();
+                Err(anyhow!("counterpart {what} not ready within {T:?}: {r:?}"))
+            }
+        }
+    }
+
+    /// Client counterparts: one connection, established and then
+    /// disconnected by the side under test; returns once the counterpart
+    /// saw DISCONNECTED and destroyed its side, or its error.
+    pub fn go(&self) -> Result<()> {
+        self.go
+            .as_ref()
+            .context("not a client")?
+            .send(())
+            .map_err(|_| anyhow!("the counterpart client ended"))
+    }
+
+    pub fn done(&self) -> Result<()> {
+        let rx = self.done.as_ref().context("not a client")?;
+        match rx.recv_timeout(T + T) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => bail!("counterpart client: {e}"),
+            Err(_) => bail!("counterpart client: no answer within {:?}", T + T),
+        }
+    }
+
+    /// Stops the thread and returns its summary (or its error).
+    pub fn finish(&mut self) -> Result<String> {
+        self.stop.store(true, Ordering::Release);
+        self.go = None;
+        match self.handle.take() {
+            Some(h) => h
+                .join()
+                .map_err(|_| anyhow!("counterpart thread panicked"))?,
+            None => Ok(String::new()),
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+/// What a counterpart thread gets.
+struct Ctx {
+    stop: Arc<AtomicBool>,
+    ready: mpsc::Sender<std::result::Result<(), String>>,
+    go: mpsc::Receiver<()>,
+    done: mpsc::Sender<std::result::Result<(), String>>,
+}
+
+impl Ctx {
+    /// Passes `r` on, telling the spawner of an error.
+    fn check<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            let _ = self.ready.send(Err(format!("{e:#}")));
+        }
+        r
+    }
+
+    fn ready(&self) {
+        let _ = self.ready.send(Ok(()));
+    }
+}
+
+fn param() -> cm::Param {
+    cm::Param::with_data(&[])
+}
+
+/// Accepts every request on `addr` and keeps each connection until its
+/// DISCONNECTED, until stopped.
+pub fn listener(addr: SocketAddr) -> Result<Peer> {
+    Peer::spawn(
+        "listener",
+        move |ctx| {
+            let ch = ctx.check(Channel::new())?;
+            let _listener = ctx.check(cm::listen(&ch, &addr, 128))?;
+            ctx.ready();
+            let mut conns: HashMap<IdKey, Conn<'_>> = HashMap::new();
+            let (mut accepted, mut disconnected) = (0usize, 0usize);
+            while !ctx.stop.load(Ordering::Acquire) {
+                // Only a timeout is an error of `next`.
+                let Ok(mut ev) = ch.next(Duration::from_millis(100)) else {
+                    continue;
+                };
+                match ev.event {
+                    EventType::ConnectRequest => {
+                        let conn = Conn::new(ev.take_request()?)?;
+                        conn.accept(&param())?;
+                        conns.insert(ev.id, conn);
+                        accepted += 1;
+                    }
+                    EventType::Established => {}
+                    EventType::Disconnected => {
+                        conns.remove(&ev.id);
+                        disconnected += 1;
+                    }
+                    _ => bail!("listener: unexpected {} (status {})", ev.name(), ev.status),
+                }
+            }
+            Ok(format!("{accepted} accepted, {disconnected} disconnected"))
+        },
+        false,
+    )
+}
+
+/// Connects to `dst` once a [`Peer::go`], waits for ESTABLISHED, then for
+/// the side under test to disconnect, and destroys its side.
+pub fn client(dst: SocketAddr) -> Result<Peer> {
+    Peer::spawn(
+        "client",
+        move |ctx| {
+            let ch = ctx.check(Channel::new())?;
+            ctx.ready();
+            let mut n = 0usize;
+            // Ends when the sender is dropped (finish).
+            while ctx.go.recv().is_ok() {
+                let r = (|| -> Result<()> {
+                    let id = cm::resolve(&ch, &dst, T)?;
+                    let conn = Conn::new(id)?;
+                    conn.connect(&param(), &ch, T)?
+                        .must_be(EventType::Established)?;
+                    ch.expect(EventType::Disconnected, T)?;
+                    Ok(())
+                })();
+                n += 1;
+                let _ = ctx
+                    .done
+                    .send(r.map_err(|e| format!("connection {n}: {e:#}")));
+            }
+            Ok(format!("{n} connections"))
+        },
+        true,
+    )
+}
+
+/// One connection on `addr`: registers a region of `region` bytes (remote
+/// read and write), SENDs its advertisement (address, rkey and length,
+/// little-endian), then answers messages by their first byte: [`ECHO`]
+/// sends the message back, [`SINK`] is counted, [`ACK`] is answered with
+/// one byte, [`QUIT`] ends; then it waits for DISCONNECTED.  Busy-polls.
+pub fn data_server(addr: SocketAddr, region: usize) -> Result<Peer> {
+    Peer::spawn(
+        "data-server",
+        move |ctx| {
+            cm::set_busy_poll(true);
+            let ch = ctx.check(Channel::new())?;
+            let _listener = ctx.check(cm::listen(&ch, &addr, 4))?;
+            ctx.ready();
+            let mut ev = ch.expect(EventType::ConnectRequest, T)?;
+            let mut conn = Conn::new(ev.take_request()?)?;
+            let r = conn.add_region(&vec![0u8; region], true, true)?;
+            conn.accept(&param())?;
+            ch.expect(EventType::Established, T)?;
+            let (raddr, rkey, len) = conn.region_key(r);
+            let mut adv = Vec::with_capacity(16);
+            adv.extend_from_slice(&raddr.to_le_bytes());
+            adv.extend_from_slice(&rkey.to_le_bytes());
+            adv.extend_from_slice(&len.to_le_bytes());
+            conn.send(&adv).context("advertisement")?;
+            let (mut echoed, mut sunk) = (0usize, 0usize);
+            loop {
+                let m = recv(&mut conn, &ctx.stop)?;
+                match m.first() {
+                    Some(&ECHO) => {
+                        conn.send(&m)?;
+                        echoed += 1;
+                    }
+                    Some(&SINK) => sunk += 1,
+                    Some(&ACK) => conn.send(&[ACK])?,
+                    Some(&QUIT) => break,
+                    _ => bail!("unexpected message of {} bytes", m.len()),
+                }
+            }
+            ch.expect(EventType::Disconnected, T)?;
+            Ok(format!("{echoed} echoed, {sunk} sunk"))
+        },
+        false,
+    )
+}
+
+/// The next message within [`DATA_T`], in short waits so that a stop (the
+/// side under test failed) ends the wait early.  `Conn::recv` fails alike
+/// on a timeout and on a completion in error: the last error is reported.
+fn recv(conn: &mut Conn<'_>, stop: &AtomicBool) -> Result<Vec<u8>> {
+    let start = std::time::Instant::now();
+    loop {
+        match conn.recv(Duration::from_millis(500)) {
+            Ok(m) => return Ok(m),
+            Err(e) if stop.load(Ordering::Acquire) => {
+                return Err(e.context("stopped by the side under test"))
+            }
+            Err(e) if start.elapsed() >= DATA_T => return Err(e),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Decodes [`data_server`]'s advertisement: (address, rkey, length).
+pub fn parse_advert(m: &[u8]) -> Result<(u64, u32, u32)> {
+    if m.len() != 16 {
+        bail!("advertisement of {} bytes, not 16", m.len());
+    }
+    let u64_at = |i: usize| u64::from_le_bytes(m[i..i + 8].try_into().expect("8 bytes"));
+    let u32_at = |i: usize| u32::from_le_bytes(m[i..i + 4].try_into().expect("4 bytes"));
+    Ok((u64_at(0), u32_at(8), u32_at(12)))
+}
