@@ -421,10 +421,21 @@ pub fn table(info: &RunInfo, r: &Results) -> String {
     o
 }
 
+/// At most three decimals, trailing zeros dropped (4000.25, 150).
+fn plain(x: f64) -> String {
+    let s = format!("{x:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s.is_empty() || s == "-" {
+        "0".into()
+    } else {
+        s.into()
+    }
+}
+
 pub fn plot(r: &Results) -> String {
     let mut o = String::from("metric\tkernel\tuser\tunit\n");
     for row in r.rows() {
-        let v = |s: Option<Spread>| s.map_or("NaN".into(), |s| format!("{}", s.median));
+        let v = |s: Option<Spread>| s.map_or("NaN".into(), |s| plain(s.median));
         let _ = writeln!(
             o,
             "{}\t{}\t{}\t{}",
@@ -616,5 +627,8 @@ mod tests {
             "metric\tkernel\tuser\tunit\nconnect active: conn/s\t150\t100\tconn/s\n"
         );
         assert!(json(&info, &r).contains("\"side\": \"kernel\""));
+        assert_eq!(plain(4000.2500000000005), "4000.25");
+        assert_eq!(plain(0.0), "0");
+        assert_eq!(plain(4.98373955), "4.984");
     }
 }
