@@ -22,8 +22,25 @@ pub const MSG: usize = 4096;
 /// Receives kept posted.
 const DEPTH: usize = 16;
 
+/// The error of a call that failed with `errno` set, or an honest word
+/// that it left errno alone.  Callers clear errno first ([`clear_errno`]):
+/// a provider may fail without setting it (libsiw refuses a queue mapping
+/// that way), and a stale value, such as the EAGAIN of the non-blocking
+/// event channel's last read, would name a cause that is not one.
 fn errno(what: &str) -> anyhow::Error {
-    anyhow!("{what}: {}", std::io::Error::last_os_error())
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(0) {
+        anyhow!("{what}: failed without setting errno (VERBS_LOG_FILE=/dev/stderr VERBS_LOG_LEVEL=3 shows the provider's reason)")
+    } else {
+        anyhow!("{what}: {e}")
+    }
+}
+
+/// Sets errno to 0 before a verbs call (see [`errno`]).
+fn clear_errno() {
+    // SAFETY: __errno_location returns the calling thread's errno, which is
+    // always valid to write.
+    unsafe { *libc::__errno_location() = 0 };
 }
 
 fn check(r: i32, what: &str) -> Result<()> {
@@ -356,6 +373,7 @@ unsafe fn register_buffers(
     send: &mut [u8],
 ) -> Result<(*mut ibv_mr, *mut ibv_mr)> {
     let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
+    clear_errno();
     // SAFETY: By the safety requirements; NULL on failure, checked.
     let (recv_mr, send_mr) = unsafe {
         (
@@ -484,12 +502,14 @@ impl<'ch> Conn<'ch> {
         if verbs.is_null() {
             bail!("the id is not bound to an RDMA device");
         }
+        clear_errno();
         // SAFETY: `verbs` is the open context of the device the id is bound
         // to (librdmacm keeps it open); NULL on failure, checked below.
         conn.pd = unsafe { ibv_alloc_pd(verbs) };
         if conn.pd.is_null() {
             return Err(errno("ibv_alloc_pd"));
         }
+        clear_errno();
         // SAFETY: As above; no CQ context and no completion channel (the CQ
         // is polled), completion vector 0, which every device has.
         conn.send_cq = unsafe { ibv_create_cq(verbs, 8, ptr::null_mut(), ptr::null_mut(), 0) };
@@ -510,6 +530,7 @@ impl<'ch> Conn<'ch> {
         attr.cap.max_recv_sge = 1;
         attr.qp_type = ibv_qp_type::IBV_QPT_RC;
         attr.sq_sig_all = 1;
+        clear_errno();
         // SAFETY: `id` is live and without a QP; the PD and CQs were made on
         // its device's context; `attr` is read (and its `cap` written)
         // during the call only.
@@ -642,6 +663,7 @@ impl<'ch> Conn<'ch> {
         if remote_write {
             access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
         }
+        clear_errno();
         // SAFETY: `self.pd` is live; `buf` is a heap allocation of the length
         // given, which moves into `regions` with the MR without moving its
         // bytes, and is freed only after the MR is deregistered (drop).  NULL

@@ -8,7 +8,9 @@
 //! number and replies through an address handle made from the received
 //! work completion.
 
-use super::{check, errno, listen_id, register_buffers, resolve_id, Channel, Conn, Id};
+use super::{
+    check, clear_errno, errno, listen_id, register_buffers, resolve_id, Channel, Conn, Id,
+};
 use anyhow::{bail, Context, Result};
 use std::{fmt, mem::size_of, net::SocketAddr, ptr, time::Duration};
 
@@ -136,6 +138,7 @@ impl<'ch> UdQp<'ch> {
         };
         // SAFETY: `verbs` is a live device context; each call returns NULL
         // on failure (checked), and what it returns is freed once in drop.
+        clear_errno();
         unsafe {
             qp.pd = ibv_alloc_pd(verbs);
             if qp.pd.is_null() {
@@ -158,6 +161,7 @@ impl<'ch> UdQp<'ch> {
         attr.cap.max_recv_sge = 1;
         attr.qp_type = ibv_qp_type::IBV_QPT_UD;
         attr.sq_sig_all = 1;
+        clear_errno();
         // SAFETY: The id is live and without a QP; the PD and CQs were made
         // on its device's context; `attr` is read (and its `cap` written)
         // during the call only.  On a UD id librdmacm also moves the QP to
