@@ -1460,6 +1460,8 @@ mod sync_tests {
     struct Seen {
         server: Option<Arc<CmId<Node>>>,
         accepted: Option<Result<SyncOutcome>>,
+        /// REJECTED events of any id of the world.
+        rejected: u32,
     }
 
     #[pin_data]
@@ -1484,7 +1486,11 @@ mod sync_tests {
     }
 
     impl Handler for Node {
-        fn event(&self, _id: &LockedId<'_>, _event: &Event<'_>) {}
+        fn event(&self, _id: &LockedId<'_>, event: &Event<'_>) {
+            if event.kind() == EventType::Rejected {
+                self.world.seen.lock().rejected += 1;
+            }
+        }
 
         fn connect_request(&self, request: ConnectRequest<'_, Self>, _event: &Event<'_>) {
             let Ok(node) = Node::synchronous(&self.world) else {
@@ -1694,5 +1700,51 @@ mod sync_tests {
         assert_eq!(resumed.event().kind(), EventType::Rejected);
         assert_eq!(resumed.result(), Err(ECONNREFUSED));
         drop((client, server, listener));
+    }
+
+    /// A request whose peer gave up before it was accepted: its REJECTED
+    /// came while no call waited, and the accept that follows returns it
+    /// at once (`ECONNREFUSED`, the event with it) instead of asking the
+    /// CM to answer a request that is gone (which fails with `EINVAL`
+    /// and loses the event).
+    #[test]
+    fn failure_before_accept_is_returned_by_it() {
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening(&ns, 7187) else {
+            return;
+        };
+        let client = CmId::new(
+            Node::synchronous(&world).unwrap(),
+            &ns,
+            PortSpace::Tcp,
+            QpType::Rc,
+        )
+        .unwrap();
+        let ready = client
+            .resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)))
+            .and_then(|o| o.into_event())
+            .and_then(|_| client.resolve_route_sync(ms(2000), Some(ms(5000))))
+            .and_then(|o| o.into_event())
+            .and_then(|_| with_qp(&client));
+        assert!(ready.is_ok());
+        let first = client.connect_sync(&ConnParam::new(), Some(ms(100)));
+        assert_eq!(first.err(), Some(ETIMEDOUT));
+        assert!(wait_until(|| world.seen.lock().server.is_some()));
+        // The client goes with its request pending: its CM rejects it.
+        drop(client);
+        assert!(wait_until(|| world.seen.lock().rejected > 0));
+        let server = world.seen.lock().server.take();
+        let Some(server) = server else { return };
+        assert!(with_qp(&server).is_ok());
+        let accepted = server.accept_sync(None, Some(ms(5000)));
+        assert_eq!(
+            accepted.map(|o| (o.event().kind(), o.result())),
+            Ok((EventType::Rejected, Err(ECONNREFUSED)))
+        );
+        assert_eq!(
+            server.last_event().map(|e| e.kind()),
+            Some(EventType::Rejected)
+        );
+        drop((server, listener));
     }
 }
