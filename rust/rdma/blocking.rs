@@ -24,6 +24,11 @@
 //! * A DISCONNECTED event is kept once it came: a disconnect after it
 //!   returns at once with it, and a connect or accept in flight ends with
 //!   `ECONNRESET`.  DEVICE_REMOVAL ends every wait with `ENODEV`.
+//! * A REJECTED, UNREACHABLE or CONNECT_ERROR that came while no connect
+//!   or accept was in flight (a request whose peer gave up before it was
+//!   accepted) is kept for the next connect or accept, which returns it at
+//!   once without starting anything: the event is not lost, and the CM is
+//!   not asked to answer a request that is gone.
 //! * [`EventWaiter::cancel`] (the owner is going away) ends every wait with
 //!   `ECANCELED`, now and later.
 //!
@@ -220,6 +225,9 @@ struct WaiterState {
     outcome: Option<OwnedEvent>,
     /// The DISCONNECTED event, once it came.
     disconnected: Option<OwnedEvent>,
+    /// A connection's failure that came while no connect or accept was in
+    /// flight, kept for the next of them.
+    unclaimed_failure: Option<OwnedEvent>,
     /// DEVICE_REMOVAL came.
     removed: bool,
     /// The owner is going away.
@@ -244,6 +252,9 @@ pub(crate) enum Begin {
     /// The same operation is in flight already (an earlier call was
     /// interrupted): wait for its event.
     Resume,
+    /// The event that ends the operation came before the call: do not
+    /// start it; the wait returns that event at once.
+    Ended,
 }
 
 impl EventWaiter {
@@ -255,6 +266,7 @@ impl EventWaiter {
                 waiting: false,
                 outcome: None,
                 disconnected: None,
+                unclaimed_failure: None,
                 removed: false,
                 cancelled: false,
                 last: None,
@@ -273,10 +285,20 @@ impl EventWaiter {
             EventType::Disconnected => st.disconnected = Some(OwnedEvent::copy(event)),
             _ => {}
         }
-        if let Some(op) = st.in_flight {
-            if st.outcome.is_none() && op.ends_with(kind) {
-                st.outcome = Some(OwnedEvent::copy(event));
+        match st.in_flight {
+            Some(op) if op.ends_with(kind) => {
+                if st.outcome.is_none() {
+                    st.outcome = Some(OwnedEvent::copy(event));
+                }
             }
+            _ if matches!(
+                kind,
+                EventType::Rejected | EventType::Unreachable | EventType::ConnectError
+            ) =>
+            {
+                st.unclaimed_failure = Some(OwnedEvent::copy(event));
+            }
+            _ => {}
         }
         self.changed.notify_all();
     }
@@ -314,9 +336,17 @@ impl EventWaiter {
                 st.in_flight = Some(op);
                 st.waiting = true;
                 st.outcome = None;
-                // A disconnect after the peer's: its event is here already.
-                if op == SyncOp::Disconnect {
-                    st.outcome = st.disconnected;
+                match op {
+                    // A disconnect after the peer's: its event is here
+                    // already, and the disconnect still goes to the CM.
+                    SyncOp::Disconnect => st.outcome = st.disconnected,
+                    SyncOp::Connect | SyncOp::Accept => {
+                        if let Some(failure) = st.unclaimed_failure.take() {
+                            st.outcome = Some(failure);
+                            return Ok(Begin::Ended);
+                        }
+                    }
+                    SyncOp::ResolveAddr | SyncOp::ResolveRoute => {}
                 }
                 Ok(Begin::Start)
             }
