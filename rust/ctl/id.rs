@@ -33,7 +33,9 @@ use kernel::{
 /// An id owned by a file.
 pub(crate) type CtlId = CmId<IdEvents>;
 
-/// A listener's backlog, enforced here because the CM honours it only on iWARP.
+/// A listener's backlog: requests delivered and not yet answered, which no
+/// CM bounds (see [`crate::rdma::cm::CmId::listen`]), so the file does, as
+/// ucma does.
 pub(crate) struct Backlog {
     limit: u32,
     /// Requests delivered and neither accepted, rejected nor destroyed.

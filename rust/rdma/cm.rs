@@ -345,11 +345,15 @@ impl<H: Handler> CmId<H> {
 impl<H: Handler> CmId<H> {
     /// Listens (`rdma_listen`); an unbound id listens on the wildcard.
     ///
-    /// `backlog` bounds the connection requests not yet answered, and only
-    /// the iWARP CM enforces it (`iw_cm_listen`: the device refuses a
-    /// request over it); on IB/RoCE the consumer enforces its own.  0 asks
-    /// for the CM's default: `net.iw_cm.default_backlog` (256) on iWARP,
-    /// no bound on IB/RoCE, as isert listens.  Above `i32::MAX`: `EINVAL`.
+    /// No CM bounds the connection requests delivered and not yet
+    /// answered: a consumer that wants such a bound keeps its own.  The IB
+    /// CM ignores `backlog`; the iWARP CM sizes the listener's pool of
+    /// queued events with it (`iw_cm_listen`: a request arriving while
+    /// that many of the listener's events wait for the CM's workqueue is
+    /// dropped, and a slot comes back as soon as the handler ran), and siw
+    /// passes it to its TCP `listen()`.  0 asks for the CM's default:
+    /// `net.iw_cm.default_backlog` (256) on iWARP, as isert listens.  Above
+    /// `i32::MAX`: `EINVAL`.
     /// Called without the id's handler mutex (see the module
     /// documentation), so not from inside any callback of the layer or
     /// `with_lock` (`EDEADLK`).
