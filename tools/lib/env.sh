@@ -62,8 +62,18 @@ kernel_patches_digest() {
 		[ -f "$p" ] && cat "$p"
 	done | sha256sum | cut -c1-16
 }
+# A variant (the one argument of the three functions below) is "" for the
+# test kernel, "bench" for the bench kernel of `make bench`.
+# kernel_fragments [VARIANT]: the config fragments merged over tinyconfig,
+# one a line, in order: later ones override earlier ones.
+kernel_fragments() {
+	echo "$repo_root/.config.fragment"
+	[ "${1:-}" != bench ] || echo "$repo_root/bench.config.fragment"
+}
+# kernel_cache_key [VARIANT]: the test kernel's key is VERSION-HASH, the
+# bench kernel's VERSION-bench-HASH, its hash over its fragment too.
 kernel_cache_key() {
-	local version
+	local version variant=${1:-}
 	version=$(kernel_version)
 	{
 		echo "$version"
@@ -72,6 +82,7 @@ kernel_cache_key() {
 		rustc --version
 		bindgen --version
 		clang-19 --version | head -n1
-	} | sha256sum | cut -c1-16 | sed "s/^/$version-/"
+		[ -z "$variant" ] || cat "$repo_root/$variant.config.fragment"
+	} | sha256sum | cut -c1-16 | sed "s/^/$version-${variant:+$variant-}/"
 }
-kernel_build_dir() { echo "$RDMA_CM_RS_CACHE/kernel/$(kernel_cache_key)"; }
+kernel_build_dir() { echo "$RDMA_CM_RS_CACHE/kernel/$(kernel_cache_key "${1:-}")"; }
