@@ -7,6 +7,11 @@
 #
 #   make fuzz     the ioctl fuzzer in the test VM, DURATION=1800 s, SEED=N
 #                 to replay one seed (make check runs a 45 s round)
+#   make bench    the module against a user-space librdmacm peer, side by
+#                 side, in one VM on the bench kernel (no debug options, a
+#                 real clocksource; built once, make check never builds
+#                 it); table and plot in build/bench/DATE/, see
+#                 Documentation/rdma_cm_rs/benchmarks.rst
 #
 # KDIR=/path/to/a/Rust-enabled/kernel/build skips fetching and building the
 # test kernel.  Everything slow is cached under $(RDMA_CM_RS_CACHE)
@@ -25,12 +30,12 @@ ENV := source tools/lib/env.sh &&
 KMAKE = mapfile -t dirs < <(module_dirs) && \
 	$(MAKE) -C "$$(cat "$$out_dir/.kdir")" "$${dirs[@]}" LLVM=-19
 
-.PHONY: all setup kernel module tool check demo fuzz clean help
+.PHONY: all setup kernel module tool check demo fuzz bench clean help
 
 all: module tool
 
 help:
-	@sed -n '3,15p' Makefile
+	@sed -n '3,18p' Makefile
 
 setup:
 	@tools/setup.sh
@@ -61,6 +66,11 @@ fuzz: module tool
 	$(ENV) tools/vm/run --kernel "$$(cat "$$out_dir/.kdir")" --timeout $$(($(DURATION) + 600)) \
 		--keep-logs "$$out_dir/build/logs/fuzz-$(FUZZ_SEED)" --module "$$out_dir/rdma_cm_rs.ko" -- \
 		"$$tool_bin fuzz --seed $(FUZZ_SEED) --seconds $(DURATION)"
+
+# The bench kernel, the module built against it, the tool, one VM, the plot:
+# tools/bench.sh does it all (its --help says how).
+bench:
+	@tools/bench.sh
 
 clean:
 	@$(ENV) if [ -f "$$out_dir/.kdir" ]; then $(KMAKE) clean; fi

@@ -6,6 +6,7 @@
 # only checks and takes seconds.
 #
 #   tools/setup.sh            packages, Rust components, bindgen, kernel source
+#   tools/setup.sh --bench    the same, and gnuplot-nox for `make bench`'s plot
 #
 # Environment:
 #   KDIR=...                  a Rust-enabled kernel build of the user's own: no
@@ -31,6 +32,11 @@ packages=(
 	iproute2 flex bison bc libelf-dev libssl-dev cpio kmod xz-utils
 	make gcc pkg-config patch
 )
+case "${1:-}" in
+--bench) packages+=(gnuplot-nox) ;;
+"") ;;
+*) die "unknown argument '$1' (tools/setup.sh [--bench])" ;;
+esac
 
 install_packages() {
 	local missing=() p
