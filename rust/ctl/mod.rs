@@ -61,6 +61,14 @@ use wait::{wait_for, Wait};
 pub(crate) const MAX_IDS: usize = 1024;
 /// Events one file may have queued; connection requests beyond are refused.
 const MAX_QUEUED_EVENTS: usize = 4096;
+/// The backlog the char device gives the CM: 0, its default.  No CM
+/// bounds unanswered requests (the file's `Backlog` does); a small number
+/// only shrinks the iWARP CM's and siw's pools of queued events and
+/// connection takeovers, and siw, short of them, leaves a request of a
+/// burst unanswered until the peer gives up (UNREACHABLE after its 10 s
+/// MPA timer, instead of the prompt REJECTED of the file's own bound).
+const CM_BACKLOG: u32 = 0;
+
 /// Largest listen backlog.
 const MAX_BACKLOG: u32 = 1024;
 
@@ -552,8 +560,9 @@ impl CtlFile {
 
     fn listen(&self, arg: usize) -> Result {
         let c: abi::Listen = read_arg(arg)?;
-        // 0 takes the largest, as ucma does for librdmacm's rdma_listen;
-        // the CM gets the same number (on iWARP it enforces it too).
+        // 0 takes the largest, as ucma does for librdmacm's rdma_listen.
+        // The file bounds unanswered requests itself (`Backlog`); the CM
+        // gets its own default (see `CM_BACKLOG`).
         let backlog = match c.backlog {
             0 => MAX_BACKLOG,
             1..=MAX_BACKLOG => c.backlog,
@@ -578,7 +587,7 @@ impl CtlFile {
         // Not under the handler mutex (see `CmId::listen`); a listener's
         // events (requests) do not change its state, so setting it after
         // the call loses nothing.
-        match id.listen(backlog) {
+        match id.listen(CM_BACKLOG) {
             Ok(()) => {
                 shared.state.lock().state = abi::state::LISTEN;
                 Ok(())
