@@ -64,13 +64,17 @@ impl Ctx {
             local6,
             peer6,
             agent,
-            // Passes run at once (rxe, rxe synchronous, siw) never meet
-            // each other's ports.
+            // Passes run at once (rxe and siw, each asynchronous and
+            // synchronous) never meet each other's ports, nor the ports
+            // the CM picks for ids that connect unbound: those come from
+            // the ephemeral range (ip_local_port_range, 32768-60999), where
+            // siw_listen_backlog_zero_takes_the_maximum once found its
+            // fixed port taken (EADDRINUSE).
             next_port: match (transport, crate::uapi::sync_mode()) {
                 (Transport::Rxe, false) => 18000,
-                (Transport::Rxe, true) => 28000,
-                (Transport::Siw, false) => 38000,
-                (Transport::Siw, true) => 48000,
+                (Transport::Rxe, true) => 21000,
+                (Transport::Siw, false) => 24000,
+                (Transport::Siw, true) => 27000,
             },
         }
     }
