@@ -1531,6 +1531,20 @@ mod sync_tests {
         })
     }
 
+    /// A synchronous client of `world` with its address and route to
+    /// `addr` resolved and a QP, ready to connect.
+    fn ready_client(world: &Arc<World>, ns: &NetNs, addr: &SocketAddr) -> Result<CmId<Node>> {
+        let client = CmId::new(Node::synchronous(world)?, ns, PortSpace::Tcp, QpType::Rc)?;
+        client
+            .resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))?
+            .into_event()?;
+        client
+            .resolve_route_sync(ms(2000), Some(ms(5000)))?
+            .into_event()?;
+        with_qp(&client)?;
+        Ok(client)
+    }
+
     /// A world and a listener of it (no waiter) on rxe at `port`; `None`
     /// (the test skipped) without the device.
     fn listening(ns: &NetNs, port: u16) -> Option<(Arc<World>, CmId<Node>, SocketAddr)> {
@@ -1671,20 +1685,9 @@ mod sync_tests {
         let Some((world, listener, addr)) = listening(&ns, 7186) else {
             return;
         };
-        let client = CmId::new(
-            Node::synchronous(&world).unwrap(),
-            &ns,
-            PortSpace::Tcp,
-            QpType::Rc,
-        )
-        .unwrap();
-        let ready = client
-            .resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)))
-            .and_then(|o| o.into_event())
-            .and_then(|_| client.resolve_route_sync(ms(2000), Some(ms(5000))))
-            .and_then(|o| o.into_event())
-            .and_then(|_| with_qp(&client));
-        assert!(ready.is_ok());
+        let client = ready_client(&world, &ns, &addr);
+        assert!(client.is_ok());
+        let Ok(client) = client else { return };
         let param = ConnParam::new();
         let first = client.connect_sync(&param, Some(ms(100)));
         assert_eq!(first.err(), Some(ETIMEDOUT));
@@ -1713,20 +1716,9 @@ mod sync_tests {
         let Some((world, listener, addr)) = listening(&ns, 7187) else {
             return;
         };
-        let client = CmId::new(
-            Node::synchronous(&world).unwrap(),
-            &ns,
-            PortSpace::Tcp,
-            QpType::Rc,
-        )
-        .unwrap();
-        let ready = client
-            .resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)))
-            .and_then(|o| o.into_event())
-            .and_then(|_| client.resolve_route_sync(ms(2000), Some(ms(5000))))
-            .and_then(|o| o.into_event())
-            .and_then(|_| with_qp(&client));
-        assert!(ready.is_ok());
+        let client = ready_client(&world, &ns, &addr);
+        assert!(client.is_ok());
+        let Ok(client) = client else { return };
         let first = client.connect_sync(&ConnParam::new(), Some(ms(100)));
         assert_eq!(first.err(), Some(ETIMEDOUT));
         assert!(wait_until(|| world.seen.lock().server.is_some()));
