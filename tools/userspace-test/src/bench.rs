@@ -30,14 +30,29 @@ use std::{
 };
 
 /// What `bench` was asked.
+#[derive(clap::Args)]
 pub struct Options {
+    /// Where the three files go (created).
+    #[arg(long)]
     pub out_dir: PathBuf,
+    /// 1 repetition, 50 cycles, 100 round trips, 10 RDMA operations.
+    #[arg(long)]
     pub quick: bool,
+    /// Repetitions (default 3, --quick 1).
+    #[arg(long)]
     pub reps: Option<usize>,
+    /// Connection cycles a run (default 1000, --quick 50).
+    #[arg(long)]
     pub cycles: Option<usize>,
+    /// Round trips a message size (default 1000, --quick 100); twice
+    /// as many messages for the send throughput.
+    #[arg(long)]
     pub round_trips: Option<usize>,
+    /// Report even on a jiffies clocksource (functional runs).
+    #[arg(long)]
     pub allow_coarse_clock: bool,
-    /// Groups to run: `active`, `sync`, `passive`, `data` (default all).
+    /// Only these groups, comma-separated: active, sync, passive, data.
+    #[arg(long)]
     pub only: Option<String>,
 }
 

@@ -135,30 +135,7 @@ enum Cmd {
     /// Benchmark: the module (through /dev/rdma_cm_rs) against a
     /// librdmacm peer doing the same work, both facing the same librdmacm
     /// counterpart; writes results.json, table.md and plot.tsv.
-    Bench {
-        /// Where the three files go (created).
-        #[arg(long)]
-        out_dir: std::path::PathBuf,
-        /// 1 repetition, 50 cycles, 100 round trips, 10 RDMA operations.
-        #[arg(long)]
-        quick: bool,
-        /// Repetitions (default 3, --quick 1).
-        #[arg(long)]
-        reps: Option<usize>,
-        /// Connection cycles a run (default 1000, --quick 50).
-        #[arg(long)]
-        cycles: Option<usize>,
-        /// Round trips a message size (default 1000, --quick 100); twice
-        /// as many messages for the send throughput.
-        #[arg(long)]
-        round_trips: Option<usize>,
-        /// Report even on a jiffies clocksource (functional runs).
-        #[arg(long)]
-        allow_coarse_clock: bool,
-        /// Only these groups, comma-separated: active, sync, passive, data.
-        #[arg(long)]
-        only: Option<String>,
-    },
+    Bench(bench::Options),
     /// The fuzzer's librdmacm peer (started by `fuzz`, killed by it).
     #[command(hide = true)]
     FuzzPeer {
@@ -983,23 +960,7 @@ fn main() -> Result<()> {
             prefer,
             seed,
         } => fuzz::peer(addr, span, &prefer, seed)?,
-        Cmd::Bench {
-            out_dir,
-            quick,
-            reps,
-            cycles,
-            round_trips,
-            allow_coarse_clock,
-            only,
-        } => bench::run(bench::Options {
-            out_dir,
-            quick,
-            reps,
-            cycles,
-            round_trips,
-            allow_coarse_clock,
-            only,
-        })?,
+        Cmd::Bench(options) => bench::run(options)?,
         Cmd::Suite {
             filter,
             peer,
