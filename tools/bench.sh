@@ -28,11 +28,14 @@
 #            100 -p PORT`) and `rping -c -a IP -p PORT -C 1000 -S 64`
 #            against `rping -s -a IP -p PORT`
 #   plot     plot.png from plot.tsv with gnuplot, on the host: the ratio
-#            kernel / user-space of each metric as a bar, a line at 1.0
+#            kernel / user-space of each metric as a bar, a line at 1.0;
+#            scale.png from scale.tsv: setup time and memory per
+#            connection against the connections open at once
 #
 # Results: build/bench/DATE/ of the build directory (tools/lib/env.sh),
 # build/bench/latest pointing to the newest: clocksource.txt, bench.log
-# (the tool's output), table.md, plot.tsv, plot.png, cmtime-N.txt,
+# (the tool's output), table.md, plot.tsv, plot.png, scale.tsv, scale.png,
+# cmtime-N.txt,
 # rping-N.txt, references.tsv (seconds per reference run), run.txt (date,
 # machine, kernel, commit), vm/ (the VM's console, dmesg, output, timing).
 # Exit status: 0 when every step passed; 3 the guest keeps time with
@@ -249,6 +252,40 @@ EOF
 else
 	say "plot: no plot.tsv in $results (the tool did not write one): no plot" >&2
 	plot_rc=1
+fi
+
+# The scaling curve: setup time and memory per connection against the
+# number of connections open at once, both sides, log-log.
+if [ "$(tail -n +2 "$results/scale.tsv" 2>/dev/null | grep -c .)" -gt 0 ]; then
+	cat >"$results/scale.gp" <<EOF
+# Made by tools/bench.sh from scale.tsv.
+set terminal pngcairo size 1100,450 noenhanced font 'sans,9'
+set output '$results/scale.png'
+set datafile separator "\t"
+set datafile missing 'NaN'
+set multiplot layout 1,2 title "rdma-cm-rs: connections open at once ($(basename "$results"))"
+set logscale x 10
+set xlabel 'connections open at once'
+set grid
+set key top left
+set logscale y 10
+set ylabel 'setup until the last is established (ms)'
+plot '$results/scale.tsv' skip 1 using 1:2 with linespoints lw 2 title 'kernel (module)', \\
+	'' skip 1 using 1:3 with linespoints lw 2 title 'user space (librdmacm)'
+unset logscale y
+set yrange [0:*]
+set ylabel 'guest memory in use per connection (KiB, both ends)'
+plot '$results/scale.tsv' skip 1 using 1:4 with linespoints lw 2 title 'kernel (module)', \\
+	'' skip 1 using 1:5 with linespoints lw 2 title 'user space (librdmacm)'
+unset multiplot
+EOF
+	if gnuplot "$results/scale.gp" 2>"$logs/bench-gnuplot-scale.log"; then
+		say "plot: $results/scale.png"
+	else
+		cat "$logs/bench-gnuplot-scale.log" >&2
+		say "error: gnuplot failed on $results/scale.tsv" >&2
+		plot_rc=1
+	fi
 fi
 
 [ ! -s "$results/table.md" ] || { echo; cat "$results/table.md"; echo; }

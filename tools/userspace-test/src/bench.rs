@@ -19,6 +19,7 @@
 mod conn;
 mod data;
 mod peer;
+mod scale;
 pub mod stats;
 
 use anyhow::{bail, Context, Result};
@@ -51,12 +52,13 @@ pub struct Options {
     /// Report even on a jiffies clocksource (functional runs).
     #[arg(long)]
     pub allow_coarse_clock: bool,
-    /// Only these groups, comma-separated: active, sync, passive, data.
+    /// Only these groups, comma-separated: active, sync, passive, data,
+    /// scale.
     #[arg(long)]
     pub only: Option<String>,
 }
 
-const GROUPS: [&str; 4] = ["active", "sync", "passive", "data"];
+const GROUPS: [&str; 5] = ["active", "sync", "passive", "data", "scale"];
 
 /// Ports of the benchmark: 9000-9099, a fresh one for every run of a side.
 const PORT_BASE: u16 = 9000;
@@ -255,6 +257,60 @@ fn record(res: &mut Results, what: &str, s: &Slot<'_>, r: Result<Vec<Block>>) {
     }
 }
 
+/// Files the figures of one side at one point of the scaling curve.
+fn record_scale(res: &mut Results, s: &Slot<'_>, r: Result<scale::Point>) {
+    let p = match r {
+        Ok(p) => p,
+        Err(e) => {
+            let msg = format!(
+                "connections at once {} rep {}/{}: {e:#}",
+                s.side, s.rep, s.reps
+            );
+            eprintln!("bench: {msg}: FAILED");
+            res.failures.push(msg);
+            return;
+        }
+    };
+    let secs = p.setup.as_secs_f64().max(1e-9);
+    let mut figures = vec![
+        ("setup", p.setup.as_secs_f64() * 1e3, "ms", Target::None),
+        ("conn/s", p.n as f64 / secs, "conn/s", Target::AtLeast(1.3)),
+        (
+            "teardown",
+            p.teardown.as_secs_f64() * 1e3,
+            "ms",
+            Target::None,
+        ),
+        (
+            "CPU of the driving thread per connection",
+            p.cpu.thread_us,
+            "us/op",
+            Target::None,
+        ),
+    ];
+    if let Some(k) = p.kib_per_conn {
+        figures.push(("guest memory per connection", k, "KiB", Target::None));
+    }
+    let mut line = format!("bench: {} at once {} rep {}/{}", p.n, s.side, s.rep, s.reps);
+    for (what, x, unit, target) in figures {
+        line += &format!(", {what} {x:.1} {unit}");
+        res.add(
+            Meta {
+                name: &stats::scale_name(p.n, what),
+                side: s.side,
+                role: s.role,
+                unit,
+                kind: Kind::Value,
+                target,
+                compare_with: None,
+            },
+            s.rep,
+            Sample::value(x, p.n),
+        );
+    }
+    eprintln!("{line}");
+}
+
 /// Files the end of a counterpart thread: its error is a failure.
 fn counterpart_end(res: &mut Results, what: &str, s: &Slot<'_>, mut p: peer::Peer) {
     if let Err(e) = p.finish() {
@@ -317,6 +373,13 @@ pub fn run(o: Options) -> Result<()> {
         messages: round_trips * 2,
         rdma_ops: if o.quick { 10 } else { 100 },
     };
+    let scale_counts: Vec<usize> = if !want("scale") {
+        Vec::new()
+    } else if o.quick {
+        scale::QUICK_COUNTS.to_vec()
+    } else {
+        scale::COUNTS.to_vec()
+    };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let info = RunInfo {
         date: stats::utc(std::time::SystemTime::now()),
@@ -335,6 +398,7 @@ pub fn run(o: Options) -> Result<()> {
                       one event channel each, busy-polling its CQs"
             .into(),
         notes: notes(large, &groups),
+        scale_counts: scale_counts.clone(),
     };
     eprintln!(
         "bench: clocksource {clocksource}{}, {reps} reps, {cycles} cycles, {round_trips} round trips, \
@@ -426,11 +490,29 @@ pub fn run(o: Options) -> Result<()> {
                 }
             }
         }
+        for &n in &scale_counts {
+            for side in sides {
+                let s = slot(side, "active");
+                let addr = ports.next(ip);
+                match peer::listener(addr) {
+                    Ok(l) => {
+                        let r = if side == "kernel" {
+                            scale::kernel(addr, n)
+                        } else {
+                            scale::user(addr, n)
+                        };
+                        record_scale(&mut res, &s, r);
+                        counterpart_end(&mut res, "connections at once", &s, l);
+                    }
+                    Err(e) => record_scale(&mut res, &s, Err(e)),
+                }
+            }
+        }
     }
     stats::write_all(&o.out_dir, &info, &res)?;
     print!("{}", stats::table(&info, &res));
     eprintln!(
-        "bench: wrote results.json, table.md and plot.tsv in {}",
+        "bench: wrote results.json, table.md, plot.tsv and scale.tsv in {}",
         o.out_dir.display()
     );
     if !res.failures.is_empty() {
@@ -466,9 +548,14 @@ fn notes(large: usize, groups: &[&str]) -> Vec<String> {
          its ioctls included, not its work items or interrupts); guest: /proc/stat busy time of \
          all CPUs per operation (10 ms ticks; the counterpart and rxe included)"
             .into(),
-        "not measured: 1000 concurrent connections, a sample module as peer (no ioctl in the \
-         loop), rping/cmtime reference figures, the scaling curve, the data path with the \
-         side under test passive"
+        "connections at once (scale): the side under test starts each step on all n ids \
+         before awaiting that step's events (active side only); setup runs from the first \
+         CREATE_ID to the last ESTABLISHED, teardown from the first DISCONNECT to the last \
+         destroy; guest memory per connection is the growth of MemTotal - MemAvailable over \
+         setup divided by n, both ends and rxe included (the same counterpart for both sides)"
+            .into(),
+        "not measured: the passive side of connections at once, a sample module as peer (no \
+         ioctl in the loop), the data path with the side under test passive"
             .into(),
     ];
     if !groups.contains(&"sync") || !groups.contains(&"active") {

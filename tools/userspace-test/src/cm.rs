@@ -126,6 +126,13 @@ pub struct Id<'ch> {
     _channel: PhantomData<&'ch Channel>,
 }
 
+impl Id<'_> {
+    /// What this id's events carry as [`CmEvent::id`].
+    pub fn key(&self) -> IdKey {
+        IdKey(self.raw as usize)
+    }
+}
+
 impl Drop for Id<'_> {
     fn drop(&mut self) {
         // SAFETY: `raw` is a live id that we own and destroy once.  Its QP, if
@@ -875,6 +882,13 @@ pub fn create_id(ch: &Channel) -> Result<Id<'_>> {
 /// `rdma_resolve_addr` of `id` to `dst`, then its event, which must be
 /// ADDR_RESOLVED.
 pub fn resolve_addr(ch: &Channel, id: &Id<'_>, dst: &SocketAddr, timeout: Duration) -> Result<()> {
+    start_resolve_addr(id, dst, timeout)?;
+    ch.expect(EventType::AddrResolved, timeout)?;
+    Ok(())
+}
+
+/// `rdma_resolve_addr` alone: its event comes on the id's channel.
+pub fn start_resolve_addr(id: &Id<'_>, dst: &SocketAddr, timeout: Duration) -> Result<()> {
     let mut ss = sockaddr(dst);
     // SAFETY: `id.raw` is a live id; no source address (NULL); `ss` holds a
     // sockaddr_in or sockaddr_in6, read during the call only.
@@ -886,20 +900,23 @@ pub fn resolve_addr(ch: &Channel, id: &Id<'_>, dst: &SocketAddr, timeout: Durati
             timeout.as_millis() as i32,
         )
     };
-    check(r, "rdma_resolve_addr")?;
-    ch.expect(EventType::AddrResolved, timeout)?;
-    Ok(())
+    check(r, "rdma_resolve_addr")
 }
 
 /// `rdma_resolve_route` of `id` (its address resolved), then its event,
 /// which must be ROUTE_RESOLVED.
 pub fn resolve_route(ch: &Channel, id: &Id<'_>, timeout: Duration) -> Result<()> {
+    start_resolve_route(id, timeout)?;
+    ch.expect(EventType::RouteResolved, timeout)?;
+    Ok(())
+}
+
+/// `rdma_resolve_route` alone: its event comes on the id's channel.
+pub fn start_resolve_route(id: &Id<'_>, timeout: Duration) -> Result<()> {
     // SAFETY: `id.raw` is a live id; an id whose address is not resolved
     // gets an error return.
     let r = unsafe { rdma_resolve_route(id.raw, timeout.as_millis() as i32) };
-    check(r, "rdma_resolve_route")?;
-    ch.expect(EventType::RouteResolved, timeout)?;
-    Ok(())
+    check(r, "rdma_resolve_route")
 }
 
 /// Client side up to a resolved route: returns the id (no QP yet).

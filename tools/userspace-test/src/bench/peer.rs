@@ -144,6 +144,11 @@ fn param() -> cm::Param {
     cm::Param::with_data(&[])
 }
 
+/// The counterpart listener's backlog: the most ucma takes
+/// (`net.rdma_ucm.max_backlog`, 1024), so that a burst of a thousand
+/// requests is not refused while it accepts the ones before.
+const LISTEN_BACKLOG: i32 = 1024;
+
 /// Accepts every request on `addr` and keeps each connection until its
 /// DISCONNECTED, until stopped.
 pub fn listener(addr: SocketAddr) -> Result<Peer> {
@@ -151,7 +156,7 @@ pub fn listener(addr: SocketAddr) -> Result<Peer> {
         "listener",
         move |ctx| {
             let ch = ctx.check(Channel::new())?;
-            let _listener = ctx.check(cm::listen(&ch, &addr, 128))?;
+            let _listener = ctx.check(cm::listen(&ch, &addr, LISTEN_BACKLOG))?;
             ctx.ready();
             let mut conns: HashMap<IdKey, Conn<'_>> = HashMap::new();
             let (mut accepted, mut disconnected) = (0usize, 0usize);

@@ -142,6 +142,12 @@ impl Results {
         }
     }
 
+    /// The median over the repetitions of a measurement's medians.
+    pub fn median(&self, name: &str, side: &str) -> Option<f64> {
+        let m = self.find(name, side)?;
+        Spread::of(m.reps.iter().map(|(_, s)| s.median).collect()).map(|s| s.median)
+    }
+
     fn find(&self, name: &str, side: &str) -> Option<&Measurement> {
         self.ms.iter().find(|x| x.name == name && x.side == side)
     }
@@ -280,6 +286,9 @@ pub struct RunInfo {
     pub region: usize,
     pub counterpart: String,
     pub notes: Vec<String>,
+    /// The numbers of connections open at once of the scaling curve
+    /// (empty: not run).
+    pub scale_counts: Vec<usize>,
 }
 
 fn json_str(s: &str) -> String {
@@ -448,12 +457,41 @@ pub fn plot(r: &Results) -> String {
     o
 }
 
+/// The name of a measurement of the scaling curve at `n` connections.
+pub fn scale_name(n: usize, what: &str) -> String {
+    format!("{n} at once: {what}")
+}
+
+/// The scaling curve: per number of connections open at once, the median
+/// setup time (ms) and guest memory per connection (KiB) of both sides.
+pub fn scale_tsv(counts: &[usize], r: &Results) -> String {
+    let mut o = String::from(
+        "connections\tkernel setup ms\tuser setup ms\tkernel KiB/conn\tuser KiB/conn\n",
+    );
+    for &n in counts {
+        let v = |what: &str, side: &str| {
+            r.median(&scale_name(n, what), side)
+                .map_or("NaN".into(), plain)
+        };
+        let _ = writeln!(
+            o,
+            "{n}\t{}\t{}\t{}\t{}",
+            v("setup", "kernel"),
+            v("setup", "user"),
+            v("guest memory per connection", "kernel"),
+            v("guest memory per connection", "user")
+        );
+    }
+    o
+}
+
 pub fn write_all(dir: &Path, info: &RunInfo, r: &Results) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     for (name, text) in [
         ("results.json", json(info, r)),
         ("table.md", table(info, r)),
         ("plot.tsv", plot(r)),
+        ("scale.tsv", scale_tsv(&info.scale_counts, r)),
     ] {
         let p = dir.join(name);
         std::fs::write(&p, text).with_context(|| format!("write {}", p.display()))?;

@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Many connections open at once: the side under test opens `n`
+//! connections to the counterpart's listener concurrently (each step is
+//! started on every id before the first of its events is awaited), keeps
+//! them all open, then disconnects and destroys them all.  Per `n`: the
+//! time until the last one was established, connections per second, the
+//! teardown time, and the guest's memory in use per open connection.
+//!
+//! The memory figure is the growth of the guest's `MemTotal -
+//! MemAvailable` from before the first id to when all `n` are established,
+//! divided by `n`: it holds both ends of each connection (the counterpart's
+//! ids, QPs and buffers as well as the side under test's) and what rxe
+//! allocates for them, the same for both sides under test, so the
+//! difference between the two sides is the difference of the side under
+//! test alone.
+
+use super::peer::T;
+use super::stats::Cpu;
+use crate::cm::{self, Channel, Conn, IdKey};
+use crate::report::EventType;
+use crate::uapi::{self, Device, Param};
+use anyhow::{bail, Context, Result};
+use std::{
+    collections::HashSet,
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+/// The numbers of connections open at once, as the issue asks.
+pub const COUNTS: [usize; 4] = [1, 10, 100, 1000];
+/// Those of a `--quick` run.
+pub const QUICK_COUNTS: [usize; 3] = [1, 10, 50];
+
+/// Address and route resolution timeout of the module's ids, in ms.
+const RESOLVE_MS: u32 = 5000;
+/// Longest wait for the next event of a phase, in ms.
+const EVENT_MS: u32 = 20_000;
+
+/// What one side measured at one `n`.
+pub struct Point {
+    pub n: usize,
+    /// From the first CREATE_ID to the last ESTABLISHED.
+    pub setup: Duration,
+    /// From the first DISCONNECT to the last DESTROY.
+    pub teardown: Duration,
+    /// Guest memory in use per open connection, KiB (`None` without
+    /// `/proc/meminfo`).
+    pub kib_per_conn: Option<f64>,
+    pub cpu: super::stats::CpuPerOp,
+}
+
+/// The guest's memory in use, KiB: `MemTotal - MemAvailable`.
+fn mem_used_kib() -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some(field("MemTotal:")?.saturating_sub(field("MemAvailable:")?))
+}
+
+/// The guest's memory in use once the frees still under way settled (RCU
+/// callbacks, rxe's and the CM's deferred cleanup of the run before): read
+/// every 100 ms until two readings are within 64 KiB, for at most 3 s.
+fn settled_mem_used_kib() -> Option<u64> {
+    let mut last = mem_used_kib()?;
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = mem_used_kib()?;
+        if now.abs_diff(last) < 64 {
+            return Some(now);
+        }
+        last = now;
+    }
+    Some(last)
+}
+
+fn per_conn(before: Option<u64>, after: Option<u64>, n: usize) -> Option<f64> {
+    Some(after?.saturating_sub(before?) as f64 / n as f64)
+}
+
+/// The module's ids of one run, destroyed on drop (an error midway).
+struct KernelIds<'d> {
+    dev: &'d Device,
+    ids: Vec<u32>,
+}
+
+impl Drop for KernelIds<'_> {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            let _ = self.dev.destroy(id);
+        }
+    }
+}
+
+/// Waits until every id of `ids` had its `want` event; any other event of
+/// one of them is an error.
+fn kernel_collect(dev: &Device, ids: &[u32], want: EventType) -> Result<()> {
+    let mut left: HashSet<u32> = ids.iter().copied().collect();
+    while !left.is_empty() {
+        let ev = dev.get_event(EVENT_MS).with_context(|| {
+            format!(
+                "GET_EVENT: {} of {} ids still without {}",
+                left.len(),
+                ids.len(),
+                want.name()
+            )
+        })?;
+        // TIMEWAIT_EXIT follows an IB disconnection whenever its timewait
+        // ends: it belongs to no phase.
+        if !left.contains(&ev.id) || ev.event == EventType::TimewaitExit {
+            continue;
+        }
+        if ev.event != want {
+            bail!(
+                "id {}: expected {} but got {} (status {})",
+                ev.id,
+                want.name(),
+                ev.name(),
+                ev.status
+            );
+        }
+        left.remove(&ev.id);
+    }
+    Ok(())
+}
+
+/// The module active: `n` connections at once to the counterpart
+/// listening on `dst`.
+pub fn kernel(dst: SocketAddr, n: usize) -> Result<Point> {
+    let dev = Device::open_async().with_context(|| format!("open {}", uapi::DEVICE))?;
+    let p = Param::with_data(&[]);
+    let before = settled_mem_used_kib();
+    let cpu = Cpu::start();
+    let t0 = Instant::now();
+    let mut ids = KernelIds {
+        dev: &dev,
+        ids: Vec::with_capacity(n),
+    };
+    for i in 0..n {
+        ids.ids.push(dev.create_id(i as u64).context("CREATE_ID")?);
+    }
+    for &id in &ids.ids {
+        dev.resolve_addr(id, &dst, RESOLVE_MS)
+            .context("RESOLVE_ADDR")?;
+    }
+    kernel_collect(&dev, &ids.ids, EventType::AddrResolved)?;
+    for &id in &ids.ids {
+        dev.resolve_route(id, RESOLVE_MS).context("RESOLVE_ROUTE")?;
+    }
+    kernel_collect(&dev, &ids.ids, EventType::RouteResolved)?;
+    for &id in &ids.ids {
+        dev.connect(id, &p).context("CONNECT")?;
+    }
+    kernel_collect(&dev, &ids.ids, EventType::Established)?;
+    let setup = t0.elapsed();
+    let after = mem_used_kib();
+    let t1 = Instant::now();
+    for &id in &ids.ids {
+        dev.disconnect(id).context("DISCONNECT")?;
+    }
+    kernel_collect(&dev, &ids.ids, EventType::Disconnected)?;
+    for id in ids.ids.drain(..) {
+        dev.destroy(id).context("DESTROY_ID")?;
+    }
+    let teardown = t1.elapsed();
+    Ok(Point {
+        n,
+        setup,
+        teardown,
+        kib_per_conn: per_conn(before, after, n),
+        cpu: cpu.per_op(n),
+    })
+}
+
+/// Waits until every id of `keys` had its `want` event on `ch`; any other
+/// event is an error.
+fn user_collect(ch: &Channel, keys: &[IdKey], want: EventType) -> Result<()> {
+    let mut left: HashSet<IdKey> = keys.iter().copied().collect();
+    while !left.is_empty() {
+        let ev = ch.next(T).with_context(|| {
+            format!(
+                "{} of {} ids still without {}",
+                left.len(),
+                keys.len(),
+                want.name()
+            )
+        })?;
+        if ev.event == EventType::TimewaitExit {
+            continue;
+        }
+        ev.must_be(want)
+            .with_context(|| format!("an id of {}", keys.len()))?;
+        left.remove(&ev.id);
+    }
+    Ok(())
+}
+
+/// librdmacm active, as [`kernel`]; each connection creates its QP once its
+/// route is resolved (the module does so inside CONNECT).
+pub fn user(dst: SocketAddr, n: usize) -> Result<Point> {
+    let ch = Channel::new()?;
+    let p = cm::Param::with_data(&[]);
+    let before = settled_mem_used_kib();
+    let cpu = Cpu::start();
+    let t0 = Instant::now();
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        ids.push(cm::create_id(&ch)?);
+    }
+    let keys: Vec<IdKey> = ids.iter().map(|id| id.key()).collect();
+    for id in &ids {
+        cm::start_resolve_addr(id, &dst, T)?;
+    }
+    user_collect(&ch, &keys, EventType::AddrResolved)?;
+    for id in &ids {
+        cm::start_resolve_route(id, T)?;
+    }
+    user_collect(&ch, &keys, EventType::RouteResolved)?;
+    let conns = ids.into_iter().map(Conn::new).collect::<Result<Vec<_>>>()?;
+    for c in &conns {
+        c.start_connect(&p)?;
+    }
+    user_collect(&ch, &keys, EventType::Established)?;
+    let setup = t0.elapsed();
+    let after = mem_used_kib();
+    let t1 = Instant::now();
+    for c in &conns {
+        c.disconnect()?;
+    }
+    user_collect(&ch, &keys, EventType::Disconnected)?;
+    drop(conns);
+    let teardown = t1.elapsed();
+    Ok(Point {
+        n,
+        setup,
+        teardown,
+        kib_per_conn: per_conn(before, after, n),
+        cpu: cpu.per_op(n),
+    })
+}
