@@ -57,6 +57,10 @@ pub const ABI_VERSION: u32 = b::RDMA_CM_RS_ABI_VERSION;
 pub const MAX_MESSAGE: usize = b::RDMA_CM_RS_MAX_MESSAGE as usize;
 /// Receives kept posted on each connection.
 pub const RECV_DEPTH: usize = b::RDMA_CM_RS_RECV_DEPTH as usize;
+/// SENDs one connection may have in flight.
+pub const SEND_WINDOW: usize = b::RDMA_CM_RS_SEND_WINDOW as usize;
+/// `RDMA_CM_RS_SEND_NOWAIT`.
+pub const SEND_NOWAIT: u32 = b::RDMA_CM_RS_SEND_NOWAIT;
 /// Private data capacity of the ABI's structures.
 pub const MAX_PRIVATE_DATA: usize = b::RDMA_CM_RS_MAX_PRIVATE_DATA as usize;
 /// "Wait for ever".

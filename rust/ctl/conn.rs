@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! The data path of one connection: the module's QP, receives kept posted,
-//! one send at a time, and registered regions for RDMA READ/WRITE with one
+//! sends waited for or up to a window in flight, and registered regions for RDMA READ/WRITE with one
 //! memory work request at a time (RC); or, on a UD id, datagrams to and from
 //! the peers the id knows: the one its SIDR lookup found, and every sender
 //! it received from.
@@ -40,6 +40,7 @@ pub(crate) struct ConnShared {
     rx_closed: AtomicBool,
     #[pin]
     tx: Mutex<TxState>,
+    /// A send completed (its buffer is back).
     #[pin]
     tx_done: CondVar,
     #[pin]
@@ -57,11 +58,41 @@ struct WorkState {
     result: Result,
 }
 
+/// Sends, counted 1, 2, ... in posting order: an RC send queue completes
+/// them in that order, flushes included, so a count tells which send a
+/// completion is.
 struct TxState {
-    /// The send buffer while it is not in flight.
-    buf: Option<SendBuffer>,
-    /// The result of the last completed send.
-    result: Option<Result>,
+    /// Send buffers not in flight; at most [`abi::SEND_WINDOW`] exist, made
+    /// when a send finds none free.
+    free: KVec<SendBuffer>,
+    /// Buffers made so far.
+    made: usize,
+    posted: u64,
+    completed: u64,
+    /// The send a caller waits for, if any: its completion's result goes to
+    /// `waited_result`, any other failure to `unreported`.
+    waited: Option<u64>,
+    waited_result: Option<Result>,
+    /// The first failure of a send nobody waited for (NOWAIT, or one whose
+    /// caller timed out), until a SEND returns it.
+    unreported: Option<Error>,
+}
+
+impl TxState {
+    /// A free buffer, made if none is free and the window allows.
+    fn take_free(&mut self, pd: &Arc<Pd>) -> Result<Option<SendBuffer>> {
+        if let Some(buf) = self.free.pop() {
+            return Ok(Some(buf));
+        }
+        if self.made == abi::SEND_WINDOW {
+            return Ok(None);
+        }
+        // Room for every buffer that may come back.
+        self.free.reserve(abi::SEND_WINDOW, GFP_KERNEL)?;
+        let buf = SendBuffer::new(pd, abi::MAX_MESSAGE)?;
+        self.made += 1;
+        Ok(Some(buf))
+    }
 }
 
 /// The CQ handler of a connection.
@@ -84,8 +115,16 @@ impl CompletionHandler for ConnCompletions {
 
     fn send_done(&self, buf: SendBuffer, result: Result) {
         let mut tx = self.shared.tx.lock();
-        tx.buf = Some(buf);
-        tx.result = Some(result);
+        // Cannot fail: reserved for every buffer made (`take_free`).
+        let _ = tx.free.push_within_capacity(buf);
+        tx.completed += 1;
+        if tx.waited == Some(tx.completed) {
+            tx.waited_result = Some(result);
+        } else if let Err(e) = result {
+            if tx.unreported.is_none() {
+                tx.unreported = Some(e);
+            }
+        }
         self.shared.tx_done.notify_all();
     }
 
@@ -130,6 +169,10 @@ pub(crate) struct Conn {
     /// Serialises memory work requests: one in flight at a time.
     #[pin]
     work_ops: Mutex<()>,
+    /// Serialises the sends that wait for their completion: one waited
+    /// for at a time ([`TxState::waited`]).
+    #[pin]
+    waited_sends: Mutex<()>,
     /// UD ids: the peers.
     #[pin]
     peers: Mutex<PeerTable>,
@@ -161,7 +204,15 @@ impl Conn {
                 rx <- new_mutex!(rx),
                 rx_ready <- new_condvar!(),
                 rx_closed: AtomicBool::new(false),
-                tx <- new_mutex!(TxState { buf: None, result: None }),
+                tx <- new_mutex!(TxState {
+                    free: KVec::new(),
+                    made: 0,
+                    posted: 0,
+                    completed: 0,
+                    waited: None,
+                    waited_result: None,
+                    unreported: None,
+                }),
                 tx_done <- new_condvar!(),
                 work <- new_mutex!(WorkState {
                     posted: 0,
@@ -173,9 +224,9 @@ impl Conn {
             GFP_KERNEL,
         )?;
         let caps = QpCaps {
-            // One send and one memory work request in flight (more after
-            // timeouts: a timed-out request still holds its slot).
-            max_send_wr: 8,
+            // The send window and one memory work request in flight (more
+            // after timeouts: a timed-out request still holds its slot).
+            max_send_wr: abi::SEND_WINDOW as u32 + 8,
             max_recv_wr: abi::RECV_DEPTH as u32,
         };
         let cq = Cq::alloc(
@@ -199,7 +250,14 @@ impl Conn {
         if qp_type == QpType::Ud {
             peers.reserve(abi::MAX_UD_PEERS, GFP_KERNEL)?;
         }
-        shared.tx.lock().buf = Some(SendBuffer::new(&pd, abi::MAX_MESSAGE)?);
+        {
+            // One buffer up front: the first SEND of a connection needs no
+            // allocation.
+            let mut tx = shared.tx.lock();
+            if let Some(buf) = tx.take_free(&pd)? {
+                let _ = tx.free.push_within_capacity(buf);
+            }
+        }
         Arc::pin_init(
             pin_init!(Self {
                 qp,
@@ -207,15 +265,17 @@ impl Conn {
                 shared,
                 mrs <- new_mutex!([const { None }; abi::MAX_MRS]),
                 work_ops <- new_mutex!(()),
+                waited_sends <- new_mutex!(()),
                 peers <- new_mutex!(peers),
             }),
             GFP_KERNEL,
         )
     }
 
-    /// Sends one message and waits for its completion.
-    pub(crate) fn send(&self, data: &[u8], timeout_ms: u32) -> Result {
-        self.send_with(data, None, timeout_ms, |buf| self.qp.post_send(buf))
+    /// Sends one message and waits for its completion, or with `nowait`
+    /// returns once it is posted.
+    pub(crate) fn send(&self, data: &[u8], timeout_ms: u32, nowait: bool) -> Result {
+        self.send_with(data, None, timeout_ms, nowait, |buf| self.qp.post_send(buf))
     }
 
     /// Sends one datagram to a peer and waits for its completion: `EINVAL`
@@ -234,7 +294,7 @@ impl Conn {
         if data.len() > self.max_datagram() {
             return Err(EMSGSIZE);
         }
-        self.send_with(data, imm, timeout_ms, |buf| {
+        self.send_with(data, imm, timeout_ms, false, |buf| {
             self.qp.post_send_ud(buf, &dest)
         })
     }
@@ -280,42 +340,62 @@ impl Conn {
             .map(|i| i as u32 + 1)
     }
 
+    /// Posts one send through `post`: first the failure of an earlier send
+    /// nobody waited for, if any (then nothing is sent); then a free buffer,
+    /// waited for if the window is full; then, unless `nowait`, its
+    /// completion.  A waited send that times out leaves its completion to
+    /// [`TxState::unreported`].
     fn send_with(
         &self,
         data: &[u8],
         imm: Option<u32>,
         timeout_ms: u32,
+        nowait: bool,
         post: impl FnOnce(SendBuffer) -> core::result::Result<(), (Error, SendBuffer)>,
     ) -> Result {
-        let timeout_ms = timeout_or_default(timeout_ms);
+        let wait = Wait::new(timeout_or_default(timeout_ms), false);
+        let _waited = (!nowait).then(|| self.waited_sends.lock());
         let mut tx = self.shared.tx.lock();
-        // A send that timed out earlier may still hold the buffer.
-        wait_for(
-            &self.shared.tx_done,
-            &mut tx,
-            Wait::new(timeout_ms, false),
-            |t| t.buf.is_some(),
-        )?;
-        let Some(mut buf) = tx.buf.take() else {
-            return Err(EIO);
+        if let Some(e) = tx.unreported.take() {
+            return Err(e);
+        }
+        let mut buf = loop {
+            if let Some(buf) = tx.take_free(&self.pd)? {
+                break buf;
+            }
+            wait_for(&self.shared.tx_done, &mut tx, wait, |t| !t.free.is_empty())?;
         };
         if let Err(e) = buf.fill(data) {
-            tx.buf = Some(buf);
+            let _ = tx.free.push_within_capacity(buf);
             return Err(e);
         }
         buf.set_imm(imm);
-        tx.result = None;
+        let seq = tx.posted + 1;
+        if !nowait {
+            tx.waited = Some(seq);
+            tx.waited_result = None;
+        }
+        // The completion may run at once on another CPU: it waits for this
+        // lock, so it finds `posted` and `waited` as they are after the post.
         if let Err((e, buf)) = post(buf) {
-            tx.buf = Some(buf);
+            tx.waited = None;
+            let _ = tx.free.push_within_capacity(buf);
             return Err(e);
         }
-        wait_for(
-            &self.shared.tx_done,
-            &mut tx,
-            Wait::new(timeout_ms, false),
-            |t| t.result.is_some(),
-        )?;
-        tx.result.take().unwrap_or(Err(EIO))
+        tx.posted = seq;
+        if nowait {
+            return Ok(());
+        }
+        let r = wait_for(&self.shared.tx_done, &mut tx, wait, |t| t.completed >= seq);
+        tx.waited = None;
+        r?;
+        match tx.waited_result.take() {
+            Some(Ok(())) => Ok(()),
+            // A send flushed behind an earlier failure: that one is the
+            // cause.
+            Some(Err(e)) => Err(tx.unreported.take().unwrap_or(e)),
+            None => Err(EIO),
+        }
     }
 
     /// Copies the oldest received message to `out` (at most `capacity`

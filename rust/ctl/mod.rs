@@ -436,6 +436,7 @@ impl CtlFile {
         info.max_ids = MAX_IDS as u32;
         info.recv_depth = abi::RECV_DEPTH as u32;
         info.max_ud_peers = abi::MAX_UD_PEERS as u32;
+        info.send_window = abi::SEND_WINDOW as u32;
         write_arg(arg, &info)
     }
 
@@ -918,7 +919,9 @@ impl CtlFile {
 
     fn send(&self, arg: usize) -> Result {
         let c: abi::Send = read_arg(arg)?;
-        require_zero(&[c.reserved])?;
+        if c.flags & !abi::SEND_NOWAIT != 0 {
+            return Err(EINVAL);
+        }
         let len = c.len as usize;
         if len == 0 || len > abi::MAX_MESSAGE {
             return Err(EINVAL);
@@ -926,7 +929,7 @@ impl CtlFile {
         let conn = self.live_conn_of(c.id, QpType::Rc)?;
         let mut data = KVec::new();
         UserSlice::new(UserPtr::from_addr(c.buf as usize), len).read_all(&mut data, GFP_KERNEL)?;
-        conn.send(&data, c.timeout_ms)
+        conn.send(&data, c.timeout_ms, c.flags & abi::SEND_NOWAIT != 0)
     }
 
     fn recv(&self, arg: usize, nonblock: bool) -> Result {

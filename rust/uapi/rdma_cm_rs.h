@@ -20,7 +20,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define RDMA_CM_RS_ABI_VERSION 2
+#define RDMA_CM_RS_ABI_VERSION 3
 #define RDMA_CM_RS_DEVICE_NAME "rdma_cm_rs"
 
 /* Largest private data any CM message can carry (the IB CM's RTU: 224). */
@@ -29,6 +29,8 @@
 #define RDMA_CM_RS_MAX_MESSAGE 4096
 /* Receive buffers the module keeps posted on each connection. */
 #define RDMA_CM_RS_RECV_DEPTH 16
+/* SENDs one connection may have in flight (RDMA_CM_RS_SEND_NOWAIT). */
+#define RDMA_CM_RS_SEND_WINDOW 16
 /* Wait for ever (GET_EVENT, RECV). */
 #define RDMA_CM_RS_TIMEOUT_INFINITE 0xffffffffU
 
@@ -109,7 +111,8 @@ struct rdma_cm_rs_info {
 	__u32 max_ids;			/* ids one file may hold */
 	__u32 recv_depth;		/* RDMA_CM_RS_RECV_DEPTH */
 	__u32 max_ud_peers;		/* RDMA_CM_RS_MAX_UD_PEERS */
-	__u32 reserved[10];
+	__u32 send_window;		/* RDMA_CM_RS_SEND_WINDOW */
+	__u32 reserved[9];
 };
 
 /* RDMA_CM_RS_IOC_CREATE_ID */
@@ -259,13 +262,20 @@ struct rdma_cm_rs_get_event {
 	struct rdma_cm_rs_event event;	/* out */
 };
 
-/* RDMA_CM_RS_IOC_SEND: one message, returns after its completion. */
+/*
+ * RDMA_CM_RS_IOC_SEND: one message, returns after its completion; with
+ * RDMA_CM_RS_SEND_NOWAIT once it is posted (at most RDMA_CM_RS_SEND_WINDOW
+ * in flight: beyond, the call waits for the oldest to complete).  The
+ * failure of a NOWAIT send is returned by the next SEND, which then sends
+ * nothing.
+ */
+#define RDMA_CM_RS_SEND_NOWAIT (1U << 0)
 struct rdma_cm_rs_send {
 	__u32 id;
 	__u32 len;			/* 1..RDMA_CM_RS_MAX_MESSAGE */
 	__u64 buf;			/* user pointer */
-	__u32 timeout_ms;		/* wait for the completion; 0 = 5000 */
-	__u32 reserved;
+	__u32 timeout_ms;		/* wait for the completion (NOWAIT: for a free slot); 0 = 5000 */
+	__u32 flags;			/* RDMA_CM_RS_SEND_NOWAIT */
 };
 
 /* RDMA_CM_RS_IOC_RECV: the oldest message received on the connection. */

@@ -154,7 +154,10 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
             continue;
         }
         let mut conn = Conn::new(request)?;
-        conn.accept(&Param::with_data(&req.bytes("accept")?))?;
+        let mut param = Param::with_data(&req.bytes("accept")?);
+        // The RNR retries of the *peer's* sends (IB CM: the REP's field).
+        param.rnr_retry_count = req.num("rnr", 7)? as u8;
+        conn.accept(&param)?;
         let est = ch.next(T)?;
         let exchange = req.get("rdma").is_some() || req.num("echo", 0)? > 0;
         if est.event == EventType::Disconnected && !exchange {

@@ -2032,6 +2032,8 @@ impl Worker {
                     self.rng.range(1, 4096)
                 };
                 v[2] = self.rng.range(1, 200);
+                // RDMA_CM_RS_SEND_NOWAIT: posted, not waited for.
+                v[5] = u64::from(self.rng.pct(30));
             }
             Cmd::Recv => {
                 v[0] = if self.rng.pct(85) {
@@ -3369,7 +3371,10 @@ impl Worker {
                         len: len as u32,
                         buf,
                         timeout_ms: v[2] as u32,
-                        reserved: res as u32 | (res >> 32) as u32,
+                        // An unknown flag where other commands have a
+                        // non-zero reserved field.
+                        flags: (v[5] as u32 & RDMA_CM_RS_SEND_NOWAIT)
+                            | if res != 0 { 0x80 } else { 0 },
                     },
                     rdma_cm_rs_send
                 );

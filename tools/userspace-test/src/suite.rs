@@ -111,6 +111,7 @@ const TESTS: &[(&str, Test)] = &[
     ("accept_with_request_param", accept_with_request_param),
     ("conn_param_negotiation", conn_param_negotiation),
     ("messages_1_to_4096_bytes_both_ways", messages_all_sizes),
+    ("send_window_nowait", send_window_nowait),
     ("rdma_read_write_both_ways", rdma_read_write),
     ("rdma_bad_key_and_bad_requests", rdma_errors),
     ("hundred_connections", hundred_connections),
@@ -385,6 +386,7 @@ fn info_reports_abi(_: &mut Ctx) -> Result<()> {
         i.abi_version
     );
     ensure!(i.max_private_data == 256 && i.max_message == 4096 && i.recv_depth == 16);
+    ensure!(i.send_window == 16, "send_window {}", i.send_window);
     ensure!(i.max_ids >= 200, "max_ids {}", i.max_ids);
     Ok(())
 }
@@ -912,6 +914,102 @@ fn messages_all_sizes(ctx: &mut Ctx) -> Result<()> {
     wait(&dev, EventType::Disconnected)?;
     let r = call.result()?;
     ensure!(field(&r, "disc0")? == "DISCONNECTED");
+    Ok(())
+}
+
+/// SEND with `RDMA_CM_RS_SEND_NOWAIT`: a window of sends in flight, in
+/// order, then a waited SEND; on RoCE also past the window (the call waits
+/// for a slot) and the failure of a send nobody waited for, returned once
+/// by the next SEND.
+fn send_window_nowait(ctx: &mut Ctx) -> Result<()> {
+    const WINDOW: usize = RDMA_CM_RS_SEND_WINDOW as usize;
+    let dev = Device::open()?;
+    // The peer echoes each message with a send it waits for, so once the
+    // module's 16 receives hold unread echoes it stops reading: past the
+    // window (which makes the module's call wait for a slot) at most its
+    // 16 receives and the one it echoes more may be outstanding, or both
+    // wait for ever.  iWARP has no RNR: there a SEND finding no receive
+    // ends the connection, so no more than 16.
+    let burst = if ctx.iwarp() { WINDOW } else { WINDOW + 8 };
+    let rounds = 3;
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let mut call = Call::start(
+        &ctx.agent,
+        &format!(
+            "serve addr={addr} count=1 accept=- echo={}",
+            burst * rounds + 1
+        ),
+    )?;
+    call.ready()?;
+    let id = resolve(&dev, addr)?;
+    dev.connect(id, &Param::with_data(b"window"))?;
+    wait(&dev, EventType::Established)?;
+    let msg = |r: usize, i: usize| pattern(1 + (r * 997 + i * 131) % 4096, (r * 64 + i) as u8);
+    for r in 0..rounds {
+        for i in 0..burst {
+            dev.send_nowait(id, &msg(r, i))
+                .with_context(|| format!("NOWAIT send {i} of round {r}"))?;
+        }
+        for i in 0..burst {
+            let back = dev
+                .recv(id, 4096, T)
+                .with_context(|| format!("echo {i} of round {r}"))?;
+            verify(
+                &format!("echo {i} of round {r}, in order"),
+                &msg(r, i),
+                &back,
+            )?;
+        }
+    }
+    dev.send(id, b"waited")?;
+    verify("waited send's echo", b"waited", &dev.recv(id, 4096, T)?)?;
+    expect_errno(
+        "SEND with an unknown flag",
+        dev.send_flags(id, b"x", 5000, 0x80),
+        libc::EINVAL,
+    )?;
+    dev.disconnect(id)?;
+    wait(&dev, EventType::Disconnected)?;
+    call.result()?;
+    dev.destroy(id)?;
+    if ctx.iwarp() {
+        return Ok(());
+    }
+
+    // A peer that reads nothing and lets our sends retry no RNR NAK
+    // (`rnr=0`, the REP's field): its 16 receives take 16 messages, the
+    // 17th fails (RNR_RETRY_EXC: EHOSTUNREACH) with nobody waiting.
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let mut call = Call::start(
+        &ctx.agent,
+        &format!("serve addr={addr} count=1 accept=- rnr=0"),
+    )?;
+    call.ready()?;
+    let id = resolve(&dev, addr)?;
+    dev.connect(id, &Param::with_data(b"no rnr retry"))?;
+    wait(&dev, EventType::Established)?;
+    for i in 0..=WINDOW {
+        dev.send_nowait(id, &[i as u8; 64])
+            .with_context(|| format!("NOWAIT send {i}"))?;
+    }
+    // Either the failure came before this call (returned at once, nothing
+    // sent) or this send is flushed behind it: the failure is the cause.
+    expect_errno(
+        "the SEND after a NOWAIT send failed",
+        dev.send_flags(id, b"after", 10_000, 0),
+        libc::EHOSTUNREACH,
+    )?;
+    // Returned once: the QP is in the error state, so a send now is
+    // flushed.
+    expect_errno(
+        "the SEND after that",
+        dev.send_flags(id, b"flushed", 10_000, 0),
+        libc::ECANCELED,
+    )?;
+    dev.disconnect(id)?;
+    wait(&dev, EventType::Disconnected)?;
+    call.result()?;
+    dev.destroy(id)?;
     Ok(())
 }
 

@@ -691,12 +691,21 @@ impl Device {
     }
 
     pub fn send(&self, id: u32, data: &[u8]) -> Result<()> {
+        self.send_flags(id, data, 5000, 0)
+    }
+
+    /// SEND with `RDMA_CM_RS_SEND_NOWAIT`: returns once posted.
+    pub fn send_nowait(&self, id: u32, data: &[u8]) -> Result<()> {
+        self.send_flags(id, data, 5000, RDMA_CM_RS_SEND_NOWAIT)
+    }
+
+    pub fn send_flags(&self, id: u32, data: &[u8], timeout_ms: u32, flags: u32) -> Result<()> {
         let mut s = rdma_cm_rs_send {
             id,
             len: data.len() as u32,
             buf: data.as_ptr() as u64,
-            timeout_ms: 5000,
-            reserved: 0,
+            timeout_ms,
+            flags,
         };
         self.call(IOC_SEND, &mut s)
     }
