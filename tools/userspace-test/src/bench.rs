@@ -56,6 +56,10 @@ pub struct Options {
     /// scale.
     #[arg(long)]
     pub only: Option<String>,
+    /// Only this side under test, kernel or user (profiling one of them;
+    /// the table then has no ratios).
+    #[arg(long)]
+    pub side: Option<String>,
 }
 
 const GROUPS: [&str; 5] = ["active", "sync", "passive", "data", "scale"];
@@ -347,6 +351,11 @@ pub fn run(o: Options) -> Result<()> {
         bail!("--only {g}: not one of {}", GROUPS.join(","));
     }
     let want = |g: &str| groups.contains(&g);
+    if let Some(s) = o.side.as_deref() {
+        if !["kernel", "user"].contains(&s) {
+            bail!("--side {s}: not kernel or user");
+        }
+    }
     let reps = o.reps.unwrap_or(if o.quick { 1 } else { 3 }).max(1);
     let cycles = o.cycles.unwrap_or(if o.quick { 50 } else { 1000 }).max(1);
     let round_trips = o
@@ -411,11 +420,15 @@ pub fn run(o: Options) -> Result<()> {
     let mut res = Results::default();
     let mut ports = Ports(0);
     for rep in 1..=reps {
-        let sides: [&'static str; 2] = if rep % 2 == 1 {
+        let order: [&'static str; 2] = if rep % 2 == 1 {
             ["kernel", "user"]
         } else {
             ["user", "kernel"]
         };
+        let sides: Vec<&'static str> = order
+            .into_iter()
+            .filter(|s| o.side.as_deref().is_none_or(|want| want == *s))
+            .collect();
         let slot = |side, role| Slot {
             side,
             role,
@@ -424,7 +437,7 @@ pub fn run(o: Options) -> Result<()> {
             compare_block: None,
         };
         if want("active") {
-            for side in sides {
+            for &side in &sides {
                 let s = slot(side, "active");
                 let addr = ports.next(ip);
                 let what = "connect active";
@@ -459,7 +472,7 @@ pub fn run(o: Options) -> Result<()> {
             }
         }
         if want("passive") {
-            for side in sides {
+            for &side in &sides {
                 let s = slot(side, "passive");
                 let addr = ports.next(ip);
                 let what = "connect passive";
@@ -472,7 +485,7 @@ pub fn run(o: Options) -> Result<()> {
             }
         }
         if want("data") {
-            for side in sides {
+            for &side in &sides {
                 let s = slot(side, "active");
                 let addr = ports.next(ip);
                 let what = "data";
@@ -491,7 +504,7 @@ pub fn run(o: Options) -> Result<()> {
             }
         }
         for &n in &scale_counts {
-            for side in sides {
+            for &side in &sides {
                 let s = slot(side, "active");
                 let addr = ports.next(ip);
                 match peer::listener(addr) {
@@ -533,9 +546,12 @@ fn notes(large: usize, groups: &[&str]) -> Vec<String> {
          CONNECT_REQUEST, accept from there to ESTABLISHED; the side under test disconnects"
             .to_string(),
         format!(
-            "messages: the module's SEND/RECV carry at most {large} B (INFO max_message) and \
-             SEND returns after its completion, so send throughput uses {large} B messages \
-             with a window of one on both sides (not the issue's 64 KiB with a window)"
+            "messages: the module's SEND/RECV carry at most {large} B (INFO max_message), so \
+             send throughput uses {large} B messages (not the issue's 64 KiB), with a window of \
+             {} on both sides (the module's RDMA_CM_RS_SEND_NOWAIT, send_window); a round trip \
+             posts its send and waits for the answer, the send's completion reaped after it \
+             (module: NOWAIT)",
+            crate::cm::SEND_WINDOW
         ),
         format!(
             "RDMA: one {} KiB region (the module's RDMA_CM_RS_MAX_MR_LEN), one operation in flight",

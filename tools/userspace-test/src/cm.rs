@@ -21,6 +21,9 @@ use std::{
 pub const MSG: usize = 4096;
 /// Receives kept posted.
 const DEPTH: usize = 16;
+/// Sends one connection may have in flight ([`Conn::send_stream`]); the
+/// module's window (`RDMA_CM_RS_SEND_WINDOW`).
+pub const SEND_WINDOW: usize = 16;
 
 /// The error of a call that failed with `errno` set, or an honest word
 /// that it left errno alone.  Callers clear errno first ([`clear_errno`]):
@@ -475,6 +478,8 @@ pub struct Conn<'ch> {
     send_mr: *mut ibv_mr,
     /// Regions for RDMA, with their MRs.
     regions: Vec<(Box<[u8]>, *mut ibv_mr)>,
+    /// The region [`Conn::send_stream`] sends from, once made.
+    stream_region: Option<usize>,
 }
 
 /// The RDMA operations [`Conn::rdma`] posts.
@@ -500,6 +505,7 @@ impl<'ch> Conn<'ch> {
             recv_mr: ptr::null_mut(),
             send_mr: ptr::null_mut(),
             regions: Vec::new(),
+            stream_region: None,
         };
         // On error `conn` is dropped, which frees what was made.
         let id = conn.id.raw;
@@ -519,7 +525,10 @@ impl<'ch> Conn<'ch> {
         clear_errno();
         // SAFETY: As above; no CQ context and no completion channel (the CQ
         // is polled), completion vector 0, which every device has.
-        conn.send_cq = unsafe { ibv_create_cq(verbs, 8, ptr::null_mut(), ptr::null_mut(), 0) };
+        let send_depth = SEND_WINDOW as i32 + 8;
+        // SAFETY: As above.
+        conn.send_cq =
+            unsafe { ibv_create_cq(verbs, send_depth, ptr::null_mut(), ptr::null_mut(), 0) };
         let depth = DEPTH as i32;
         // SAFETY: As above.
         conn.recv_cq = unsafe { ibv_create_cq(verbs, depth, ptr::null_mut(), ptr::null_mut(), 0) };
@@ -531,7 +540,8 @@ impl<'ch> Conn<'ch> {
         let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         attr.send_cq = conn.send_cq;
         attr.recv_cq = conn.recv_cq;
-        attr.cap.max_send_wr = 4;
+        // The send window and an RDMA operation or two.
+        attr.cap.max_send_wr = SEND_WINDOW as u32 + 4;
         attr.cap.max_recv_wr = DEPTH as u32;
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
@@ -761,7 +771,8 @@ impl<'ch> Conn<'ch> {
     /// The next completion of `cq` (one of ours, live), whatever its status.
     fn poll_any(cq: *mut ibv_cq, timeout: Duration) -> Result<ibv_wc> {
         let deadline = Instant::now() + timeout;
-        loop {
+        let busy = BUSY_POLL.get();
+        for polls in 0u64.. {
             // SAFETY: ibv_wc is integers and a union of integers, valid
             // all-zero; it is output space.
             let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
@@ -774,49 +785,121 @@ impl<'ch> Conn<'ch> {
             if n == 1 {
                 return Ok(wc);
             }
-            if Instant::now() >= deadline {
+            // A busy poll reads the clock every 64th time only: where the
+            // clocksource is an emulated device (a VM's HPET), a read costs
+            // more than the poll.
+            if (!busy || polls % 64 == 63) && Instant::now() >= deadline {
                 bail!("no completion within {timeout:?}");
             }
-            if BUSY_POLL.get() {
+            if busy {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
+        unreachable!("an unbounded range")
     }
 
     /// One `IBV_WR_SEND`, waited for.
     pub fn send(&mut self, data: &[u8]) -> Result<()> {
+        self.post_send(data)?;
+        Self::poll(self.send_cq, Duration::from_secs(5)).context("send completion")?;
+        Ok(())
+    }
+
+    /// Sends `data` and returns the next received message, reaping the
+    /// send's completion only after it: a round trip that does not wait for
+    /// the send's ACK before it waits for the answer.
+    pub fn send_then_recv(&mut self, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        self.post_send(data)?;
+        let answer = self.recv(timeout)?;
+        Self::poll(self.send_cq, Duration::from_secs(5)).context("send completion")?;
+        Ok(answer)
+    }
+
+    /// Copies `data` into the send buffer and posts it, signaled.
+    fn post_send(&mut self, data: &[u8]) -> Result<()> {
         if data.len() > MSG {
             bail!("message of {} bytes is over {MSG}", data.len());
         }
         self.send_buf[..data.len()].copy_from_slice(data);
+        // SAFETY: `send_mr` is live (registered in `new`, deregistered in
+        // drop).
+        let lkey = unsafe { (*self.send_mr).lkey };
+        let addr = self.send_buf.as_ptr() as u64;
+        // SAFETY: The send buffer is registered as `lkey` and stays allocated
+        // and registered while the QP lives; the callers poll the completion
+        // before they write the buffer again (`&mut self`).
+        unsafe { self.post_send_raw(addr, data.len(), lkey, 1) }
+    }
+
+    /// Posts one signaled SEND of `len` bytes at `addr`.
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + len` must be registered as `lkey` on this connection's
+    /// PD and stay allocated, registered and unwritten until the send's
+    /// completion is polled.
+    unsafe fn post_send_raw(&mut self, addr: u64, len: usize, lkey: u32, wr_id: u64) -> Result<()> {
         let mut sge = ibv_sge {
-            addr: self.send_buf.as_ptr() as u64,
-            length: data.len() as u32,
-            // SAFETY: `send_mr` is live (registered in `new`, deregistered in
-            // drop).
-            lkey: unsafe { (*self.send_mr).lkey },
+            addr,
+            length: len as u32,
+            lkey,
         };
         // SAFETY: ibv_send_wr is pointers, integers and unions of integers,
         // all valid all-zero; the fields used are set below.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = 1;
+        wr.wr_id = wr_id;
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
         wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
         let mut bad = ptr::null_mut();
         // SAFETY: The id's QP is live; ibv_post_send reads `wr` and `sge`
-        // during the call only.  The data lies inside the registered send
-        // buffer, which `&mut self` keeps untouched until the completion is
-        // polled below, and which stays allocated and registered while the QP
-        // lives.
+        // during the call only; the data stays as the caller promised.
         let r = unsafe { ibv_post_send((*self.id.raw).qp, &mut wr, &mut bad) };
         if r != 0 {
             bail!("ibv_post_send: {}", std::io::Error::from_raw_os_error(r));
         }
-        Self::poll(self.send_cq, Duration::from_secs(5)).context("send completion")?;
+        Ok(())
+    }
+
+    /// Sends `count` messages of `data`, up to `window` (at most
+    /// [`SEND_WINDOW`]) in flight, each copied into a slot of a buffer
+    /// registered at the first call (a region of this connection); returns
+    /// once every one completed.
+    pub fn send_stream(&mut self, data: &[u8], count: usize, window: usize) -> Result<()> {
+        if data.len() > MSG || !(1..=SEND_WINDOW).contains(&window) {
+            bail!("send_stream of {} bytes, window {window}", data.len());
+        }
+        let region = match self.stream_region {
+            Some(r) => r,
+            None => {
+                let r = self.add_region(&vec![0u8; MSG * SEND_WINDOW], false, false)?;
+                self.stream_region = Some(r);
+                r
+            }
+        };
+        // SAFETY: The region's MR is live until drop.
+        let lkey = unsafe { (*self.regions[region].1).lkey };
+        let (mut posted, mut completed) = (0usize, 0usize);
+        while completed < count {
+            if posted < count && posted - completed < window {
+                let slot = posted % window;
+                let buf = &mut self.regions[region].0[slot * MSG..slot * MSG + data.len()];
+                buf.copy_from_slice(data);
+                let addr = buf.as_ptr() as u64;
+                // SAFETY: The slot lies in the registered region; it is
+                // written again only `window` posts later, after this send's
+                // completion was polled (sends complete in order).
+                unsafe { self.post_send_raw(addr, data.len(), lkey, slot as u64) }?;
+                posted += 1;
+            } else {
+                Self::poll(self.send_cq, Duration::from_secs(5))
+                    .with_context(|| format!("completion of send {}", completed + 1))?;
+                completed += 1;
+            }
+        }
         Ok(())
     }
 

@@ -2,9 +2,12 @@
 //! The data path over one connection to the counterpart's data server
 //! ([`super::peer::data_server`]): round trips (a message and its echo),
 //! send throughput, RDMA WRITE and READ throughput.  The module moves at
-//! most `max_message` bytes a SEND (INFO; 4096) and returns from SEND once
-//! it completed, so both sides send with a window of one message; the
-//! librdmacm side busy-polls its CQs (as perftest does).
+//! most `max_message` bytes a SEND (INFO; 4096).  Both sides send without
+//! waiting for each send's completion: the module with
+//! `RDMA_CM_RS_SEND_NOWAIT` (up to `send_window`, 16, in flight), the
+//! librdmacm side with up to as many posted; in a round trip neither waits
+//! for the send's ACK before it waits for the answer.  The librdmacm side
+//! busy-polls its CQs (as perftest does).
 
 use super::peer::{self, ACK, ECHO, QUIT, SINK, T};
 use super::stats::Cpu;
@@ -59,7 +62,7 @@ fn rate_block(name: String, ops: usize, bytes: usize, cpu: &Cpu) -> Block {
 }
 
 pub fn send_name(size: usize) -> String {
-    format!("send {size} B (window 1)")
+    format!("send {size} B (window {})", cm::SEND_WINDOW)
 }
 
 pub fn rdma_name(op: &str, len: usize) -> String {
@@ -87,7 +90,7 @@ pub fn kernel(dst: SocketAddr, s: Sizes) -> Result<Vec<Block>> {
         let cpu = Cpu::start();
         for i in 0..s.round_trips {
             let t0 = Instant::now();
-            dev.send(id, &msg)
+            dev.send_nowait(id, &msg)
                 .with_context(|| format!("SEND of round trip {}", i + 1))?;
             let r = dev
                 .recv(id, size, RECV_MS)
@@ -102,10 +105,12 @@ pub fn kernel(dst: SocketAddr, s: Sizes) -> Result<Vec<Block>> {
     let msg = vec![SINK; s.large];
     let cpu = Cpu::start();
     for i in 0..s.messages {
-        dev.send(id, &msg)
+        dev.send_nowait(id, &msg)
             .with_context(|| format!("SEND of message {}", i + 1))?;
     }
-    dev.send(id, &[ACK]).context("SEND of the ack request")?;
+    // Answered once the peer received every message before it.
+    dev.send_nowait(id, &[ACK])
+        .context("SEND of the ack request")?;
     dev.recv(id, s.large, RECV_MS).context("RECV of the ack")?;
     out.push(rate_block(send_name(s.large), s.messages, s.large, &cpu));
     let len = rlen.min(uapi::RDMA_CM_RS_MAX_MR_LEN);
@@ -168,11 +173,9 @@ pub fn user(dst: SocketAddr, s: Sizes) -> Result<Vec<Block>> {
         let cpu = Cpu::start();
         for i in 0..s.round_trips {
             let t0 = Instant::now();
-            conn.send(&msg)
-                .with_context(|| format!("send of round trip {}", i + 1))?;
             let r = conn
-                .recv(recv_t)
-                .with_context(|| format!("receive of round trip {}", i + 1))?;
+                .send_then_recv(&msg, recv_t)
+                .with_context(|| format!("round trip {}", i + 1))?;
             v.push(us(t0));
             if r.len() != size {
                 bail!("echo of {} bytes, not {size}", r.len());
@@ -182,10 +185,8 @@ pub fn user(dst: SocketAddr, s: Sizes) -> Result<Vec<Block>> {
     }
     let msg = vec![SINK; s.large];
     let cpu = Cpu::start();
-    for i in 0..s.messages {
-        conn.send(&msg)
-            .with_context(|| format!("send of message {}", i + 1))?;
-    }
+    conn.send_stream(&msg, s.messages, cm::SEND_WINDOW)
+        .context("the messages")?;
     conn.send(&[ACK]).context("send of the ack request")?;
     conn.recv(recv_t).context("the ack")?;
     out.push(rate_block(send_name(s.large), s.messages, s.large, &cpu));
