@@ -494,13 +494,20 @@ impl<'ch> Conn<'ch> {
     /// [`resolve`], or a [`ConnRequest`]), creates its QP and posts the
     /// receives.  On error the id is destroyed.
     pub fn new(id: impl Into<Id<'ch>>) -> Result<Self> {
+        Self::with_recv_depth(id, DEPTH)
+    }
+
+    /// [`Conn::new`] with `depth` receives posted instead of [`DEPTH`]: a
+    /// receiver that must never answer a window of sends with an RNR NAK
+    /// (the CM sets the RNR timer to its longest, 655 ms).
+    pub fn with_recv_depth(id: impl Into<Id<'ch>>, depth: usize) -> Result<Self> {
         let mut conn = Self {
             id: id.into(),
             pd: ptr::null_mut(),
             send_cq: ptr::null_mut(),
             recv_cq: ptr::null_mut(),
             has_qp: false,
-            recv_buf: vec![0u8; MSG * DEPTH].into_boxed_slice(),
+            recv_buf: vec![0u8; MSG * depth].into_boxed_slice(),
             send_buf: vec![0u8; MSG].into_boxed_slice(),
             recv_mr: ptr::null_mut(),
             send_mr: ptr::null_mut(),
@@ -529,7 +536,7 @@ impl<'ch> Conn<'ch> {
         // SAFETY: As above.
         conn.send_cq =
             unsafe { ibv_create_cq(verbs, send_depth, ptr::null_mut(), ptr::null_mut(), 0) };
-        let depth = DEPTH as i32;
+        let depth = depth as i32;
         // SAFETY: As above.
         conn.recv_cq = unsafe { ibv_create_cq(verbs, depth, ptr::null_mut(), ptr::null_mut(), 0) };
         if conn.send_cq.is_null() || conn.recv_cq.is_null() {
@@ -542,7 +549,7 @@ impl<'ch> Conn<'ch> {
         attr.recv_cq = conn.recv_cq;
         // The send window and an RDMA operation or two.
         attr.cap.max_send_wr = SEND_WINDOW as u32 + 4;
-        attr.cap.max_recv_wr = DEPTH as u32;
+        attr.cap.max_recv_wr = depth as u32;
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
         attr.qp_type = ibv_qp_type::IBV_QPT_RC;
@@ -558,7 +565,7 @@ impl<'ch> Conn<'ch> {
         // do not move, freed only after their MRs are deregistered (drop).
         (conn.recv_mr, conn.send_mr) =
             unsafe { register_buffers(conn.pd, &mut conn.recv_buf, &mut conn.send_buf) }?;
-        for i in 0..DEPTH {
+        for i in 0..depth as usize {
             conn.post_recv(i)?;
         }
         Ok(conn)

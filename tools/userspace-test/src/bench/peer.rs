@@ -230,7 +230,10 @@ pub fn data_server(addr: SocketAddr, region: usize) -> Result<Peer> {
             let _listener = ctx.check(cm::listen(&ch, &addr, 4))?;
             ctx.ready();
             let mut ev = ch.expect(EventType::ConnectRequest, T)?;
-            let mut conn = Conn::new(ev.take_request()?)?;
+            // Receives for a whole window of the sender and more: a
+            // receiver out of receives answers with an RNR NAK, and the
+            // sender waits the CM's RNR timer (655 ms) before it retries.
+            let mut conn = Conn::with_recv_depth(ev.take_request()?, 4 * cm::SEND_WINDOW)?;
             let r = conn.add_region(&vec![0u8; region], true, true)?;
             conn.accept(&param())?;
             ch.expect(EventType::Established, T)?;
