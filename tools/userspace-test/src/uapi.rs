@@ -870,7 +870,8 @@ mod tests {
         assert_eq!(size_of::<rdma_cm_rs_info>(), 64);
         assert_eq!(offset_of!(rdma_cm_rs_info, recv_depth), 16);
         assert_eq!(offset_of!(rdma_cm_rs_info, max_ud_peers), 20);
-        assert_eq!(offset_of!(rdma_cm_rs_info, reserved), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_info, send_window), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_info, reserved), 28);
 
         assert_eq!(size_of::<rdma_cm_rs_create_id>(), 24);
         assert_eq!(offset_of!(rdma_cm_rs_create_id, port_space), 8);
@@ -952,6 +953,7 @@ mod tests {
         assert_eq!(size_of::<rdma_cm_rs_send>(), 24);
         assert_eq!(offset_of!(rdma_cm_rs_send, buf), 8);
         assert_eq!(offset_of!(rdma_cm_rs_send, timeout_ms), 16);
+        assert_eq!(offset_of!(rdma_cm_rs_send, flags), 20);
         assert_eq!(size_of::<rdma_cm_rs_recv>(), 24);
         assert_eq!(offset_of!(rdma_cm_rs_recv, len), 4);
         assert_eq!(offset_of!(rdma_cm_rs_recv, timeout_ms), 16);
@@ -1001,12 +1003,14 @@ mod tests {
 
     #[test]
     fn constants_match_the_header() {
-        assert_eq!(RDMA_CM_RS_ABI_VERSION, 2);
+        assert_eq!(RDMA_CM_RS_ABI_VERSION, 3);
         assert_eq!(RDMA_CM_RS_ID_SYNC, 1);
         assert_eq!(RDMA_CM_RS_SYNC_EVENT, 1);
         assert_eq!(RDMA_CM_RS_MAX_PRIVATE_DATA, 256);
         assert_eq!(RDMA_CM_RS_MAX_MESSAGE, 4096);
         assert_eq!(RDMA_CM_RS_RECV_DEPTH, 16);
+        assert_eq!(RDMA_CM_RS_SEND_WINDOW, 16);
+        assert_eq!(RDMA_CM_RS_SEND_NOWAIT, 1);
         assert_eq!(RDMA_CM_RS_TIMEOUT_INFINITE, u32::MAX);
         assert_eq!(RDMA_CM_RS_PS_TCP, 0x0106);
         assert_eq!(RDMA_CM_RS_QPT_RC, 2);

@@ -98,36 +98,45 @@ impl Drop for KernelIds<'_> {
     }
 }
 
-/// Waits until every id of `ids` had its `want` event; any other event of
-/// one of them is an error.
-fn kernel_collect(dev: &Device, ids: &[u32], want: EventType) -> Result<()> {
-    let mut left: HashSet<u32> = ids.iter().copied().collect();
+/// Waits until every id of `ids` had its `want` event, reading events with
+/// `next` (id, type, status); any other event of one of them is an error,
+/// events of other ids and TIMEWAIT_EXIT (which follows an IB disconnection
+/// whenever its timewait ends, in no phase) are skipped.
+fn collect<K: Copy + Eq + core::hash::Hash + core::fmt::Debug>(
+    ids: &[K],
+    want: EventType,
+    mut next: impl FnMut() -> Result<(K, EventType, i32)>,
+) -> Result<()> {
+    let mut left: HashSet<K> = ids.iter().copied().collect();
     while !left.is_empty() {
-        let ev = dev.get_event(EVENT_MS).with_context(|| {
+        let (id, event, status) = next().with_context(|| {
             format!(
-                "GET_EVENT: {} of {} ids still without {}",
+                "{} of {} ids still without {}",
                 left.len(),
                 ids.len(),
                 want.name()
             )
         })?;
-        // TIMEWAIT_EXIT follows an IB disconnection whenever its timewait
-        // ends: it belongs to no phase.
-        if !left.contains(&ev.id) || ev.event == EventType::TimewaitExit {
+        if !left.contains(&id) || event == EventType::TimewaitExit {
             continue;
         }
-        if ev.event != want {
+        if event != want {
             bail!(
-                "id {}: expected {} but got {} (status {})",
-                ev.id,
+                "id {id:?}: expected {} but got {} (status {status})",
                 want.name(),
-                ev.name(),
-                ev.status
+                event.name()
             );
         }
-        left.remove(&ev.id);
+        left.remove(&id);
     }
     Ok(())
+}
+
+fn kernel_collect(dev: &Device, ids: &[u32], want: EventType) -> Result<()> {
+    collect(ids, want, || {
+        let ev = dev.get_event(EVENT_MS).context("GET_EVENT")?;
+        Ok((ev.id, ev.event, ev.status))
+    })
 }
 
 /// The module active: `n` connections at once to the counterpart
@@ -178,27 +187,11 @@ pub fn kernel(dst: SocketAddr, n: usize) -> Result<Point> {
     })
 }
 
-/// Waits until every id of `keys` had its `want` event on `ch`; any other
-/// event is an error.
 fn user_collect(ch: &Channel, keys: &[IdKey], want: EventType) -> Result<()> {
-    let mut left: HashSet<IdKey> = keys.iter().copied().collect();
-    while !left.is_empty() {
-        let ev = ch.next(T).with_context(|| {
-            format!(
-                "{} of {} ids still without {}",
-                left.len(),
-                keys.len(),
-                want.name()
-            )
-        })?;
-        if ev.event == EventType::TimewaitExit {
-            continue;
-        }
-        ev.must_be(want)
-            .with_context(|| format!("an id of {}", keys.len()))?;
-        left.remove(&ev.id);
-    }
-    Ok(())
+    collect(keys, want, || {
+        let ev = ch.next(T)?;
+        Ok((ev.id, ev.event, ev.status))
+    })
 }
 
 /// librdmacm active, as [`kernel`]; each connection creates its QP once its

@@ -653,6 +653,7 @@ mod tests {
             region: 1,
             counterpart: "c".into(),
             notes: vec![],
+            scale_counts: vec![1, 10],
         };
         let t = table(&info, &r);
         assert!(
@@ -665,6 +666,25 @@ mod tests {
             "metric\tkernel\tuser\tunit\nconnect active: conn/s\t150\t100\tconn/s\n"
         );
         assert!(json(&info, &r).contains("\"side\": \"kernel\""));
+        // The scaling curve: a row per count, NaN where a side has none.
+        for (side, ms) in [("kernel", 5.0), ("user", 12.5)] {
+            let name = scale_name(10, "setup");
+            let m = Meta {
+                name: &name,
+                side,
+                role: "active",
+                unit: "ms",
+                kind: Kind::Value,
+                target: Target::None,
+                compare_with: None,
+            };
+            r.add(m, 1, Sample::value(ms, 10));
+        }
+        assert_eq!(
+            scale_tsv(&info.scale_counts, &r),
+            "connections\tkernel setup ms\tuser setup ms\tkernel KiB/conn\tuser KiB/conn\n\
+             1\tNaN\tNaN\tNaN\tNaN\n10\t5\t12.5\tNaN\tNaN\n"
+        );
         assert_eq!(plain(4000.2500000000005), "4000.25");
         assert_eq!(plain(0.0), "0");
         assert_eq!(plain(4.98373955), "4.984");
