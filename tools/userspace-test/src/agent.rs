@@ -172,6 +172,15 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         let _ = write!(report, "est{n}={} ", hex(&est.private_data));
         if let Some(len) = req.get("rdma") {
             let len = len.parse().context("rdma=")?;
+            // `first=recv`: the active side's message comes first.  Over
+            // iWARP the passive side may not send before it
+            // (`rdma_connect(3)`): siw's active side reads the MPA reply
+            // and then checks that nothing follows it, so a SEND of ours
+            // that arrives before it processed the reply fails its connect
+            // ("peer sent extra data": CONNECT_ERROR, -EINVAL).
+            if req.get("first") == Some("recv") {
+                let _ = write!(report, "first{n}={} ", hex(&conn.recv(T)?));
+            }
             rdma_peer(&mut conn, len, req.get("rdmamode"), &mut report)?;
         }
         for i in 0..req.num("echo", 0)? {

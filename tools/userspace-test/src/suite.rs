@@ -1029,14 +1029,23 @@ fn connect_rdma_peer(
     mode: &str,
 ) -> Result<(Call, u32, (u64, u32, u32))> {
     let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    // Over iWARP the active side sends first (`rdma_connect(3)`): the
+    // module's message, then the peer's advertisement.  A peer that sent
+    // first made the module's connect fail now and then under load
+    // (CONNECT_ERROR, -EINVAL: siw's active side found the SEND behind the
+    // MPA reply it was still reading).
+    let first = if ctx.iwarp() { " first=recv" } else { "" };
     let mut call = Call::start(
         &ctx.agent,
-        &format!("serve addr={addr} count=1 accept=- rdma={len} rdmamode={mode}"),
+        &format!("serve addr={addr} count=1 accept=- rdma={len} rdmamode={mode}{first}"),
     )?;
     call.ready()?;
     let id = resolve(dev, addr)?;
     dev.connect(id, &Param::with_data(b"rdma"))?;
     wait(dev, EventType::Established)?;
+    if ctx.iwarp() {
+        dev.send(id, b"first").context("the active side's first message")?;
+    }
     let advert = parse_advert(&dev.recv(id, 4096, T)?)?;
     Ok((call, id, advert))
 }
