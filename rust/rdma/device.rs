@@ -86,6 +86,49 @@ impl Transport {
     }
 }
 
+/// What a device can do, read from its attributes (fixed by the driver
+/// before registration) for a ULP to size its queues and pick its paths.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceCaps {
+    /// `max_qp`: QPs the device offers.
+    pub max_qp: u32,
+    /// `max_qp_wr`: work requests one queue of a QP holds.
+    pub max_qp_wr: u32,
+    /// `max_send_sge`, `max_recv_sge`: scatter/gather entries a work
+    /// request carries.
+    pub max_send_sge: u32,
+    /// See `max_send_sge`.
+    pub max_recv_sge: u32,
+    /// `max_cq`, `max_cqe`: CQs, and entries one CQ holds.
+    pub max_cq: u32,
+    /// See `max_cq`.
+    pub max_cqe: u32,
+    /// `max_mr`: memory regions.
+    pub max_mr: u32,
+    /// `max_mr_size`: bytes one region maps.
+    pub max_mr_size: u64,
+    /// `max_pd`: protection domains.
+    pub max_pd: u32,
+    /// `max_srq`, `max_srq_wr`: shared receive queues and their depth (0:
+    /// none).
+    pub max_srq: u32,
+    /// See `max_srq`.
+    pub max_srq_wr: u32,
+    /// `max_fast_reg_page_list_len`: pages one fast registration maps.
+    pub max_fast_reg_page_list_len: u32,
+    /// `max_qp_rd_atom`, `max_qp_init_rd_atom`: RDMA READs a QP serves and
+    /// issues at once.
+    pub max_qp_rd_atom: u32,
+    /// See `max_qp_rd_atom`.
+    pub max_qp_init_rd_atom: u32,
+    /// Fast registration work requests (`IB_DEVICE_MEM_MGT_EXTENSIONS`).
+    pub fast_registration: bool,
+    /// Regions with gaps between their pages (`IBK_SG_GAPS_REG`).
+    pub sg_gaps_registration: bool,
+    /// The transport of every port.
+    pub transport: Transport,
+}
+
 /// The name of a device, copied (a device can be renamed while in use).
 #[derive(Clone, Copy)]
 pub struct DeviceName {
@@ -121,6 +164,19 @@ impl Device {
         // SAFETY: The count taken above is owned by the new `ARef`;
         // `Device` is a transparent wrapper of `ib_device`.
         Ok(unsafe { ARef::from_raw(raw.cast()) })
+    }
+
+    /// Borrows `raw` for `'a`.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a registered or unregistering device on which a count
+    /// is held for `'a` (by the caller, or by the IB core around a client
+    /// callback).
+    pub(crate) unsafe fn from_raw<'a>(raw: *mut bindings::ib_device) -> &'a Self {
+        // SAFETY: `Device` is a transparent wrapper of `ib_device`; the
+        // count keeps the memory valid for `'a` (safety requirements).
+        unsafe { &*raw.cast::<Self>() }
     }
 
     /// The raw device.
@@ -211,5 +267,30 @@ impl Device {
     /// The longest page list one fast registration maps.
     pub fn max_fast_reg_page_list_len(&self) -> u32 {
         self.attrs().max_fast_reg_page_list_len
+    }
+
+    /// What the device can do (its attributes).
+    pub fn caps(&self) -> DeviceCaps {
+        let a = self.attrs();
+        let kernel_flag = u64::from(bindings::ib_kernel_cap_flags_IBK_SG_GAPS_REG);
+        DeviceCaps {
+            max_qp: a.max_qp,
+            max_qp_wr: a.max_qp_wr,
+            max_send_sge: a.max_send_sge,
+            max_recv_sge: a.max_recv_sge,
+            max_cq: a.max_cq,
+            max_cqe: a.max_cqe,
+            max_mr: a.max_mr,
+            max_mr_size: a.max_mr_size,
+            max_pd: a.max_pd,
+            max_srq: a.max_srq,
+            max_srq_wr: a.max_srq_wr,
+            max_fast_reg_page_list_len: a.max_fast_reg_page_list_len,
+            max_qp_rd_atom: a.max_qp_rd_atom,
+            max_qp_init_rd_atom: a.max_qp_init_rd_atom,
+            fast_registration: self.has_fast_registration(),
+            sg_gaps_registration: a.kernel_cap_flags & kernel_flag != 0,
+            transport: self.transport(),
+        }
     }
 }

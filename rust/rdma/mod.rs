@@ -10,7 +10,9 @@
 //! above it:
 //!
 //! * [`callback`]: which tasks are inside the layer's callbacks.
-//! * [`device`]: RDMA devices ([`device::Device`], counted with `ARef`).
+//! * [`device`]: RDMA devices ([`device::Device`], counted with `ARef`)
+//!   and their capabilities; [`client`]: a ULP's per-device state, kept
+//!   from a device's registration to its removal (`ib_client`).
 //! * [`pd`], [`mr`], [`ah`], [`verbs`]: protection domains, registered
 //!   regions, address handles and datagram destinations, CQs, RC and UD
 //!   queue pairs, buffers and work requests, all bound to one device.
@@ -32,6 +34,7 @@ pub mod addr;
 pub mod ah;
 pub mod blocking;
 pub mod callback;
+pub mod client;
 pub mod cm;
 pub mod conn_param;
 pub mod deferred;

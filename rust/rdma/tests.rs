@@ -1741,3 +1741,191 @@ mod sync_tests {
         drop((server, listener));
     }
 }
+
+#[kunit_tests(rdma_cm_rs_client)]
+mod client_tests {
+    use crate::rdma::{
+        client::{Client, ClientRegistration, ClientSlot},
+        device::{Device, Transport},
+        pd::Pd,
+    };
+    use core::sync::atomic::{AtomicUsize, Ordering};
+    use kernel::{
+        prelude::*,
+        sync::{aref::ARef, Arc},
+    };
+
+    /// What the test client saw.
+    #[derive(Default)]
+    struct Seen {
+        added: AtomicUsize,
+        removed: AtomicUsize,
+        rxe: AtomicUsize,
+        siw: AtomicUsize,
+        /// A `remove` whose data was not the device's own.
+        mixed_up: AtomicUsize,
+    }
+
+    /// A ULP's per-device state, as every ULP keeps it: the device and one
+    /// PD on it.
+    struct PerDevice {
+        dev: ARef<Device>,
+        _pd: Arc<Pd>,
+    }
+
+    struct TestClient(Arc<Seen>);
+
+    impl Client for TestClient {
+        type DeviceData = PerDevice;
+        const NAME: &'static CStr = c"rdma_cm_rs_kunit";
+
+        fn slot() -> &'static ClientSlot {
+            static SLOT: ClientSlot = ClientSlot::new();
+            &SLOT
+        }
+
+        fn add(&self, dev: &ARef<Device>) -> Result<PerDevice> {
+            let pd = Pd::alloc(dev)?;
+            let name = dev.name();
+            if name.as_bytes().starts_with(b"rxe") {
+                self.0.rxe.fetch_add(1, Ordering::AcqRel);
+            } else if name.as_bytes().starts_with(b"siw") {
+                self.0.siw.fetch_add(1, Ordering::AcqRel);
+            }
+            self.0.added.fetch_add(1, Ordering::AcqRel);
+            Ok(PerDevice {
+                dev: dev.clone(),
+                _pd: pd,
+            })
+        }
+
+        fn remove(&self, dev: &Device, data: PerDevice) {
+            if !data.dev.same(dev) {
+                self.0.mixed_up.fetch_add(1, Ordering::AcqRel);
+            }
+            self.0.removed.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Registering runs `add` for every device there is (the test bed has
+    /// rxe0 and siw0), each with a PD of its own; dropping the registration
+    /// gives every device's data back to `remove`, with its own device, once.
+    #[test]
+    fn client_sees_every_device_and_gives_each_back() {
+        let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
+        let reg = KBox::pin_init(
+            ClientRegistration::new(TestClient(seen.clone())),
+            GFP_KERNEL,
+        );
+        let added_while_registered = seen.added.load(Ordering::Acquire);
+        let removed_while_registered = seen.removed.load(Ordering::Acquire);
+        let (rxe, siw) = (
+            seen.rxe.load(Ordering::Acquire),
+            seen.siw.load(Ordering::Acquire),
+        );
+        let registered = reg.is_ok();
+        drop(reg);
+        assert!(registered);
+        if rxe == 0 || siw == 0 {
+            super::skip_without_devices(ENODEV);
+            return;
+        }
+        assert_eq!((rxe, siw), (1, 1));
+        assert_eq!(removed_while_registered, 0);
+        assert_eq!(seen.removed.load(Ordering::Acquire), added_while_registered);
+        assert_eq!(seen.mixed_up.load(Ordering::Acquire), 0);
+    }
+
+    /// The C `add` callback names no client: one registration of a type at
+    /// a time, a second is refused before it reaches the IB core, and the
+    /// first keeps working.
+    #[test]
+    fn second_registration_of_a_type_is_busy() {
+        let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
+        let first = KBox::pin_init(
+            ClientRegistration::new(TestClient(seen.clone())),
+            GFP_KERNEL,
+        );
+        let second = KBox::pin_init(
+            ClientRegistration::new(TestClient(seen.clone())),
+            GFP_KERNEL,
+        );
+        let second_err = second.as_ref().err().copied();
+        let added = seen.added.load(Ordering::Acquire);
+        drop(second);
+        let first_ok = first.is_ok();
+        drop(first);
+        let removed = seen.removed.load(Ordering::Acquire);
+        // A third, after both are gone, registers again.
+        let third = KBox::pin_init(
+            ClientRegistration::new(TestClient(seen.clone())),
+            GFP_KERNEL,
+        );
+        let third_ok = third.is_ok();
+        drop(third);
+        assert!(first_ok);
+        assert_eq!(second_err, Some(EBUSY));
+        assert_eq!(removed, added);
+        assert!(third_ok);
+    }
+
+    /// The capabilities are the drivers' own: rxe is RoCE with fast
+    /// registration and SRQs; siw is iWARP with fast registration.
+    #[test]
+    fn device_caps_are_the_drivers() {
+        let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
+        let reg = KBox::pin_init(
+            ClientRegistration::new(CapsClient(seen.clone())),
+            GFP_KERNEL,
+        );
+        let ok = reg.is_ok();
+        drop(reg);
+        assert!(ok);
+        if seen.rxe.load(Ordering::Acquire) == 0 || seen.siw.load(Ordering::Acquire) == 0 {
+            super::skip_without_devices(ENODEV);
+            return;
+        }
+        // `CapsClient::add` counted a device only if its caps were right.
+        assert_eq!(seen.mixed_up.load(Ordering::Acquire), 0);
+    }
+
+    /// Checks each device's capabilities in `add`; a wrong one counts as
+    /// mixed up.
+    struct CapsClient(Arc<Seen>);
+
+    impl Client for CapsClient {
+        type DeviceData = ();
+        const NAME: &'static CStr = c"rdma_cm_rs_kunit_caps";
+
+        fn slot() -> &'static ClientSlot {
+            static SLOT: ClientSlot = ClientSlot::new();
+            &SLOT
+        }
+
+        fn add(&self, dev: &ARef<Device>) -> Result {
+            let c = dev.caps();
+            let name = dev.name();
+            let sane = c.max_qp > 0
+                && c.max_qp_wr > 0
+                && c.max_send_sge > 0
+                && c.max_recv_sge > 0
+                && c.max_cqe > 0
+                && c.max_pd > 0
+                && c.fast_registration
+                && c.max_fast_reg_page_list_len > 0;
+            let right = if name.as_bytes().starts_with(b"rxe") {
+                self.0.rxe.fetch_add(1, Ordering::AcqRel);
+                c.transport == Transport::Ib && c.max_srq > 0 && c.max_srq_wr > 0
+            } else if name.as_bytes().starts_with(b"siw") {
+                self.0.siw.fetch_add(1, Ordering::AcqRel);
+                c.transport == Transport::Iwarp
+            } else {
+                true
+            };
+            if !(sane && right) {
+                self.0.mixed_up.fetch_add(1, Ordering::AcqRel);
+            }
+            Ok(())
+        }
+    }
+}
