@@ -15,8 +15,8 @@
 #                    uapi header in step
 #   vm-one           one VM (rxe on a dummy netdev, siw beside it): the KUnit
 #                    suites at insmod, the userspace suite against the
-#                    module on rxe, on rxe with synchronous ids and on
-#                    siw (three passes at once),
+#                    module on rxe and on siw, each with asynchronous and
+#                    with synchronous ids (four passes at once),
 #                    the sample echo module, the sample rping server
 #                    against unmodified rping and the module's own rping
 #                    client, a 45 s round of the seeded ioctl fuzzer
@@ -27,7 +27,7 @@
 #   vm-two           two VMs (rxe and siw over two QEMU socket links), run
 #                    from a copy of the tree under /tmp: the userspace
 #                    suite with the librdmacm peer in the other VM, the
-#                    three passes at once, then the peer VM killed
+#                    four passes at once, then the peer VM killed
 #                    by the host mid-transfer
 #   ktap             kunit.py parse reads all of the above and counts as
 #                    this script does
@@ -295,15 +295,16 @@ group_end
 part='part() { local n=$1 s; shift; echo "ktap-part $n"; "$@"; s=$?; echo "ktap-part-end $n $s"; return $s; }'
 # Parts that run at once with the next foreground part: bg_part starts one
 # (its output kept in the guest's /tmp), bg_show waits for all of them and
-# prints one as a part, whole.  The three passes (rxe with asynchronous
-# and with synchronous ids, siw) overlap their waits this way; they use
-# distinct ports.  (A fourth, synchronous ids on siw, ran beside them on
-# 2026-11-25 and found two siw bugs, tools/kernel-patches/0006 and 0007;
-# under that load siw's RDMA scenarios then saw a connect end in
-# CONNECT_ERROR -EINVAL in 2 of 3 runs, which 24 runs of them alone never
-# did.  It runs by hand: suite --sync --transport siw.)  (The siw pass ran alone for a while: beside the others
-# it lost first messages, which was siw's accept race, now patched in the
-# test kernel: tools/kernel-patches/0001.)
+# prints one as a part, whole.  The four passes (rxe with asynchronous
+# and with synchronous ids, siw likewise) overlap their waits this way;
+# they use distinct ports.  (The fourth, synchronous ids on siw, found two
+# siw bugs beside the others, tools/kernel-patches/0006 and 0007.  Under
+# that load siw's RDMA scenarios saw the module's connect end in
+# CONNECT_ERROR -EINVAL now and then: the suite's peer, passive, sent
+# before the module's first message, which iWARP forbids; it waits for it
+# now.  The siw pass ran alone for a while: beside the others it lost
+# first messages, which was siw's accept race, now patched in the test
+# kernel: tools/kernel-patches/0001.)
 part+='; bg_part() { local n=$1; shift; ( "$@" >"/tmp/part-$n.out" 2>&1; echo $? >"/tmp/part-$n.rc" ) & }'
 part+='; bg_show() { local n=$1 s; wait; echo "ktap-part $n"; cat "/tmp/part-$n.out"; s=$(cat "/tmp/part-$n.rc" 2>/dev/null || echo 1); echo "ktap-part-end $n $s"; return $s; }'
 # vm_group LOG STATUS DESCRIPTION [ARGS...]: the VM run's results.
@@ -326,7 +327,7 @@ vm_one="$logs/vm-one"
 watched vm-one "$logs/vm-one.log" \
 	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" --stream \
 	--module "$out_dir/rdma_cm_rs.ko" -- \
-	"$part; bg_part suite-rxe-sync $tool suite --sync; bg_part suite-siw $tool suite --transport siw; part suite-rxe $tool suite; s=\$?; bg_show suite-rxe-sync || s=1; bg_show suite-siw || s=1; part echo tools/echo-test.sh || s=1; part rping tools/rping-test.sh || s=1; part fuzz $tool fuzz --seed 1 --seconds 45 --shrink-secs 0 || s=1; part faults tools/fault-test.sh || s=1; part removal tools/removal-test.sh || s=1; exit \$s"
+	"$part; bg_part suite-rxe-sync $tool suite --sync; bg_part suite-siw $tool suite --transport siw; bg_part suite-siw-sync $tool suite --sync --transport siw; part suite-rxe $tool suite; s=\$?; bg_show suite-rxe-sync || s=1; bg_show suite-siw || s=1; bg_show suite-siw-sync || s=1; part echo tools/echo-test.sh || s=1; part rping tools/rping-test.sh || s=1; part fuzz $tool fuzz --seed 1 --seconds 45 --shrink-secs 0 || s=1; part faults tools/fault-test.sh || s=1; part removal tools/removal-test.sh || s=1; exit \$s"
 rc=$?
 kunit_args=(--kunit)
 [ ! -f "$vm_one/dmesg" ] || kunit_args+=(--dmesg "$vm_one/dmesg")
@@ -365,7 +366,7 @@ RDMA_CM_RS_OUT=$copy watched vm-two "$logs/vm-two.log" \
 	"$copy/tools/vm/run" --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
 	--stream --module "$copy/rdma_cm_rs.ko" --two-vms \
 	--peer-cmd "$guest_tool agent --listen 0.0.0.0:7999" -- \
-	"$part; echo \"guest cwd: \$PWD\"; bg_part suite-rxe-sync $guest_tool suite --sync --peer \$RDMA_CM_RS_PEER_IP:7999; bg_part suite-siw $guest_tool suite --transport siw --peer \$RDMA_CM_RS_PEER_IP:7999; part suite-rxe $guest_tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; bg_show suite-rxe-sync || s=1; bg_show suite-siw || s=1; part peer-vm-killed $guest_tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s"
+	"$part; echo \"guest cwd: \$PWD\"; bg_part suite-rxe-sync $guest_tool suite --sync --peer \$RDMA_CM_RS_PEER_IP:7999; bg_part suite-siw $guest_tool suite --transport siw --peer \$RDMA_CM_RS_PEER_IP:7999; bg_part suite-siw-sync $guest_tool suite --sync --transport siw --peer \$RDMA_CM_RS_PEER_IP:7999; part suite-rxe $guest_tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; bg_show suite-rxe-sync || s=1; bg_show suite-siw || s=1; bg_show suite-siw-sync || s=1; part peer-vm-killed $guest_tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s"
 rc=$?
 # VM A's lines only (VM B's are its agent's log).
 sed -n 's/^VM A: //p' "$logs/vm-two.log" >"$logs/vm-two-a.log"
