@@ -1044,7 +1044,8 @@ fn connect_rdma_peer(
     dev.connect(id, &Param::with_data(b"rdma"))?;
     wait(dev, EventType::Established)?;
     if ctx.iwarp() {
-        dev.send(id, b"first").context("the active side's first message")?;
+        dev.send(id, b"first")
+            .context("the active side's first message")?;
     }
     let advert = parse_advert(&dev.recv(id, 4096, T)?)?;
     Ok((call, id, advert))
