@@ -62,11 +62,10 @@ struct WorkState {
 /// them in that order, flushes included, so a count tells which send a
 /// completion is.
 struct TxState {
-    /// Send buffers not in flight; at most [`abi::SEND_WINDOW`] exist, made
-    /// when a send finds none free.
+    /// Send buffers not in flight; at most [`abi::SEND_WINDOW`] exist
+    /// (these and the `posted - completed` in flight), made when a send
+    /// finds none free.
     free: KVec<SendBuffer>,
-    /// Buffers made so far.
-    made: usize,
     posted: u64,
     completed: u64,
     /// The send a caller waits for, if any: its completion's result goes to
@@ -84,14 +83,15 @@ impl TxState {
         if let Some(buf) = self.free.pop() {
             return Ok(Some(buf));
         }
-        if self.made == abi::SEND_WINDOW {
+        // Called with the lock held from the take to the post (or the
+        // return to `free`): every buffer is free or counted in flight.
+        let in_flight = self.posted - self.completed;
+        if in_flight >= abi::SEND_WINDOW as u64 {
             return Ok(None);
         }
         // Room for every buffer that may come back.
         self.free.reserve(abi::SEND_WINDOW, GFP_KERNEL)?;
-        let buf = SendBuffer::new(pd, abi::MAX_MESSAGE)?;
-        self.made += 1;
-        Ok(Some(buf))
+        Ok(Some(SendBuffer::new(pd, abi::MAX_MESSAGE)?))
     }
 }
 
@@ -206,7 +206,6 @@ impl Conn {
                 rx_closed: AtomicBool::new(false),
                 tx <- new_mutex!(TxState {
                     free: KVec::new(),
-                    made: 0,
                     posted: 0,
                     completed: 0,
                     waited: None,

@@ -129,11 +129,11 @@ impl<C: Client> ClientRegistration<C> {
                     (*raw).add = Some(Self::add_callback);
                     (*raw).remove = Some(Self::remove_callback);
                 }
+                // On an error `ib_register_client` unregisters what it added
+                // before it returns; the callbacks find `this` through the
+                // slot set above.
                 // SAFETY: `raw` is a zeroed `ib_client` with a name and our
-                // callbacks, pinned until `PinnedDrop` unregisters it (or,
-                // on failure here, never registered: `ib_register_client`
-                // unregisters what it added before it returns an error).
-                // The callbacks find `this` through the slot set above.
+                // callbacks, pinned until `PinnedDrop` unregisters it.
                 let r = kernel::error::to_result(unsafe { bindings::ib_register_client(raw) });
                 if r.is_err() {
                     slot.store(ptr::null_mut(), Ordering::Release);
@@ -158,11 +158,11 @@ impl<C: Client> ClientRegistration<C> {
     /// `ib_unregister_client`, while the slot holds the registration.
     unsafe fn registered<'a>() -> &'a Self {
         let this = C::slot().0.load(Ordering::Acquire);
+        // During `ib_register_client` the registration's `raw` field is
+        // still being initialized, but `client` is (initialized first), `raw`
+        // is an `Opaque`, whose bytes may be anything, and `_pin` has none.
         // SAFETY: By the safety requirements the slot points to a pinned
-        // registration that outlives the callback.  During
-        // `ib_register_client` its `raw` field is still being initialized,
-        // but `client` is (initialized first) and `raw` is an `Opaque`,
-        // whose bytes may be anything; `_pin` has none.
+        // registration that outlives the callback.
         unsafe { &*this.cast::<Self>() }
     }
 

@@ -58,7 +58,7 @@ pub struct Options {
     pub only: Option<String>,
     /// Only this side under test, kernel or user (profiling one of them;
     /// the table then has no ratios).
-    #[arg(long)]
+    #[arg(long, value_parser = ["kernel", "user"])]
     pub side: Option<String>,
 }
 
@@ -164,16 +164,18 @@ fn unit_ops(b: &Block) -> &'static str {
     }
 }
 
+/// Prints and files the failure of `what` in slot `s`.
+fn record_failure(res: &mut Results, what: &str, s: &Slot<'_>, e: anyhow::Error) {
+    let msg = format!("{what} {} rep {}/{}: {e:#}", s.side, s.rep, s.reps);
+    eprintln!("bench: {msg}: FAILED");
+    res.failures.push(msg);
+}
+
 /// Prints the progress line of `r` and files it.
 fn record(res: &mut Results, what: &str, s: &Slot<'_>, r: Result<Vec<Block>>) {
     let blocks = match r {
         Ok(b) => b,
-        Err(e) => {
-            let msg = format!("{what} {} rep {}/{}: {e:#}", s.side, s.rep, s.reps);
-            eprintln!("bench: {msg}: FAILED");
-            res.failures.push(msg);
-            return;
-        }
+        Err(e) => return record_failure(res, what, s, e),
     };
     for b in blocks {
         let mut line = format!(
@@ -265,15 +267,7 @@ fn record(res: &mut Results, what: &str, s: &Slot<'_>, r: Result<Vec<Block>>) {
 fn record_scale(res: &mut Results, s: &Slot<'_>, r: Result<scale::Point>) {
     let p = match r {
         Ok(p) => p,
-        Err(e) => {
-            let msg = format!(
-                "connections at once {} rep {}/{}: {e:#}",
-                s.side, s.rep, s.reps
-            );
-            eprintln!("bench: {msg}: FAILED");
-            res.failures.push(msg);
-            return;
-        }
+        Err(e) => return record_failure(res, "connections at once", s, e),
     };
     let secs = p.setup.as_secs_f64().max(1e-9);
     let mut figures = vec![
@@ -318,12 +312,7 @@ fn record_scale(res: &mut Results, s: &Slot<'_>, r: Result<scale::Point>) {
 /// Files the end of a counterpart thread: its error is a failure.
 fn counterpart_end(res: &mut Results, what: &str, s: &Slot<'_>, mut p: peer::Peer) {
     if let Err(e) = p.finish() {
-        let msg = format!(
-            "{what} {} rep {}/{}: counterpart: {e:#}",
-            s.side, s.rep, s.reps
-        );
-        eprintln!("bench: {msg}");
-        res.failures.push(msg);
+        record_failure(res, what, s, e.context("counterpart"));
     }
 }
 
@@ -351,11 +340,6 @@ pub fn run(o: Options) -> Result<()> {
         bail!("--only {g}: not one of {}", GROUPS.join(","));
     }
     let want = |g: &str| groups.contains(&g);
-    if let Some(s) = o.side.as_deref() {
-        if !["kernel", "user"].contains(&s) {
-            bail!("--side {s}: not kernel or user");
-        }
-    }
     let reps = o.reps.unwrap_or(if o.quick { 1 } else { 3 }).max(1);
     let cycles = o.cycles.unwrap_or(if o.quick { 50 } else { 1000 }).max(1);
     let round_trips = o

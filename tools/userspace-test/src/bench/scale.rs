@@ -49,6 +49,30 @@ pub struct Point {
     pub cpu: super::stats::CpuPerOp,
 }
 
+impl Point {
+    /// The point of `n` connections; `mem` is the guest's memory in use
+    /// before the first id and once all were established.
+    fn new(
+        n: usize,
+        setup: Duration,
+        teardown: Duration,
+        mem: (Option<u64>, Option<u64>),
+        cpu: &Cpu,
+    ) -> Self {
+        let kib_per_conn = match mem {
+            (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64 / n as f64),
+            _ => None,
+        };
+        Self {
+            n,
+            setup,
+            teardown,
+            kib_per_conn,
+            cpu: cpu.per_op(n),
+        }
+    }
+}
+
 /// The guest's memory in use, KiB: `MemTotal - MemAvailable`.
 fn mem_used_kib() -> Option<u64> {
     let m = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -78,10 +102,6 @@ fn settled_mem_used_kib() -> Option<u64> {
         last = now;
     }
     Some(last)
-}
-
-fn per_conn(before: Option<u64>, after: Option<u64>, n: usize) -> Option<f64> {
-    Some(after?.saturating_sub(before?) as f64 / n as f64)
 }
 
 /// The module's ids of one run, destroyed on drop (an error midway).
@@ -177,14 +197,7 @@ pub fn kernel(dst: SocketAddr, n: usize) -> Result<Point> {
     for id in ids.ids.drain(..) {
         dev.destroy(id).context("DESTROY_ID")?;
     }
-    let teardown = t1.elapsed();
-    Ok(Point {
-        n,
-        setup,
-        teardown,
-        kib_per_conn: per_conn(before, after, n),
-        cpu: cpu.per_op(n),
-    })
+    Ok(Point::new(n, setup, t1.elapsed(), (before, after), &cpu))
 }
 
 fn user_collect(ch: &Channel, keys: &[IdKey], want: EventType) -> Result<()> {
@@ -228,12 +241,5 @@ pub fn user(dst: SocketAddr, n: usize) -> Result<Point> {
     }
     user_collect(&ch, &keys, EventType::Disconnected)?;
     drop(conns);
-    let teardown = t1.elapsed();
-    Ok(Point {
-        n,
-        setup,
-        teardown,
-        kib_per_conn: per_conn(before, after, n),
-        cpu: cpu.per_op(n),
-    })
+    Ok(Point::new(n, setup, t1.elapsed(), (before, after), &cpu))
 }
