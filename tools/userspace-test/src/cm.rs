@@ -814,6 +814,23 @@ impl<'ch> Conn<'ch> {
         Ok(())
     }
 
+    /// One `IBV_WR_SEND`, waited for, that the peer may answer by closing
+    /// the connection the moment it has the message: returns the status of
+    /// the completion, which may be one a close explains and which does
+    /// not mean the message was lost (siw, see the last echo of
+    /// `agent::serve`): LOC_QP_OP_ERR or WR_FLUSH_ERR.  Any other error
+    /// status is an error.
+    pub fn send_before_close(&mut self, data: &[u8]) -> Result<u32> {
+        self.post_send(data)?;
+        let wc = Self::poll_any(self.send_cq, Duration::from_secs(5)).context("send completion")?;
+        match wc.status {
+            ibv_wc_status::IBV_WC_SUCCESS
+            | ibv_wc_status::IBV_WC_LOC_QP_OP_ERR
+            | ibv_wc_status::IBV_WC_WR_FLUSH_ERR => Ok(wc.status),
+            status => bail!("work completion status {status}"),
+        }
+    }
+
     /// Sends `data` and returns the next received message, reaping the
     /// send's completion only after it: a round trip that does not wait for
     /// the send's ACK before it waits for the answer.

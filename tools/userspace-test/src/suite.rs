@@ -914,6 +914,14 @@ fn messages_all_sizes(ctx: &mut Ctx) -> Result<()> {
     wait(&dev, EventType::Disconnected)?;
     let r = call.result()?;
     ensure!(field(&r, "disc0")? == "DISCONNECTED");
+    // The peer's last echo may complete in error on siw only (see
+    // `agent::serve`): on RoCE its completion waits for our ACK.
+    if !ctx.iwarp() {
+        ensure!(
+            field(&r, "lastecho0")? == "0",
+            "last echo's completion: {r:?}"
+        );
+    }
     Ok(())
 }
 
