@@ -232,11 +232,10 @@ const NOT_ON_IWARP: &[(&str, &str)] = &[
     ),
 ];
 
-/// Scenarios the synchronous pass on iWARP (siw) does not run, and why.
-const NOT_SYNCHRONOUS_ON_IWARP: &[(&str, &str)] = &[(
-    "backlog_overflow_burst",
-    "not yet: 4 of the 28 requests over the backlog get no answer within the peer's 10 s MPA timer (UNREACHABLE) and reach the listener later; the asynchronous pass on siw and the synchronous one on rxe pass it (cause not found, issue 12's note)",
-)];
+/// Scenarios the synchronous pass on iWARP (siw) does not run, and why:
+/// none at present (`backlog_overflow_burst` was, until its late requests
+/// were understood as iWARP's backlog at work).
+const NOT_SYNCHRONOUS_ON_IWARP: &[(&str, &str)] = &[];
 
 /// Scenarios only a pass on iWARP runs.
 const ONLY_ON_IWARP: &[&str] = &["iwarp_"];
@@ -2658,6 +2657,30 @@ fn backlog_overflow_burst(ctx: &mut Ctx) -> Result<()> {
         "backlog in use {}",
         dev.query(l)?.backlog
     );
+    // On iWARP the backlog is TCP's and siw's: a request over it is not
+    // refused but waits, and may reach the listener once the module has
+    // answered the four (siw takes a new connection over with one of the
+    // listener's work elements, as many as the backlog; a connection whose
+    // takeover found none waits in the accept queue until a later one's
+    // takes it, often after the peer's 10 s MPA timer made it UNREACHABLE).
+    // Such a late request is rejected and counted; it never comes while
+    // the backlog is full (checked above).
+    let iwarp = ctx.iwarp();
+    let mut late = 0u32;
+    // The next event, or `None` for a late request, rejected.
+    let mut next_event = |what: &str| -> Result<Option<Event>> {
+        let ev = dev
+            .get_event(T)
+            .with_context(|| format!("module: waiting for {what}"))?;
+        if iwarp && ev.event == EventType::ConnectRequest && ev.id == l {
+            // Its peer may have given up already: the reject may fail.
+            let _ = dev.reject(ev.new_id, 0, b"");
+            dev.destroy(ev.new_id)?;
+            late += 1;
+            return Ok(None);
+        }
+        Ok(Some(ev))
+    };
     // The peers let go of every connection once all 32 have their answer,
     // which can be before the module's last ESTABLISHED is queued: an
     // earlier connection's DISCONNECTED may come first.
@@ -2666,9 +2689,9 @@ fn backlog_overflow_burst(ctx: &mut Ctx) -> Result<()> {
     }
     let (mut established, mut disconnected) = (0, 0);
     while established < BACKLOG {
-        let ev = dev
-            .get_event(T)
-            .context("module: waiting for ESTABLISHED")?;
+        let Some(ev) = next_event("ESTABLISHED")? else {
+            continue;
+        };
         ensure!(requests.contains(&ev.id), "{} on id {}", ev.name(), ev.id);
         match ev.event {
             EventType::Established => established += 1,
@@ -2689,21 +2712,38 @@ fn backlog_overflow_burst(ctx: &mut Ctx) -> Result<()> {
             && count("REJECTED") + count("UNREACHABLE") == BURST - BACKLOG,
         "the peers saw {events}"
     );
+    // The peers are gone (the agent dropped its ids): every accepted id
+    // sees DISCONNECTED, and the backlog is free again.
+    while disconnected < BACKLOG {
+        let Some(ev) = next_event("DISCONNECTED")? else {
+            continue;
+        };
+        match ev.event {
+            EventType::Disconnected if requests.contains(&ev.id) => disconnected += 1,
+            EventType::TimewaitExit => {}
+            _ => bail!(
+                "module: expected DISCONNECTED but got {}",
+                ev.line("module")
+            ),
+        }
+    }
+    for r in &requests {
+        dev.destroy(*r)?;
+    }
+    // A late request may still be on its way (iWARP): it is taken out of
+    // the backlog when rejected.
+    while dev.query(l)?.backlog != 0 {
+        ensure!(iwarp, "backlog still in use");
+        if let Some(ev) = next_event("a late request")? {
+            bail!("module: {} while a late request was due", ev.line("module"));
+        }
+    }
     note(&format!(
-        "burst of {BURST} at backlog {BACKLOG}: {} established, {} rejected, {} unreachable",
+        "burst of {BURST} at backlog {BACKLOG}: {} established, {} rejected, {} unreachable; {late} late request(s) rejected",
         count("ESTABLISHED"),
         count("REJECTED"),
         count("UNREACHABLE")
     ));
-    // The peers are gone (the agent dropped its ids): every accepted id
-    // sees DISCONNECTED, and the backlog is free again.
-    for _ in disconnected..BACKLOG {
-        wait(&dev, EventType::Disconnected)?;
-    }
-    for r in requests {
-        dev.destroy(r)?;
-    }
-    ensure!(dev.query(l)?.backlog == 0, "backlog still in use");
     for h in l + 1..l + 2 * BURST + 8 {
         expect_errno(
             "QUERY of a refused request's id",
