@@ -14,6 +14,10 @@
 //!
 //! `insmod rdma_cm_rs_rping.ko port=7174 size=65536`: `size` is the largest
 //! ping accepted (rping's own limit is 64 KiB).
+//!
+//! Like every ULP it keeps one PD per device, not one per connection: an
+//! IB client ([`rdma::client`]) makes it when a device appears and lets go
+//! of it when the device goes, whether or not a session is open on it.
 
 #![deny(unsafe_code)]
 
@@ -24,11 +28,14 @@ pub mod rdma;
 use kernel::{
     new_mutex,
     prelude::*,
-    sync::{Arc, Mutex, SetOnce},
+    str::BStr,
+    sync::{aref::ARef, Arc, Mutex, SetOnce},
 };
 use rdma::{
     addr::{SocketAddr, AF_INET},
+    client::{Client, ClientRegistration, ClientSlot},
     cm::{CmId, ConnectRequest, DestroyQueue, Handler, LockedId, PortSpace, QpType},
+    device::Device,
     event::{Event, EventType},
     mr::{Mr, MrAccess, RemoteRegion},
     net::NetNs,
@@ -270,6 +277,45 @@ struct Service {
     #[pin]
     conns: Mutex<KVec<Arc<CmId<Rping>>>>,
     region_len: usize,
+    /// The PD of each device.
+    #[pin]
+    devices: ClientRegistration<RpingDevices>,
+}
+
+/// What the sample keeps on each device: the PD of every session on it.
+struct PerDevice {
+    pd: Arc<Pd>,
+}
+
+/// The sample's IB client: a PD for each device, from its registration to
+/// its removal.
+struct RpingDevices;
+
+impl Client for RpingDevices {
+    type DeviceData = PerDevice;
+    const NAME: &'static CStr = c"rdma_cm_rs_rping";
+
+    fn slot() -> &'static ClientSlot {
+        static SLOT: ClientSlot = ClientSlot::new();
+        &SLOT
+    }
+
+    fn add(&self, dev: &ARef<Device>) -> Result<PerDevice> {
+        let pd = Pd::alloc(dev)?;
+        pr_info!(
+            "{}: added, one PD for its sessions\n",
+            BStr::from_bytes(dev.name().as_bytes())
+        );
+        Ok(PerDevice { pd })
+    }
+
+    fn remove(&self, dev: &Device, data: Arc<PerDevice>) {
+        // Sessions on the device hold the PD until the CM's DEVICE_REMOVAL
+        // ends them, which comes after this (the CM registered first, and
+        // the IB core removes clients last to first).
+        pr_info!("{}: removed\n", BStr::from_bytes(dev.name().as_bytes()));
+        drop(data);
+    }
 }
 
 /// The handler of the listener and of every connection.
@@ -288,10 +334,12 @@ impl Rping {
     }
 
     /// Builds the session on a locked, adopted id and accepts it.
-    fn accept(id: &LockedId<'_>, region_len: usize) -> Result<Arc<Session>> {
+    fn accept(id: &LockedId<'_>, service: &Service) -> Result<Arc<Session>> {
         let dev = id.device()?;
-        let pd = Pd::alloc(&dev)?;
-        let region = Mr::new(&pd, region_len)?;
+        // `None` for a device that is just registering (the CM's client
+        // comes before ours) or going: the request is rejected.
+        let pd = service.devices.device_data(&dev).ok_or(ENODEV)?.pd.clone();
+        let region = Mr::new(&pd, service.region_len)?;
         let mut go_ahead = SendBuffer::new(&pd, ADVERT_LEN)?;
         go_ahead.fill(&[0; ADVERT_LEN])?;
         let session = Arc::pin_init(
@@ -399,9 +447,8 @@ impl Handler for Rping {
             pr_err!("cannot track connection: {:?}\n", e);
             return;
         }
-        let region_len = self.service.region_len;
         // The CM holds the new id's handler mutex: `with_lock` runs inside it.
-        match id.with_lock(|l| Rping::accept(l, region_len)) {
+        match id.with_lock(|l| Rping::accept(l, &self.service)) {
             Ok(session) => {
                 let _ = id.handler().session.populate(session);
                 // Room was reserved above; a connection ending meanwhile
@@ -432,10 +479,13 @@ impl kernel::Module for RpingModule {
             return Err(EINVAL);
         }
         let destroy_queue = DestroyQueue::new()?;
+        // The client before the listener: a device's PD is there before a
+        // request on it can come.
         let service = Arc::pin_init(
-            pin_init!(Service {
+            try_pin_init!(Service {
                 conns <- new_mutex!(KVec::new()),
                 region_len,
+                devices <- ClientRegistration::new(RpingDevices),
             }),
             GFP_KERNEL,
         )?;

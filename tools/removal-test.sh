@@ -20,6 +20,10 @@ tool=$built/tools/userspace-test/target/release/userspace-test
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
 . tools/lib/ktap.sh
 
+# The kernel log from here on (the sample was loaded before, by other tests).
+marker="rdma-cm-rs: device removal test starts $$"
+echo "$marker" >/dev/kmsg
+new_dmesg() { dmesg | sed -n "/$marker/,\$p"; }
 insmod "$built"/rdma_cm_rs_rping.ko port=7174
 result $? "device removal: insmod rdma_cm_rs_rping"
 # A kernel-to-kernel rping session runs during the removal (a ping every
@@ -43,8 +47,16 @@ else
 fi
 dmesg | grep -q "rdma_cm_rs_rping: session ended (device removal)"
 result $? "device removal: the sample ended its session on DEVICE_REMOVAL"
+# The sample keeps one PD per device through an IB client (rust/rdma/
+# client.rs): its remove let go of rxe0's while a session was open (the
+# link delete above would not have completed otherwise), and the device
+# added back got a new one before the next session needed it.
+new_dmesg | grep -q "rdma_cm_rs_rping: rxe0: removed"
+result $? "device removal: the sample's IB client saw rxe0 removed"
+[ "$(new_dmesg | grep -c "rdma_cm_rs_rping: rxe0: added")" = 2 ]
+result $? "device removal: the sample's IB client saw rxe0 added at insmod and again when re-added"
 $tool ctl rping "$ip:7174" --count 2 --size 64 >/dev/null 2>&1
-result $? "device removal: the sample serves again on the re-added device"
+result $? "device removal: the sample serves again on the re-added device (with the PD its client made there)"
 rmmod rdma_cm_rs_rping
 result $? "device removal: rmmod rdma_cm_rs_rping"
 ktap_end

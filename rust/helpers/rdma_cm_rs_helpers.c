@@ -247,6 +247,26 @@ int rdma_cm_rs_query_ud_qp(struct ib_qp *qp, u32 *qkey, u32 *port_num)
 	return 0;
 }
 
+/*
+ * The device's first and last port numbers (rdma_start_port, rdma_end_port:
+ * 0 and 0 for a switch, else 1 and phys_port_cnt), fixed at registration.
+ */
+void rdma_cm_rs_port_range(struct ib_device *dev, u32 *first, u32 *last)
+{
+	*first = rdma_start_port(dev);
+	*last = rdma_end_port(dev);
+}
+
+/*
+ * The core capability flags of a valid port (RDMA_CORE_CAP_*, what the
+ * rdma_protocol_* and rdma_cap_* inlines test), set by the driver's
+ * get_port_immutable before registration and never changed.
+ */
+u32 rdma_cm_rs_port_core_caps(struct ib_device *dev, u32 port_num)
+{
+	return dev->port_data[port_num].immutable.core_cap_flags;
+}
+
 /* The port's active MTU in bytes, or a negative errno. */
 int rdma_cm_rs_port_active_mtu(struct ib_device *dev, u32 port_num)
 {

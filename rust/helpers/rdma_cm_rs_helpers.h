@@ -60,6 +60,8 @@ void rdma_cm_rs_update_fast_reg_key(struct ib_mr *mr, u8 newkey);
 void rdma_cm_rs_copy(void *dst, const void *src, size_t len);
 
 int rdma_cm_rs_query_ud_qp(struct ib_qp *qp, u32 *qkey, u32 *port_num);
+void rdma_cm_rs_port_range(struct ib_device *dev, u32 *first, u32 *last);
+u32 rdma_cm_rs_port_core_caps(struct ib_device *dev, u32 port_num);
 int rdma_cm_rs_port_active_mtu(struct ib_device *dev, u32 port_num);
 struct ib_ah *rdma_cm_rs_create_ah(struct ib_pd *pd,
 				   const struct rdma_ah_attr *ah_attr);

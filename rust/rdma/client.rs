@@ -10,10 +10,20 @@
 //! [`ClientRegistration`] registers a [`Client`] with the IB core: its
 //! [`Client::add`] runs for every device registered at that moment and for
 //! every one registered later, and what it returns is kept for the device;
-//! [`Client::remove`] gets it back when the device unregisters or the
-//! registration is dropped, whichever comes first, and exactly once for
-//! each successful `add`.  Dropping the registration waits until every
-//! `remove` returned.
+//! [`ClientRegistration::device_data`] finds it again (a connection request
+//! names its device, the ULP wants that device's PD); [`Client::remove`]
+//! gets it back when the device unregisters or the registration is dropped,
+//! whichever comes first, and exactly once for each successful `add`.
+//! Dropping the registration waits until every `remove` returned.
+//!
+//! The data is kept in an `XArray` of the registration, indexed by the
+//! device's index, rather than in the IB core's client data:
+//! `ib_get_client_data` may not be called once `remove` started, and
+//! nothing would tell a caller that it had.  Taken out of the `XArray`
+//! before `remove` runs, the data is no longer found from then on; a
+//! caller that found it earlier holds an `Arc` and keeps the objects alive
+//! (the device's unregistration then waits for them, as for any object on
+//! the device).
 //!
 //! The C `add` callback names the device only, not the client, so the
 //! registration is found through a slot of the client's type
@@ -26,7 +36,13 @@ use core::{
     ptr,
     sync::atomic::{AtomicPtr, Ordering},
 };
-use kernel::{prelude::*, str::CStr, sync::aref::ARef, types::Opaque};
+use kernel::{
+    prelude::*,
+    str::CStr,
+    sync::{aref::ARef, Arc},
+    types::Opaque,
+    xarray::{AllocKind, XArray},
+};
 
 /// Where the registration of a [`Client`] type is found while it is
 /// registered.  Declare one `static` per client type and return it from
@@ -62,14 +78,16 @@ pub trait Client: Send + Sync + Sized + 'static {
     /// A device is there.  Runs with the IB core's lists of devices and
     /// clients locked for writing when called during registration: it must
     /// not register or unregister a client or a device.  May sleep.  An
-    /// error leaves the client off this device: no `remove` for it.
+    /// error leaves the client off this device: no `remove` for it, and
+    /// [`ClientRegistration::device_data`] finds nothing for it.
     fn add(&self, dev: &ARef<Device>) -> Result<Self::DeviceData>;
 
-    /// The device is unregistering, or the client is: `data` is dropped
-    /// when this returns, and with it what the client kept on the device
-    /// (the device's unregistration waits until every reference to it is
-    /// gone).  No lock of the IB core is held; may sleep.
-    fn remove(&self, dev: &Device, data: Self::DeviceData) {
+    /// The device is unregistering, or the client is: `data` is no longer
+    /// found by [`ClientRegistration::device_data`], and it is dropped when
+    /// this returns unless a caller still holds a clone (the objects in it
+    /// then live until the last clone goes, and the device's unregistration
+    /// waits for them).  No lock of the IB core is held; may sleep.
+    fn remove(&self, dev: &Device, data: Arc<Self::DeviceData>) {
         let _ = dev;
         drop(data);
     }
@@ -82,11 +100,14 @@ pub trait Client: Send + Sync + Sized + 'static {
 /// While the registration lives, `raw` is an `ib_client` registered with
 /// the IB core whose callbacks are [`ClientRegistration::add_callback`] and
 /// [`ClientRegistration::remove_callback`] for `C`, and `C::slot()` points
-/// to this registration.  The client data the IB core keeps for a device is
-/// a `KBox<C::DeviceData>` made by `add_callback`.
+/// to this registration.  `devices` holds, at the index of each device
+/// whose `add` succeeded and whose `remove` has not started, what `add`
+/// returned.
 #[pin_data(PinnedDrop)]
 pub struct ClientRegistration<C: Client> {
     client: C,
+    #[pin]
+    devices: XArray<Arc<C::DeviceData>>,
     #[pin]
     raw: Opaque<bindings::ib_client>,
     #[pin]
@@ -105,6 +126,8 @@ impl<C: Client> ClientRegistration<C> {
     pub fn new(client: C) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
             client,
+            // Before `raw`: the callbacks the registration runs use it.
+            devices <- XArray::new(AllocKind::Alloc),
             raw <- Opaque::try_ffi_init(|raw: *mut bindings::ib_client| {
                 // SAFETY: `raw` points into the `raw` field (an `Opaque`,
                 // transparent over the `ib_client`) of a `Self` being
@@ -149,6 +172,15 @@ impl<C: Client> ClientRegistration<C> {
         &self.client
     }
 
+    /// What [`Client::add`] returned for `dev`; `None` if it failed, has
+    /// not run yet (a device that is registering: the IB core runs the
+    /// clients' `add` in the order they registered, so the CM may report a
+    /// connection request on it a moment before), or `remove` started.
+    pub fn device_data(&self, dev: &Device) -> Option<Arc<C::DeviceData>> {
+        let devices = self.devices.lock();
+        devices.get(dev.index()).map(Arc::from)
+    }
+
     /// The registration of `C`, found through its slot.
     ///
     /// # Safety
@@ -159,8 +191,9 @@ impl<C: Client> ClientRegistration<C> {
     unsafe fn registered<'a>() -> &'a Self {
         let this = C::slot().0.load(Ordering::Acquire);
         // During `ib_register_client` the registration's `raw` field is
-        // still being initialized, but `client` is (initialized first), `raw`
-        // is an `Opaque`, whose bytes may be anything, and `_pin` has none.
+        // still being initialized, but `client` and `devices` are
+        // (initialized before it), `raw` is an `Opaque`, whose bytes may be
+        // anything, and `_pin` has none.
         // SAFETY: By the safety requirements the slot points to a pinned
         // registration that outlives the callback.
         unsafe { &*this.cast::<Self>() }
@@ -184,18 +217,20 @@ impl<C: Client> ClientRegistration<C> {
         let data = match this
             .client
             .add(&dev)
-            .and_then(|d| Ok(KBox::new(d, GFP_KERNEL)?))
+            .and_then(|d| Ok(Arc::new(d, GFP_KERNEL)?))
         {
             Ok(data) => data,
             Err(e) => return e.to_errno(),
         };
-        // SAFETY: `raw_dev` is the device `add` was called for, `this.raw`
-        // the registered client; the IB core reserved the device's slot for
-        // this client before calling `add`, so storing cannot fail.  The
-        // box goes back to a `KBox` in `remove_callback` (type invariant).
-        unsafe {
-            bindings::ib_set_client_data(raw_dev, this.raw.get(), KBox::into_raw(data).cast())
-        };
+        // The IB core calls `add` once per device (it marks the client's
+        // entry registered only after `add`), so the index is free: a
+        // failure is the allocation's, and the client is then off the
+        // device like after a failed `add`, its data given back first.
+        let stored = this.devices.lock().store(dev.index(), data, GFP_KERNEL);
+        if let Err(e) = stored {
+            this.client.remove(&dev, e.value);
+            return e.error.to_errno();
+        }
         0
     }
 
@@ -204,22 +239,24 @@ impl<C: Client> ClientRegistration<C> {
     /// # Safety
     ///
     /// Called by the IB core only, once for each device whose `add`
-    /// succeeded, with the data `add` stored, while it holds a count on the
-    /// device.
+    /// succeeded, while it holds a count on the device.
     unsafe extern "C" fn remove_callback(
         raw_dev: *mut bindings::ib_device,
-        data: *mut core::ffi::c_void,
+        _client_data: *mut core::ffi::c_void,
     ) {
         // SAFETY: The IB core calls `remove` of a registered client only.
         let this = unsafe { Self::registered() };
-        // SAFETY: `remove` is only called for devices whose `add` succeeded,
-        // with the data it stored: a `KBox<C::DeviceData>` (type
-        // invariant), handed back once.
-        let data = unsafe { KBox::from_raw(data.cast::<C::DeviceData>()) };
         // SAFETY: The IB core holds a count on the device until `remove`
         // returned (`remove_client_context` drops it after the call).
         let dev = unsafe { Device::from_raw(raw_dev) };
-        this.client.remove(dev, KBox::into_inner(data));
+        // Taken out under the lock, so `device_data` finds nothing from now
+        // on; given to the client after it.
+        let data = this.devices.lock().remove(dev.index());
+        // `remove` comes once for each `add` that succeeded, and only those
+        // stored their data (type invariants).
+        if let Some(data) = data {
+            this.client.remove(dev, data);
+        }
     }
 }
 

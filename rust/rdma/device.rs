@@ -129,6 +129,112 @@ pub struct DeviceCaps {
     pub transport: Transport,
 }
 
+/// What one port of a device speaks and which of the core's services it
+/// has: its core capability flags (`RDMA_CORE_CAP_*`), fixed by the driver
+/// before registration.  The methods are the `rdma_protocol_*` and
+/// `rdma_cap_*` tests of `ib_verbs.h`, named after them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortCaps {
+    flags: u32,
+}
+
+impl PortCaps {
+    fn has(&self, flags: u32) -> bool {
+        self.flags & flags != 0
+    }
+
+    /// InfiniBand (`rdma_protocol_ib`).
+    pub fn protocol_ib(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_PROT_IB)
+    }
+
+    /// RoCE, v1 or v2 (`rdma_protocol_roce`).
+    pub fn protocol_roce(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_PROT_ROCE | bindings::RDMA_CORE_CAP_PROT_ROCE_UDP_ENCAP)
+    }
+
+    /// RoCE v2, over UDP (`rdma_protocol_roce_udp_encap`).
+    pub fn protocol_roce_udp_encap(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_PROT_ROCE_UDP_ENCAP)
+    }
+
+    /// RoCE v1, over Ethernet (`rdma_protocol_roce_eth_encap`).
+    pub fn protocol_roce_eth_encap(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_PROT_ROCE)
+    }
+
+    /// InfiniBand or RoCE (`rdma_ib_or_roce`): the IB CM's transports.
+    pub fn ib_or_roce(&self) -> bool {
+        self.protocol_ib() || self.protocol_roce()
+    }
+
+    /// iWARP (`rdma_protocol_iwarp`).
+    pub fn protocol_iwarp(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_PROT_IWARP)
+    }
+
+    /// Raw Ethernet packets (`rdma_protocol_raw_packet`).
+    pub fn protocol_raw_packet(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_PROT_RAW_PACKET)
+    }
+
+    /// usNIC (`rdma_protocol_usnic`).
+    pub fn protocol_usnic(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_PROT_USNIC)
+    }
+
+    /// Management datagrams (`rdma_cap_ib_mad`).
+    pub fn cap_ib_mad(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_IB_MAD)
+    }
+
+    /// A subnet management interface, QP0 (`rdma_cap_ib_smi`).
+    pub fn cap_ib_smi(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_IB_SMI)
+    }
+
+    /// The IB connection manager (`rdma_cap_ib_cm`).
+    pub fn cap_ib_cm(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_IB_CM)
+    }
+
+    /// The iWARP connection manager (`rdma_cap_iw_cm`).
+    pub fn cap_iw_cm(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_IW_CM)
+    }
+
+    /// Subnet administration, path records (`rdma_cap_ib_sa`).
+    pub fn cap_ib_sa(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_IB_SA)
+    }
+
+    /// IB multicast, which needs the SA (`rdma_cap_ib_mcast`).
+    pub fn cap_ib_mcast(&self) -> bool {
+        self.cap_ib_sa()
+    }
+
+    /// `AF_IB` addresses (`rdma_cap_af_ib`).
+    pub fn cap_af_ib(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_AF_IB)
+    }
+
+    /// Address handles from Ethernet addresses (`rdma_cap_eth_ah`).
+    pub fn cap_eth_ah(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_ETH_AH)
+    }
+
+    /// Every address handle needs a GRH (`rdma_is_grh_required`).
+    pub fn grh_required(&self) -> bool {
+        self.has(bindings::RDMA_CORE_CAP_IB_GRH_REQUIRED)
+    }
+
+    /// RDMA READ with invalidate (`rdma_cap_read_inv`): iWARP requires
+    /// it, no other transport has it.
+    pub fn cap_read_inv(&self) -> bool {
+        self.protocol_iwarp()
+    }
+}
+
 /// The name of a device, copied (a device can be renamed while in use).
 #[derive(Clone, Copy)]
 pub struct DeviceName {
@@ -188,6 +294,15 @@ impl Device {
         // SAFETY: The device is valid (type invariants); drivers fill `attrs`
         // before registration and never change it afterwards.
         unsafe { &(*self.as_ptr()).attrs }
+    }
+
+    /// The device's index, unique among registered devices (assigned when
+    /// it registers, with its name, and fixed until it is freed).
+    pub fn index(&self) -> usize {
+        // SAFETY: The device is valid (type invariants); `index` is written
+        // once, in `assign_name` during registration, before any client or
+        // CM id can see the device.
+        unsafe { (*self.as_ptr()).index as usize }
     }
 
     /// Whether `self` and `other` are the same device.
@@ -262,6 +377,29 @@ impl Device {
         let mtu = unsafe { bindings::rdma_cm_rs_port_active_mtu(self.as_ptr(), port) };
         kernel::error::to_result(mtu)?;
         Ok(mtu as u32)
+    }
+
+    /// The device's port numbers (`rdma_start_port..=rdma_end_port`: 1 to
+    /// the number of physical ports, 0 alone for a switch).
+    pub fn ports(&self) -> core::ops::RangeInclusive<u32> {
+        let (mut first, mut last) = (0, 0);
+        // SAFETY: The device is valid (type invariants); both inlines read
+        // fields fixed at registration; the pointers are to locals.
+        unsafe { bindings::rdma_cm_rs_port_range(self.as_ptr(), &mut first, &mut last) };
+        first..=last
+    }
+
+    /// The capabilities of `port`; `EINVAL` for a port the device does not
+    /// have.
+    pub fn port_caps(&self, port: u32) -> Result<PortCaps> {
+        if !self.ports().contains(&port) {
+            return Err(EINVAL);
+        }
+        // SAFETY: The device is valid and `port` is one of its ports, so
+        // `port_data[port]` exists (allocated for `rdma_start_port..=
+        // rdma_end_port` before registration).
+        let flags = unsafe { bindings::rdma_cm_rs_port_core_caps(self.as_ptr(), port) };
+        Ok(PortCaps { flags })
     }
 
     /// The longest page list one fast registration maps.

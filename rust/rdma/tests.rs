@@ -1751,8 +1751,9 @@ mod client_tests {
     };
     use core::sync::atomic::{AtomicUsize, Ordering};
     use kernel::{
+        new_mutex,
         prelude::*,
-        sync::{aref::ARef, Arc},
+        sync::{aref::ARef, Arc, Mutex},
     };
 
     /// What the test client saw.
@@ -1799,7 +1800,7 @@ mod client_tests {
             })
         }
 
-        fn remove(&self, dev: &Device, data: PerDevice) {
+        fn remove(&self, dev: &Device, data: Arc<PerDevice>) {
             if !data.dev.same(dev) {
                 self.0.mixed_up.fetch_add(1, Ordering::AcqRel);
             }
@@ -1869,6 +1870,98 @@ mod client_tests {
         assert!(third_ok);
     }
 
+    /// A client that takes rxe and refuses every other device, and keeps
+    /// every device it was offered.
+    struct RxeOnly {
+        seen: Arc<Seen>,
+        offered: Arc<Mutex<KVec<ARef<Device>>>>,
+    }
+
+    impl Client for RxeOnly {
+        type DeviceData = PerDevice;
+        const NAME: &'static CStr = c"rdma_cm_rs_kunit_rxe_only";
+
+        fn slot() -> &'static ClientSlot {
+            static SLOT: ClientSlot = ClientSlot::new();
+            &SLOT
+        }
+
+        fn add(&self, dev: &ARef<Device>) -> Result<PerDevice> {
+            self.offered.lock().push(dev.clone(), GFP_KERNEL)?;
+            if !dev.name().as_bytes().starts_with(b"rxe") {
+                self.seen.siw.fetch_add(1, Ordering::AcqRel);
+                return Err(EOPNOTSUPP);
+            }
+            self.seen.rxe.fetch_add(1, Ordering::AcqRel);
+            self.seen.added.fetch_add(1, Ordering::AcqRel);
+            Ok(PerDevice {
+                dev: dev.clone(),
+                _pd: Pd::alloc(dev)?,
+            })
+        }
+
+        fn remove(&self, dev: &Device, data: Arc<PerDevice>) {
+            if !data.dev.same(dev) {
+                self.seen.mixed_up.fetch_add(1, Ordering::AcqRel);
+            }
+            self.seen.removed.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// `device_data` finds what `add` returned for a device, the same
+    /// object every time, and nothing for a device whose `add` failed; a
+    /// failed `add` gets no `remove`, and a clone taken before the
+    /// registration went outlives it.
+    #[test]
+    fn device_data_is_found_by_device_until_remove() {
+        let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
+        let offered = Arc::pin_init(new_mutex!(KVec::new()), GFP_KERNEL).unwrap();
+        let reg = KBox::pin_init(
+            ClientRegistration::new(RxeOnly {
+                seen: seen.clone(),
+                offered: offered.clone(),
+            }),
+            GFP_KERNEL,
+        )
+        .unwrap();
+        let devices = core::mem::take(&mut *offered.lock());
+        let (mut found, mut same_twice, mut found_refused) = (0, 0, 0);
+        let mut kept = None;
+        for dev in devices.iter() {
+            let first = reg.device_data(dev);
+            let second = reg.device_data(dev);
+            match (&first, &second) {
+                (Some(a), Some(b)) => {
+                    found += usize::from(a.dev.same(dev));
+                    same_twice += usize::from(core::ptr::eq(&**a, &**b));
+                }
+                (None, None) => {}
+                _ => found_refused += 100,
+            }
+            if !dev.name().as_bytes().starts_with(b"rxe") && first.is_some() {
+                found_refused += 1;
+            }
+            if kept.is_none() {
+                kept = first;
+            }
+        }
+        let added = seen.added.load(Ordering::Acquire);
+        drop(reg);
+        if seen.rxe.load(Ordering::Acquire) == 0 || seen.siw.load(Ordering::Acquire) == 0 {
+            super::skip_without_devices(ENODEV);
+            return;
+        }
+        assert_eq!((found, same_twice, found_refused), (added, added, 0));
+        // Every device was offered, rxe taken: remove came for it alone.
+        assert_eq!(seen.removed.load(Ordering::Acquire), added);
+        assert_eq!(seen.mixed_up.load(Ordering::Acquire), 0);
+        // The clone is still good after its `remove`: its PD lives on.
+        let kept = kept.expect("rxe's data was found");
+        assert!(kept.dev.name().as_bytes().starts_with(b"rxe"));
+        drop(kept);
+        drop(devices);
+    }
+
     /// The capabilities are the drivers' own: rxe is RoCE with fast
     /// registration and SRQs; siw is iWARP with fast registration.
     #[test]
@@ -1922,7 +2015,35 @@ mod client_tests {
             } else {
                 true
             };
-            if !(sane && right) {
+            // One port, 1, on both; its protocol and CM the transport's.
+            let ports = dev.ports();
+            let port_sane = *ports.start() == 1
+                && *ports.end() == 1
+                && dev.port_caps(0) == Err(EINVAL)
+                && dev.port_caps(2) == Err(EINVAL);
+            let port_right = match dev.port_caps(1) {
+                Ok(p) if name.as_bytes().starts_with(b"rxe") => {
+                    p.protocol_roce_udp_encap()
+                        && p.protocol_roce()
+                        && p.ib_or_roce()
+                        && !p.protocol_ib()
+                        && p.cap_ib_cm()
+                        && !p.cap_iw_cm()
+                        && p.cap_eth_ah()
+                        && !p.cap_read_inv()
+                }
+                Ok(p) if name.as_bytes().starts_with(b"siw") => {
+                    p.protocol_iwarp()
+                        && !p.ib_or_roce()
+                        && p.cap_iw_cm()
+                        && !p.cap_ib_cm()
+                        && !p.cap_ib_mad()
+                        && p.cap_read_inv()
+                }
+                Ok(_) => true,
+                Err(_) => false,
+            };
+            if !(sane && right && port_sane && port_right) {
                 self.0.mixed_up.fetch_add(1, Ordering::AcqRel);
             }
             Ok(())
