@@ -78,7 +78,8 @@ pub trait Client: Send + Sync + Sized + 'static {
     /// A device is there.  Runs with the IB core's lists of devices and
     /// clients locked for writing when called during registration: it must
     /// not register or unregister a client or a device.  May sleep.  An
-    /// error leaves the client off this device: no `remove` for it, and
+    /// error (this one's, or no memory to keep the data: it is then
+    /// dropped) leaves the client off this device: no `remove` for it, and
     /// [`ClientRegistration::device_data`] finds nothing for it.
     fn add(&self, dev: &ARef<Device>) -> Result<Self::DeviceData>;
 
@@ -176,6 +177,9 @@ impl<C: Client> ClientRegistration<C> {
     /// not run yet (a device that is registering: the IB core runs the
     /// clients' `add` in the order they registered, so the CM may report a
     /// connection request on it a moment before), or `remove` started.
+    /// Process context only: the `XArray`'s lock is taken without
+    /// disabling bottom halves (so not from `CompletionHandler::qp_event`,
+    /// which may run in a softirq), and the `Arc` may be the last.
     pub fn device_data(&self, dev: &Device) -> Option<Arc<C::DeviceData>> {
         let devices = self.devices.lock();
         devices.get(dev.index()).map(Arc::from)
@@ -225,13 +229,17 @@ impl<C: Client> ClientRegistration<C> {
         // The IB core calls `add` once per device (it marks the client's
         // entry registered only after `add`), so the index is free: a
         // failure is the allocation's, and the client is then off the
-        // device like after a failed `add`, its data given back first.
-        let stored = this.devices.lock().store(dev.index(), data, GFP_KERNEL);
-        if let Err(e) = stored {
-            this.client.remove(&dev, e.value);
-            return e.error.to_errno();
+        // device like after a failed `add` (its data dropped here, no
+        // `remove`: that one runs outside the IB core's locks).
+        match this.devices.lock().store(dev.index(), data, GFP_KERNEL) {
+            Ok(None) => 0,
+            Ok(Some(_)) => {
+                // Cannot happen (see above); the entry is the new one.
+                pr_warn!("client data of a device replaced\n");
+                0
+            }
+            Err(e) => e.error.to_errno(),
         }
-        0
     }
 
     /// The `remove` of the `ib_client`.

@@ -63,7 +63,7 @@ use super::{
     event::{Event, EventType},
     net::NetNs,
     pd::Pd,
-    verbs::{CompletionHandler, Cq, Qp, QpCaps, QpShutdown},
+    verbs::{CommEstNotify, CompletionHandler, Cq, Qp, QpCaps, QpShutdown},
 };
 use core::{
     marker::PhantomData,
@@ -1056,7 +1056,20 @@ impl LockedId<'_> {
             QpSlot::Live(_) => return Err(EBUSY),
             QpSlot::Dying => return Err(ESHUTDOWN),
         }
-        let (qp, mut attr) = Qp::prepare(&dev, pd, cq, caps, self.qp_type)?;
+        // COMM_EST is the IB CM's (an RC QP's first message before the
+        // RTU): not for UD ids, whose IB CM id `rdma_connect` makes and may
+        // destroy while the QP lives, nor iWARP, which has no RTU.
+        let comm_est = (!iwarp && self.qp_type == QpType::Rc).then(|| {
+            // SAFETY: `notify_comm_est` only queues work (see there); the
+            // id outlives its QP: every path destroys the QP first
+            // (`destroy_now`, `destroy_qp`, the failure below).  COMM_EST
+            // needs the QP in RTR, which the CM moves it to only once the
+            // IB CM id exists (REQ received or REP being answered); the CM
+            // destroys that IB CM id only with the id, or when a connect
+            // fails before any of that.
+            unsafe { CommEstNotify::new(notify_comm_est, self.as_ptr().cast()) }
+        });
+        let (qp, mut attr) = Qp::prepare(&dev, pd, cq, caps, self.qp_type, comm_est)?;
         if iwarp && self.request_param.is_some() {
             qp.hold_sends_until_first_message();
         }
@@ -1106,6 +1119,22 @@ impl LockedId<'_> {
         }
         Ok(())
     }
+}
+
+/// Tells the CM that a message arrived on the QP of `id` before its
+/// establishment (`IB_EVENT_COMM_EST`): the IB CM then completes the
+/// connection as if the RTU had come, which stops its REP retries and
+/// reports ESTABLISHED.  Nothing on iWARP.
+///
+/// # Safety
+///
+/// `id` is a live `rdma_cm_id` with a QP.
+unsafe fn notify_comm_est(id: *mut core::ffi::c_void) {
+    // SAFETY: `id` is live; `rdma_notify` reads the id and the IB CM's
+    // `cm_establish` allocates with GFP_ATOMIC and queues work under
+    // spinlocks: callable in any context, as the QP event handlers of
+    // nvmet and rtrs do.  An id already established gets EISCONN, ignored.
+    let _ = unsafe { bindings::rdma_notify(id.cast(), bindings::ib_event_type_IB_EVENT_COMM_EST) };
 }
 
 fn sockaddr_of(storage: &bindings::__kernel_sockaddr_storage) -> Option<SocketAddr> {

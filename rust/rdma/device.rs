@@ -223,9 +223,10 @@ impl PortCaps {
         self.has(bindings::RDMA_CORE_CAP_ETH_AH)
     }
 
-    /// Every address handle needs a GRH (`rdma_is_grh_required`).
+    /// Every address handle needs a GRH (`rdma_is_grh_required`): always
+    /// on RoCE, on IB where the port says so.
     pub fn grh_required(&self) -> bool {
-        self.has(bindings::RDMA_CORE_CAP_IB_GRH_REQUIRED)
+        self.has(bindings::RDMA_CORE_PORT_IB_GRH_REQUIRED)
     }
 
     /// RDMA READ with invalidate (`rdma_cap_read_inv`): iWARP requires

@@ -12,7 +12,8 @@
 //! * [`callback`]: which tasks are inside the layer's callbacks.
 //! * [`device`]: RDMA devices ([`device::Device`], counted with `ARef`)
 //!   and their capabilities; [`client`]: a ULP's per-device state, kept
-//!   from a device's registration to its removal (`ib_client`).
+//!   from a device's registration to its removal (`ib_client`);
+//!   [`async_event`]: a device's and its ports' asynchronous events.
 //! * [`pd`], [`mr`], [`ah`], [`verbs`]: protection domains, registered
 //!   regions, address handles and datagram destinations, CQs, RC and UD
 //!   queue pairs, buffers and work requests, all bound to one device.
@@ -32,6 +33,7 @@
 
 pub mod addr;
 pub mod ah;
+pub mod async_event;
 pub mod blocking;
 pub mod callback;
 pub mod client;

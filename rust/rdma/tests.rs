@@ -1433,10 +1433,14 @@ mod sync_tests {
         cm::*,
         conn_param::ConnParam,
         event::*,
+        mr::{Mr, MrAccess, RemoteRegion},
         net::NetNs,
         pd::Pd,
-        verbs::{CompletionHandler, Cq, QpCaps, RecvBuffer, SendBuffer},
+        verbs::{
+            CompletionHandler, Cq, Qp, QpCaps, QpEvent, RecvBuffer, SendBuffer, WorkDone, WorkOp,
+        },
     };
+    use core::sync::atomic::{AtomicU32, Ordering};
     use kernel::{
         new_mutex,
         prelude::*,
@@ -1675,6 +1679,116 @@ mod sync_tests {
         drop((client, server, listener));
     }
 
+    /// What a QP's handler saw of its QP's events and memory work.
+    #[derive(Default)]
+    struct QpSeen {
+        access_errors: AtomicU32,
+        other_events: AtomicU32,
+        /// Memory work that failed with `EACCES`.
+        refused_work: AtomicU32,
+    }
+
+    struct Recording(Arc<QpSeen>);
+
+    impl CompletionHandler for Recording {
+        fn recv_done(&self, _buf: RecvBuffer, _result: Result<usize>) {}
+        fn send_done(&self, _buf: SendBuffer, _result: Result) {}
+        fn work_done(&self, _done: WorkDone, result: Result) {
+            if result == Err(EACCES) {
+                self.0.refused_work.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        fn qp_event(&self, _qp_num: u32, event: QpEvent) {
+            // Atomic context: counters only.
+            if event == QpEvent::AccessError {
+                self.0.access_errors.fetch_add(1, Ordering::AcqRel);
+            } else {
+                self.0.other_events.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    fn recording_qp(id: &CmId<Node>, seen: &Arc<QpSeen>) -> Result<Arc<Qp<Recording>>> {
+        id.with_lock(|l| {
+            let dev = l.device()?;
+            let pd = Pd::alloc(&dev)?;
+            let caps = QpCaps {
+                max_send_wr: 4,
+                max_recv_wr: 2,
+            };
+            let cq = Cq::alloc(&dev, caps.cq_entries()?, Recording(seen.clone()))?;
+            l.create_qp(&pd, &cq, caps)
+        })
+    }
+
+    /// An RDMA WRITE with a key the server never gave out: the server's QP
+    /// reports `IB_EVENT_QP_ACCESS_ERR` (rxe: no receive to pin the error
+    /// on, C9-222.1) to its CQ's handler, in the driver's context; the
+    /// client's WRITE completes with `EACCES`.
+    #[test]
+    fn access_error_reaches_the_qp_event_handler() {
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening(&ns, 7188) else {
+            return;
+        };
+        let client = CmId::new(
+            Node::synchronous(&world).unwrap(),
+            &ns,
+            PortSpace::Tcp,
+            QpType::Rc,
+        )
+        .unwrap();
+        assert!(client
+            .resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)))
+            .is_ok());
+        assert!(client.resolve_route_sync(ms(2000), Some(ms(5000))).is_ok());
+        let client_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let client_qp = recording_qp(&client, &client_seen).unwrap();
+
+        let w = world.clone();
+        let s_seen = server_seen.clone();
+        let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
+            let server = if wait_until(|| w.seen.lock().server.is_some()) {
+                w.seen.lock().server.clone()
+            } else {
+                None
+            };
+            let accepted = server.ok_or(ENOENT).and_then(|server| {
+                recording_qp(&server, &s_seen)?;
+                server.accept_sync(None, Some(ms(5000)))
+            });
+            w.seen.lock().accepted = Some(accepted);
+        });
+        assert!(spawned.is_ok());
+        let connected = client.connect_sync(&ConnParam::new(), Some(ms(5000)));
+        assert!(wait_until(|| world.seen.lock().accepted.is_some()));
+        let accepted = world.seen.lock().accepted.take();
+        assert!(matches!(accepted, Some(Ok(_))));
+        assert!(connected.is_ok());
+
+        let mr = Mr::new(client_qp.pd(), 64).unwrap();
+        assert!(client_qp.register(&mr, MrAccess::LOCAL, 1).is_ok());
+        let nowhere = RemoteRegion {
+            addr: 0x1000,
+            rkey: 0x5eed_0001,
+            len: 16,
+        };
+        assert!(client_qp
+            .rdma(WorkOp::RdmaWrite, &mr, 0, nowhere, 2)
+            .is_ok());
+        let reported = wait_until(|| server_seen.access_errors.load(Ordering::Acquire) > 0);
+        let refused = wait_until(|| client_seen.refused_work.load(Ordering::Acquire) > 0);
+
+        let server = world.seen.lock().server.take();
+        drop((client_qp, mr, client, server, listener));
+        // The server's QP reported the access error; the client's WRITE
+        // failed with EACCES.
+        assert!(reported);
+        assert!(refused);
+        assert_eq!(server_seen.access_errors.load(Ordering::Acquire), 1);
+    }
+
     /// A blocking call past its limit fails with `ETIMEDOUT` and leaves
     /// its operation in flight: another operation is refused (`EBUSY`),
     /// and repeating the call waits for the first one's event, here the
@@ -1745,6 +1859,7 @@ mod sync_tests {
 #[kunit_tests(rdma_cm_rs_client)]
 mod client_tests {
     use crate::rdma::{
+        async_event::{AsyncEventHandler, AsyncEventRegistration, DeviceEvent},
         client::{Client, ClientRegistration, ClientSlot},
         device::{Device, Transport},
         pd::Pd,
@@ -1754,6 +1869,7 @@ mod client_tests {
         new_mutex,
         prelude::*,
         sync::{aref::ARef, Arc, Mutex},
+        time::{delay::fsleep, Delta},
     };
 
     /// What the test client saw.
@@ -1962,6 +2078,189 @@ mod client_tests {
         drop(devices);
     }
 
+    /// Counts the events of its device.
+    struct CountEvents {
+        sm_changes_on_port_1: AtomicUsize,
+        others: AtomicUsize,
+    }
+
+    impl AsyncEventHandler for CountEvents {
+        fn event(&self, _dev: &Device, event: DeviceEvent) {
+            if event == DeviceEvent::SmChange(1) {
+                self.sm_changes_on_port_1.fetch_add(1, Ordering::AcqRel);
+            } else {
+                self.others.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Has the IB core deliver an `IB_EVENT_SM_CHANGE` of port 1 of `dev`,
+    /// as a driver would (no other handler acts on it for rxe: the SA and
+    /// multicast clients are IB-only, and KUnit runs before user space has
+    /// a verbs context).
+    fn dispatch_sm_change(dev: &Device) {
+        let mut event: crate::rdma::bindings::ib_event = pin_init::zeroed();
+        event.device = dev.as_ptr();
+        event.element.port_num = 1;
+        event.event = crate::rdma::bindings::ib_event_type_IB_EVENT_SM_CHANGE;
+        // SAFETY: `event` names a registered device (the caller holds it)
+        // and a port of it; `ib_dispatch_event` copies it into a work item
+        // (GFP_ATOMIC) before it returns.
+        unsafe { crate::rdma::bindings::ib_dispatch_event(&event) };
+    }
+
+    /// A registered handler gets the device's events, on its workqueue; once
+    /// the registration is dropped, none.
+    #[test]
+    fn device_events_reach_the_handler_until_dropped() {
+        let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
+        let offered = Arc::pin_init(new_mutex!(KVec::new()), GFP_KERNEL).unwrap();
+        let reg = KBox::pin_init(
+            ClientRegistration::new(RxeOnly {
+                seen: seen.clone(),
+                offered: offered.clone(),
+            }),
+            GFP_KERNEL,
+        )
+        .unwrap();
+        let rxe = offered
+            .lock()
+            .iter()
+            .find(|d| d.name().as_bytes().starts_with(b"rxe"))
+            .cloned();
+        drop(reg);
+        let Some(rxe) = rxe else {
+            super::skip_without_devices(ENODEV);
+            return;
+        };
+        let events = AsyncEventRegistration::new(
+            &rxe,
+            CountEvents {
+                sm_changes_on_port_1: AtomicUsize::new(0),
+                others: AtomicUsize::new(0),
+            },
+        )
+        .unwrap();
+        assert!(events.device().same(&rxe));
+        dispatch_sm_change(&rxe);
+        let mut delivered = false;
+        for _ in 0..500 {
+            if events
+                .handler()
+                .sm_changes_on_port_1
+                .load(Ordering::Acquire)
+                == 1
+            {
+                delivered = true;
+                break;
+            }
+            fsleep(Delta::from_millis(10));
+        }
+        let others = events.handler().others.load(Ordering::Acquire);
+        drop(events);
+        // Dropped: a later event finds no handler of ours (the registration
+        // and its counters are gone; KASAN would report a call into them).
+        dispatch_sm_change(&rxe);
+        fsleep(Delta::from_millis(300));
+        assert!(delivered);
+        assert_eq!(others, 0);
+    }
+
+    /// What [`DropsItself`] saw.
+    #[derive(Default)]
+    struct SelfSeen {
+        events: AtomicUsize,
+        new_refused: AtomicUsize,
+    }
+
+    /// A handler that drops its own registration from its first event, and
+    /// tries to make another there.
+    struct DropsItself {
+        slot: Arc<Mutex<Option<AsyncEventRegistration<DropsItself>>>>,
+        seen: Arc<SelfSeen>,
+    }
+
+    impl AsyncEventHandler for DropsItself {
+        fn event(&self, dev: &Device, _event: DeviceEvent) {
+            self.seen.events.fetch_add(1, Ordering::AcqRel);
+            let dev: ARef<Device> = dev.into();
+            let nested = AsyncEventRegistration::new(
+                &dev,
+                CountEvents {
+                    sm_changes_on_port_1: AtomicUsize::new(0),
+                    others: AtomicUsize::new(0),
+                },
+            );
+            if nested.err() == Some(EDEADLK) {
+                self.seen.new_refused.fetch_add(1, Ordering::AcqRel);
+            }
+            // Unregistering here would wait for the lock this runs under:
+            // the drop defers it.
+            let own = self.slot.lock().take();
+            drop(own);
+        }
+    }
+
+    /// A registration dropped inside its own handler is unregistered from
+    /// the module's queue instead of deadlocking on the device's handler
+    /// lock, and a registration made there is refused (`EDEADLK`).
+    #[test]
+    fn registration_dropped_in_its_handler_is_deferred() {
+        let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
+        let offered = Arc::pin_init(new_mutex!(KVec::new()), GFP_KERNEL).unwrap();
+        let reg = KBox::pin_init(
+            ClientRegistration::new(RxeOnly {
+                seen: seen.clone(),
+                offered: offered.clone(),
+            }),
+            GFP_KERNEL,
+        )
+        .unwrap();
+        let rxe = offered
+            .lock()
+            .iter()
+            .find(|d| d.name().as_bytes().starts_with(b"rxe"))
+            .cloned();
+        drop(reg);
+        let Some(rxe) = rxe else {
+            super::skip_without_devices(ENODEV);
+            return;
+        };
+        let slot = Arc::pin_init(new_mutex!(None), GFP_KERNEL).unwrap();
+        let self_seen = Arc::new(SelfSeen::default(), GFP_KERNEL).unwrap();
+        let registration = AsyncEventRegistration::new(
+            &rxe,
+            DropsItself {
+                slot: slot.clone(),
+                seen: self_seen.clone(),
+            },
+        )
+        .unwrap();
+        *slot.lock() = Some(registration);
+        dispatch_sm_change(&rxe);
+        let mut handled = false;
+        for _ in 0..500 {
+            if self_seen.events.load(Ordering::Acquire) == 1 {
+                handled = true;
+                break;
+            }
+            fsleep(Delta::from_millis(10));
+        }
+        // The deferred unregistration has run once this returns.
+        let flushed = crate::rdma::deferred::flush_deferred_destroys();
+        dispatch_sm_change(&rxe);
+        fsleep(Delta::from_millis(300));
+        // Breaks the cycle if the handler never ran.
+        let left = slot.lock().take();
+        let was_left = left.is_some();
+        drop(left);
+        assert!(handled);
+        assert!(flushed.is_ok());
+        assert!(!was_left);
+        assert_eq!(self_seen.events.load(Ordering::Acquire), 1);
+        assert_eq!(self_seen.new_refused.load(Ordering::Acquire), 1);
+    }
+
     /// The capabilities are the drivers' own: rxe is RoCE with fast
     /// registration and SRQs; siw is iWARP with fast registration.
     #[test]
@@ -2030,6 +2329,7 @@ mod client_tests {
                         && p.cap_ib_cm()
                         && !p.cap_iw_cm()
                         && p.cap_eth_ah()
+                        && p.grh_required()
                         && !p.cap_read_inv()
                 }
                 Ok(p) if name.as_bytes().starts_with(b"siw") => {
@@ -2038,6 +2338,7 @@ mod client_tests {
                         && p.cap_iw_cm()
                         && !p.cap_ib_cm()
                         && !p.cap_ib_mad()
+                        && !p.grh_required()
                         && p.cap_read_inv()
                 }
                 Ok(_) => true,

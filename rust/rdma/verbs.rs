@@ -148,6 +148,107 @@ pub trait CompletionHandler: Send + Sync + 'static {
             }
         }
     }
+
+    /// An asynchronous event of the QP numbered `qp_num` that completes on
+    /// this handler's CQ.  Runs in the driver's context, which may be
+    /// atomic (a softirq, or with the driver's locks held): it must not
+    /// sleep, so it may not take a `Mutex`, post, or drop the last
+    /// reference to a QP or CM id; a ULP that must act records the event
+    /// and acts from process context.  Comes only while the QP exists.
+    /// The default logs the errors ([`QpEvent::is_error`]).
+    fn qp_event(&self, qp_num: u32, event: QpEvent) {
+        if event.is_error() {
+            pr_warn!("QP {}: {:?}\n", qp_num, event);
+        }
+    }
+}
+
+/// An asynchronous event of a QP (the QP's `enum ib_event_type`s): what the
+/// device reports outside the completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpEvent {
+    /// `IB_EVENT_QP_FATAL`: an error no completion could report moved the
+    /// QP to the error state; its outstanding requests are flushed.
+    Fatal,
+    /// `IB_EVENT_QP_REQ_ERR`: the peer sent an invalid request (a transport
+    /// error of the responder); the QP is in the error state.
+    RequestError,
+    /// `IB_EVENT_QP_ACCESS_ERR`: the peer's RDMA request violated a local
+    /// region's key, range or rights and no receive could carry the error;
+    /// the QP is in the error state.
+    AccessError,
+    /// `IB_EVENT_COMM_EST`: a message arrived before the connection's
+    /// establishment reached the QP's owner (the IB CM's RTU lost or
+    /// late).  A QP of a CM id has its CM told (`rdma_notify`) before the
+    /// handler hears of it.
+    CommEstablished,
+    /// `IB_EVENT_SQ_DRAINED`: the send queue drained after a move to SQD.
+    SendQueueDrained,
+    /// `IB_EVENT_PATH_MIG`: the QP migrated to its alternate path.
+    PathMigrated,
+    /// `IB_EVENT_PATH_MIG_ERR`: migrating to the alternate path failed.
+    PathMigrationError,
+    /// `IB_EVENT_QP_LAST_WQE_REACHED`: the last request of a QP in error
+    /// that takes its receives from a shared receive queue completed.
+    LastWqeReached,
+    /// Another event code a driver reported for the QP.
+    Other(u32),
+}
+
+impl QpEvent {
+    /// The event of a raw `ib_event_type`.
+    pub fn from_raw(raw: u32) -> Self {
+        match raw {
+            bindings::ib_event_type_IB_EVENT_QP_FATAL => Self::Fatal,
+            bindings::ib_event_type_IB_EVENT_QP_REQ_ERR => Self::RequestError,
+            bindings::ib_event_type_IB_EVENT_QP_ACCESS_ERR => Self::AccessError,
+            bindings::ib_event_type_IB_EVENT_COMM_EST => Self::CommEstablished,
+            bindings::ib_event_type_IB_EVENT_SQ_DRAINED => Self::SendQueueDrained,
+            bindings::ib_event_type_IB_EVENT_PATH_MIG => Self::PathMigrated,
+            bindings::ib_event_type_IB_EVENT_PATH_MIG_ERR => Self::PathMigrationError,
+            bindings::ib_event_type_IB_EVENT_QP_LAST_WQE_REACHED => Self::LastWqeReached,
+            other => Self::Other(other),
+        }
+    }
+
+    /// Whether the event reports an error that moved the QP to the error
+    /// state.
+    pub fn is_error(&self) -> bool {
+        matches!(self, Self::Fatal | Self::RequestError | Self::AccessError)
+    }
+}
+
+/// What a QP's owner does when the QP reports [`QpEvent::CommEstablished`]
+/// (the CM level passes it to `rdma_notify`), before the handler hears of
+/// it.
+///
+/// # Invariants
+///
+/// `notify(context)` may be called in any context, atomic included, while
+/// the QP this was given to ([`Qp::prepare`]) exists.
+pub(crate) struct CommEstNotify {
+    notify: unsafe fn(*mut core::ffi::c_void),
+    context: *mut core::ffi::c_void,
+}
+
+// SAFETY: By the type invariants `notify(context)` may be called from any
+// context, so from any thread.
+unsafe impl Send for CommEstNotify {}
+// SAFETY: As above; the value is only read.
+unsafe impl Sync for CommEstNotify {}
+
+impl CommEstNotify {
+    /// # Safety
+    ///
+    /// Calling `notify(context)` must be sound in any context, atomic
+    /// included, as long as a QP created with the returned value exists.
+    pub(crate) unsafe fn new(
+        notify: unsafe fn(*mut core::ffi::c_void),
+        context: *mut core::ffi::c_void,
+    ) -> Self {
+        // INVARIANT: By the safety requirements.
+        Self { notify, context }
+    }
 }
 
 /// The handler of a CQ's completions.
@@ -714,6 +815,8 @@ pub struct Qp<C: CompletionHandler> {
     credits: Arc<WrCredits>,
     pd: Arc<Pd>,
     cq: Arc<Cq<C>>,
+    /// The owner's part in [`QpEvent::CommEstablished`].
+    comm_est: Option<CommEstNotify>,
 }
 
 // SAFETY: Posting is serialised by `raw`'s mutex; the pointer is only used
@@ -727,13 +830,16 @@ impl<C: CompletionHandler> Qp<C> {
     /// room for `caps` and two spare entries (`ENOSPC`), reserves that
     /// room, and returns a QP object not created yet with the attributes
     /// to create it with (`qp_type`, one SGE a request, one spare slot a
-    /// queue).
+    /// queue, and the object as the context of the QP's events, which go
+    /// to `comm_est` and the CQ's handler).  The QP created from them must
+    /// be destroyed while the object lives ([`Qp::set_created`]).
     pub(crate) fn prepare(
         dev: &Device,
         pd: &Arc<Pd>,
         cq: &Arc<Cq<C>>,
         caps: QpCaps,
         qp_type: QpType,
+        comm_est: Option<CommEstNotify>,
     ) -> Result<(Arc<Self>, bindings::ib_qp_init_attr)> {
         dev.check_same(pd.device())?;
         dev.check_same(cq.device())?;
@@ -761,11 +867,16 @@ impl<C: CompletionHandler> Qp<C> {
                 credits,
                 pd: pd.clone(),
                 cq: cq.clone(),
+                comm_est,
             }),
             GFP_KERNEL,
         );
         match qp {
-            Ok(qp) => Ok((qp, attr)),
+            Ok(qp) => {
+                attr.event_handler = Some(qp_event_callback::<C>);
+                attr.qp_context = Arc::as_ptr(&qp).cast_mut().cast();
+                Ok((qp, attr))
+            }
             Err(e) => {
                 cq.release(room);
                 Err(e)
@@ -780,9 +891,11 @@ impl<C: CompletionHandler> Qp<C> {
     /// # Safety
     ///
     /// `raw` must be a live QP created from those attributes (on this
-    /// object's PD and CQ), which its owner destroys only after
-    /// [`QpShutdown::shutdown`] returned `true`, or at once if this fails
-    /// (nothing was posted to it, nothing else knows it).
+    /// object's PD and CQ, with this object as the context of its events),
+    /// which its owner destroys only after [`QpShutdown::shutdown`]
+    /// returned `true`, or at once if this fails (nothing was posted to it,
+    /// nothing else knows it), and in either case while it still holds a
+    /// reference to this object.
     pub(crate) unsafe fn set_created(&self, raw: NonNull<bindings::ib_qp>) -> Result {
         // SAFETY: `raw` is live by the safety requirements.
         let num = unsafe { (*raw.as_ptr()).qp_num };
@@ -1369,6 +1482,33 @@ impl<C: CompletionHandler> PinnedDrop for Qp<C> {
         // room goes with this object.
         self.cq.release(self.cq_room);
     }
+}
+
+/// The `event_handler` of every QP of this layer.
+///
+/// # Safety
+///
+/// Called by the IB core only, for a QP created from the attributes of
+/// [`Qp::prepare`] for a `Qp<C>`: `context` is that object, which lives
+/// until after the QP is destroyed (the safety requirements of
+/// [`Qp::set_created`]), and no event comes after the destruction.
+unsafe extern "C" fn qp_event_callback<C: CompletionHandler>(
+    event: *mut bindings::ib_event,
+    context: *mut core::ffi::c_void,
+) {
+    // SAFETY: `context` is the live `Qp<C>` (the function's safety
+    // requirements).
+    let qp = unsafe { &*context.cast::<Qp<C>>() };
+    // SAFETY: The IB core passes a valid event for the call.
+    let event = QpEvent::from_raw(unsafe { (*event).event });
+    if event == QpEvent::CommEstablished {
+        if let Some(n) = &qp.comm_est {
+            // SAFETY: The QP exists (an event of it is being reported), so
+            // by `CommEstNotify`'s invariants the call is sound here.
+            unsafe { (n.notify)(n.context) };
+        }
+    }
+    qp.cq.handler().qp_event(qp.qp_num(), event);
 }
 
 /// A work completion's status as a result.
