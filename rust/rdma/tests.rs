@@ -2109,27 +2109,30 @@ mod client_tests {
         unsafe { crate::rdma::bindings::ib_dispatch_event(&event) };
     }
 
-    /// A registered handler gets the device's events, on its workqueue; once
-    /// the registration is dropped, none.
-    #[test]
-    fn device_events_reach_the_handler_until_dropped() {
-        let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
-        let offered = Arc::pin_init(new_mutex!(KVec::new()), GFP_KERNEL).unwrap();
+    /// rxe0, as an IB client is offered it.
+    fn rxe_device() -> Option<ARef<Device>> {
+        let seen = Arc::new(Seen::default(), GFP_KERNEL).ok()?;
+        let offered = Arc::pin_init(new_mutex!(KVec::new()), GFP_KERNEL).ok()?;
         let reg = KBox::pin_init(
             ClientRegistration::new(RxeOnly {
-                seen: seen.clone(),
+                seen,
                 offered: offered.clone(),
             }),
             GFP_KERNEL,
         )
-        .unwrap();
-        let rxe = offered
-            .lock()
-            .iter()
-            .find(|d| d.name().as_bytes().starts_with(b"rxe"))
-            .cloned();
+        .ok()?;
         drop(reg);
-        let Some(rxe) = rxe else {
+        let devices = core::mem::take(&mut *offered.lock());
+        devices
+            .into_iter()
+            .find(|d| d.name().as_bytes().starts_with(b"rxe"))
+    }
+
+    /// A registered handler gets the device's events, on its workqueue; once
+    /// the registration is dropped, none.
+    #[test]
+    fn device_events_reach_the_handler_until_dropped() {
+        let Some(rxe) = rxe_device() else {
             super::skip_without_devices(ENODEV);
             return;
         };
@@ -2206,23 +2209,7 @@ mod client_tests {
     /// lock, and a registration made there is refused (`EDEADLK`).
     #[test]
     fn registration_dropped_in_its_handler_is_deferred() {
-        let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
-        let offered = Arc::pin_init(new_mutex!(KVec::new()), GFP_KERNEL).unwrap();
-        let reg = KBox::pin_init(
-            ClientRegistration::new(RxeOnly {
-                seen: seen.clone(),
-                offered: offered.clone(),
-            }),
-            GFP_KERNEL,
-        )
-        .unwrap();
-        let rxe = offered
-            .lock()
-            .iter()
-            .find(|d| d.name().as_bytes().starts_with(b"rxe"))
-            .cloned();
-        drop(reg);
-        let Some(rxe) = rxe else {
+        let Some(rxe) = rxe_device() else {
             super::skip_without_devices(ENODEV);
             return;
         };
