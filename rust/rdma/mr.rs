@@ -36,7 +36,7 @@
 use super::{
     bindings,
     device::{Device, Transport},
-    pd::Pd,
+    pd::{Pd, RemoteKey},
 };
 use core::{alloc::Layout, mem::ManuallyDrop, ptr::NonNull};
 use kernel::{
@@ -144,6 +144,18 @@ pub(crate) struct Registration {
     /// The keys of the current registration.
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
+    /// The current registration's remote key as its PD records it, which
+    /// a peer's remote invalidation marks.
+    pub(crate) remote: Option<Arc<RemoteKey>>,
+}
+
+impl Registration {
+    /// Whether the region is registered for anything posted next: a
+    /// registration posted, and neither a local invalidation posted after
+    /// it nor a remote one received.
+    pub(crate) fn is_valid(&self) -> bool {
+        self.valid && !self.remote.as_ref().is_some_and(|k| k.is_invalidated())
+    }
 }
 
 /// The allocations behind a region.
@@ -168,7 +180,7 @@ struct MrResources {
 
 /// A memory region for fast registration, with its own buffer: see the
 /// module documentation for who owns what.
-#[pin_data]
+#[pin_data(PinnedDrop)]
 pub struct Mr {
     res: MrResources,
     /// Serialises registration, invalidation and the posts that use the
@@ -264,6 +276,7 @@ impl Mr {
                 res,
                 reg <- new_mutex!(Registration {
                     valid: false,
+                    remote: None,
                     next_key: (rkey as u8).wrapping_add(1),
                     lkey,
                     rkey,
@@ -295,7 +308,7 @@ impl Mr {
 
     /// Whether a registration is posted and no invalidation after it.
     pub fn is_registered(&self) -> bool {
-        self.reg.lock().valid
+        self.reg.lock().is_valid()
     }
 
     /// Copies `out.len()` bytes at `offset` out of the region.
@@ -399,6 +412,21 @@ impl Mr {
                 bindings::dma_data_direction::DMA_BIDIRECTIONAL,
             )
         };
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for Mr {
+    fn drop(self: Pin<&mut Self>) {
+        // The PD's record of the key goes with the region: a later region
+        // may be given the same key.
+        let (rkey, remote) = {
+            let mut reg = self.reg.lock();
+            (reg.rkey, reg.remote.take())
+        };
+        if let Some(key) = remote {
+            self.res.pd.withdraw_key(rkey, &key);
+        }
     }
 }
 

@@ -3,11 +3,29 @@
 //! Protection domains (`struct ib_pd`).
 
 use super::{bindings, device::Device};
-use core::ptr::NonNull;
+use core::{
+    ptr::NonNull,
+    sync::atomic::{AtomicBool, Ordering},
+};
 use kernel::{
     prelude::*,
     sync::{aref::ARef, Arc},
+    xarray::{AllocKind, XArray},
 };
+
+/// The remote key of a registration on a PD, which a peer may invalidate
+/// with a SEND_WITH_INV (remote invalidation) arriving on any QP of the PD.
+pub(crate) struct RemoteKey {
+    invalidated: AtomicBool,
+}
+
+impl RemoteKey {
+    /// Whether a peer invalidated the key (a receive completed with
+    /// `IB_WC_WITH_INVALIDATE` naming it).
+    pub(crate) fn is_invalidated(&self) -> bool {
+        self.invalidated.load(Ordering::Acquire)
+    }
+}
 
 /// A protection domain (`ib_alloc_pd`) on one device.
 ///
@@ -15,9 +33,14 @@ use kernel::{
 ///
 /// `raw` is a live PD allocated on `dev`, freed only by `drop` (before the
 /// device reference goes).
+#[pin_data(PinnedDrop)]
 pub struct Pd {
     raw: NonNull<bindings::ib_pd>,
     dev: ARef<Device>,
+    /// The keys of the registrations on this PD a peer may invalidate, by
+    /// remote key (unique on a device while registered).
+    #[pin]
+    remote_keys: XArray<Arc<RemoteKey>>,
 }
 
 // SAFETY: A PD may be used and freed from any thread.
@@ -34,13 +57,71 @@ impl Pd {
         let Some(raw) = NonNull::new(raw) else {
             return Err(ENOMEM);
         };
-        // INVARIANT: `raw` is a PD just allocated on `dev`.
-        let pd = Self {
-            raw,
-            dev: dev.into(),
+        let dev: ARef<Device> = dev.into();
+        // INVARIANT: `raw` is a PD just allocated on `dev`; on failure the
+        // initialized fields are dropped, and `raw` is freed below.
+        let pd = Arc::pin_init(
+            pin_init!(Self {
+                raw,
+                dev,
+                remote_keys <- XArray::new(AllocKind::Alloc),
+            }),
+            GFP_KERNEL,
+        );
+        match pd {
+            // The object is not pinned in any useful sense (nothing points
+            // into it); `Arc<Pd>` is what every user holds.
+            Ok(pd) => Ok(pd),
+            Err(e) => {
+                // SAFETY: Allocated above and owned by nothing else.
+                unsafe { bindings::rdma_cm_rs_dealloc_pd(raw.as_ptr()) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Records `rkey`, about to be registered, as one a peer may invalidate
+    /// (a stale record of the same key, left by a region that went, is
+    /// replaced).
+    pub(crate) fn publish_key(&self, rkey: u32) -> Result<Arc<RemoteKey>> {
+        let key = Arc::new(
+            RemoteKey {
+                invalidated: AtomicBool::new(false),
+            },
+            GFP_KERNEL,
+        )?;
+        let old = self
+            .remote_keys
+            .lock()
+            .store(rkey as usize, key.clone(), GFP_KERNEL)?;
+        drop(old);
+        Ok(key)
+    }
+
+    /// Forgets `key` (registered as `rkey`), invalidated locally or gone,
+    /// unless the record is another's by now.
+    pub(crate) fn withdraw_key(&self, rkey: u32, key: &Arc<RemoteKey>) {
+        let mut keys = self.remote_keys.lock();
+        let ours = keys
+            .get(rkey as usize)
+            .is_some_and(|k| core::ptr::eq(&*k, &**key));
+        let removed = if ours {
+            keys.remove(rkey as usize)
+        } else {
+            None
         };
-        // On failure `pd` is dropped, which frees the PD.
-        Ok(Arc::new(pd, GFP_KERNEL)?)
+        drop(keys);
+        drop(removed);
+    }
+
+    /// A peer invalidated `rkey` (a receive on a QP of this PD completed
+    /// with `IB_WC_WITH_INVALIDATE`): marks the registration's key, which
+    /// its region sees, and forgets it.
+    pub(crate) fn invalidated_remotely(&self, rkey: u32) {
+        let key = self.remote_keys.lock().remove(rkey as usize);
+        if let Some(key) = key {
+            key.invalidated.store(true, Ordering::Release);
+        }
     }
 
     /// The device the PD lives on.
@@ -60,8 +141,9 @@ impl Pd {
     }
 }
 
-impl Drop for Pd {
-    fn drop(&mut self) {
+#[pinned_drop]
+impl PinnedDrop for Pd {
+    fn drop(self: Pin<&mut Self>) {
         // SAFETY: The PD is live and, by the type invariants, freed only
         // here; every object using it holds an `Arc<Pd>` and is gone.
         unsafe { bindings::rdma_cm_rs_dealloc_pd(self.raw.as_ptr()) };

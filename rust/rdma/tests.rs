@@ -1679,19 +1679,29 @@ mod sync_tests {
         drop((client, server, listener));
     }
 
-    /// What a QP's handler saw of its QP's events and memory work.
+    /// What a QP's handler saw of its QP's events and completions.
     #[derive(Default)]
     struct QpSeen {
         access_errors: AtomicU32,
         other_events: AtomicU32,
         /// Memory work that failed with `EACCES`.
         refused_work: AtomicU32,
+        /// Receives that completed, and the key the last one invalidated
+        /// (0: none).
+        received: AtomicU32,
+        invalidated_rkey: AtomicU32,
     }
 
     struct Recording(Arc<QpSeen>);
 
     impl CompletionHandler for Recording {
-        fn recv_done(&self, _buf: RecvBuffer, _result: Result<usize>) {}
+        fn recv_done(&self, buf: RecvBuffer, result: Result<usize>) {
+            if result.is_ok() {
+                let rkey = buf.invalidated_rkey().unwrap_or(0);
+                self.0.invalidated_rkey.store(rkey, Ordering::Release);
+                self.0.received.fetch_add(1, Ordering::AcqRel);
+            }
+        }
         fn send_done(&self, _buf: SendBuffer, _result: Result) {}
         fn work_done(&self, _done: WorkDone, result: Result) {
             if result == Err(EACCES) {
@@ -1708,6 +1718,7 @@ mod sync_tests {
         }
     }
 
+    /// A QP with a [`Recording`] handler and one receive posted.
     fn recording_qp(id: &CmId<Node>, seen: &Arc<QpSeen>) -> Result<Arc<Qp<Recording>>> {
         id.with_lock(|l| {
             let dev = l.device()?;
@@ -1717,23 +1728,32 @@ mod sync_tests {
                 max_recv_wr: 2,
             };
             let cq = Cq::alloc(&dev, caps.cq_entries()?, Recording(seen.clone()))?;
-            l.create_qp(&pd, &cq, caps)
+            let qp = l.create_qp(&pd, &cq, caps)?;
+            qp.post_recv(RecvBuffer::new(&pd, 64)?)
+                .map_err(|(e, _)| e)?;
+            Ok(qp)
         })
     }
 
-    /// An RDMA WRITE with a key the server never gave out: the server's QP
-    /// reports `IB_EVENT_QP_ACCESS_ERR` (rxe: no receive to pin the error
-    /// on, C9-222.1) to its CQ's handler, in the driver's context; the
-    /// client's WRITE completes with `EACCES`.
-    #[test]
-    fn access_error_reaches_the_qp_event_handler() {
-        let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening(&ns, 7188) else {
-            return;
-        };
+    /// Two kernel ids connected over rxe, each with a [`Recording`] QP.
+    struct Pair {
+        /// Held: dropping an id destroys it and its QP.
+        _client: CmId<Node>,
+        client_qp: Arc<Qp<Recording>>,
+        client_seen: Arc<QpSeen>,
+        _server: Arc<CmId<Node>>,
+        server_qp: Arc<Qp<Recording>>,
+        server_seen: Arc<QpSeen>,
+        _listener: CmId<Node>,
+    }
+
+    /// Connects a [`Pair`] through a listener on `port`; `None` (the test
+    /// skipped) without rxe.
+    fn connected_pair(ns: &NetNs, port: u16) -> Option<Pair> {
+        let (world, listener, addr) = listening(ns, port)?;
         let client = CmId::new(
             Node::synchronous(&world).unwrap(),
-            &ns,
+            ns,
             PortSpace::Tcp,
             QpType::Rc,
         )
@@ -1745,9 +1765,9 @@ mod sync_tests {
         let client_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
         let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
         let client_qp = recording_qp(&client, &client_seen).unwrap();
+        let server_qp = Arc::pin_init(new_mutex!(None), GFP_KERNEL).unwrap();
 
-        let w = world.clone();
-        let s_seen = server_seen.clone();
+        let (w, s_seen, s_qp) = (world.clone(), server_seen.clone(), server_qp.clone());
         let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
             let server = if wait_until(|| w.seen.lock().server.is_some()) {
                 w.seen.lock().server.clone()
@@ -1755,7 +1775,7 @@ mod sync_tests {
                 None
             };
             let accepted = server.ok_or(ENOENT).and_then(|server| {
-                recording_qp(&server, &s_seen)?;
+                *s_qp.lock() = Some(recording_qp(&server, &s_seen)?);
                 server.accept_sync(None, Some(ms(5000)))
             });
             w.seen.lock().accepted = Some(accepted);
@@ -1766,27 +1786,93 @@ mod sync_tests {
         let accepted = world.seen.lock().accepted.take();
         assert!(matches!(accepted, Some(Ok(_))));
         assert!(connected.is_ok());
+        let server = world.seen.lock().server.take().unwrap();
+        let server_qp = server_qp.lock().take().unwrap();
+        Some(Pair {
+            _client: client,
+            client_qp,
+            client_seen,
+            _server: server,
+            server_qp,
+            server_seen,
+            _listener: listener,
+        })
+    }
 
-        let mr = Mr::new(client_qp.pd(), 64).unwrap();
-        assert!(client_qp.register(&mr, MrAccess::LOCAL, 1).is_ok());
+    /// An RDMA WRITE with a key the server never gave out: the server's QP
+    /// reports `IB_EVENT_QP_ACCESS_ERR` (rxe: no receive to pin the error
+    /// on, C9-222.1) to its CQ's handler, in the driver's context; the
+    /// client's WRITE completes with `EACCES`.
+    #[test]
+    fn access_error_reaches_the_qp_event_handler() {
+        let Some(pair) = connected_pair(&NetNs::init(), 7188) else {
+            return;
+        };
+        let mr = Mr::new(pair.client_qp.pd(), 64).unwrap();
+        assert!(pair.client_qp.register(&mr, MrAccess::LOCAL, 1).is_ok());
         let nowhere = RemoteRegion {
             addr: 0x1000,
             rkey: 0x5eed_0001,
             len: 16,
         };
-        assert!(client_qp
+        assert!(pair
+            .client_qp
             .rdma(WorkOp::RdmaWrite, &mr, 0, nowhere, 2)
             .is_ok());
+        let (server_seen, client_seen) = (pair.server_seen.clone(), pair.client_seen.clone());
         let reported = wait_until(|| server_seen.access_errors.load(Ordering::Acquire) > 0);
         let refused = wait_until(|| client_seen.refused_work.load(Ordering::Acquire) > 0);
-
-        let server = world.seen.lock().server.take();
-        drop((client_qp, mr, client, server, listener));
+        drop((mr, pair));
         // The server's QP reported the access error; the client's WRITE
         // failed with EACCES.
         assert!(reported);
         assert!(refused);
         assert_eq!(server_seen.access_errors.load(Ordering::Acquire), 1);
+    }
+
+    /// SEND_WITH_INV: the client's message invalidates the key of the
+    /// server's registration; the server's receive reports the key, its
+    /// region is no longer registered and may be registered again (under
+    /// a new key), and the old key is refused.  Immediate data and an
+    /// invalidation together are refused before the post.
+    #[test]
+    fn remote_invalidation_ends_the_registration() {
+        let Some(pair) = connected_pair(&NetNs::init(), 7189) else {
+            return;
+        };
+        let region = Mr::new(pair.server_qp.pd(), 4096).unwrap();
+        let access = MrAccess {
+            remote_read: true,
+            remote_write: true,
+        };
+        let advertised = pair.server_qp.register(&region, access, 1).unwrap();
+        assert!(region.is_registered());
+
+        let mut both = SendBuffer::new(pair.client_qp.pd(), 16).unwrap();
+        both.fill(b"both").unwrap();
+        both.set_imm(Some(7));
+        both.set_invalidate(Some(advertised.rkey));
+        let refused = pair.client_qp.post_send(both).err().map(|(e, _)| e);
+
+        let mut done = SendBuffer::new(pair.client_qp.pd(), 16).unwrap();
+        done.fill(b"done").unwrap();
+        done.set_invalidate(Some(advertised.rkey));
+        let posted = pair.client_qp.post_send(done).is_ok();
+        let server_seen = pair.server_seen.clone();
+        let received = wait_until(|| server_seen.received.load(Ordering::Acquire) > 0);
+        let invalidated = server_seen.invalidated_rkey.load(Ordering::Acquire);
+        let unregistered = !region.is_registered();
+        // Registered again, under a new key; the old one is no longer
+        // recorded for the PD.
+        let again = pair.server_qp.register(&region, access, 2);
+        let new_key = again.as_ref().map(|r| r.rkey).ok();
+        drop((region, pair));
+        assert_eq!(refused, Some(EINVAL));
+        assert!(posted);
+        assert!(received);
+        assert_eq!(invalidated, advertised.rkey);
+        assert!(unregistered);
+        assert!(new_key.is_some_and(|k| k != advertised.rkey));
     }
 
     /// A blocking call past its limit fails with `ETIMEDOUT` and leaves

@@ -379,6 +379,9 @@ struct Buffer {
     /// Sends: the immediate data to carry (SEND_WITH_IMM).  Receives: what
     /// arrived with the last completion.
     imm: Option<u32>,
+    /// Sends: the peer's remote key to invalidate (SEND_WITH_INV).
+    /// Receives: the key of ours the last completion invalidated.
+    invalidate: Option<u32>,
     /// Receives on a UD QP: the sender of the last completion.
     datagram: Option<Datagram>,
     /// Receives: posted on a UD QP, whose completions start with the GRH.
@@ -431,6 +434,7 @@ impl Buffer {
                 credit: None,
                 dest: None,
                 imm: None,
+                invalidate: None,
                 datagram: None,
                 on_ud: false,
                 dma,
@@ -539,6 +543,14 @@ impl RecvBuffer {
         self.0.imm
     }
 
+    /// The remote key of ours the peer invalidated with the message of the
+    /// last completion (SEND_WITH_INV, `IB_WC_WITH_INVALIDATE`): the region
+    /// it was registered for is no longer registered ([`Mr::is_registered`]
+    /// says so, and it may be registered again).
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        self.0.invalidate
+    }
+
     /// The sender of the last completion, on a UD QP.
     pub fn datagram(&self) -> Option<&Datagram> {
         self.0.datagram.as_ref()
@@ -578,6 +590,15 @@ impl SendBuffer {
     /// on every QP type: siw refuses SEND_WITH_IMM (`EINVAL` at the post).
     pub fn set_imm(&mut self, imm: Option<u32>) {
         self.0.imm = imm;
+    }
+
+    /// Makes the send a SEND_WITH_INV that invalidates the peer's remote
+    /// key `rkey` (remote invalidation: the peer's registration ends when
+    /// the message arrives, saving it a LOCAL_INV), or a plain SEND again.
+    /// RC QPs only, and not together with immediate data (`EOPNOTSUPP`,
+    /// `EINVAL` from the post).
+    pub fn set_invalidate(&mut self, rkey: Option<u32>) {
+        self.0.invalidate = rkey;
     }
 
     /// How much one send can carry.
@@ -1119,9 +1140,11 @@ impl<C: CompletionHandler> Qp<C> {
         Ok(())
     }
 
-    /// Posts a SEND (or SEND_WITH_IMM, see [`SendBuffer::set_imm`]) of the
-    /// buffer's contents (signaled) on an RC QP.  On failure the buffer
-    /// comes back with the error: `EOPNOTSUPP` on a UD QP (see
+    /// Posts a SEND (or SEND_WITH_IMM, see [`SendBuffer::set_imm`], or
+    /// SEND_WITH_INV, see [`SendBuffer::set_invalidate`]) of the buffer's
+    /// contents (signaled) on an RC QP.  On failure the buffer comes back
+    /// with the error: `EINVAL` for both immediate data and an
+    /// invalidation, `EOPNOTSUPP` on a UD QP (see
     /// [`Self::post_send_ud`]), `EXDEV`/`EINVAL` for a buffer of another
     /// device or PD, `ENOSPC` with `max_send_wr` requests in flight,
     /// `ENOTCONN` once the QP is shut down, `EAGAIN` on the passive side of
@@ -1130,6 +1153,10 @@ impl<C: CompletionHandler> Qp<C> {
     pub fn post_send(&self, buf: SendBuffer) -> core::result::Result<(), (Error, SendBuffer)> {
         if let Err(e) = self.check_type(QpType::Rc) {
             return Err((e, buf));
+        }
+        // One opcode: immediate data or an invalidation, not both.
+        if buf.0.imm.is_some() && buf.0.invalidate.is_some() {
+            return Err((EINVAL, buf));
         }
         self.post_send_to(buf, None)
     }
@@ -1152,6 +1179,10 @@ impl<C: CompletionHandler> Qp<C> {
         }
         if buf.0.len > self.max_datagram() {
             return Err((EMSGSIZE, buf));
+        }
+        // A datagram invalidates nothing (SEND_WITH_INV is RC only).
+        if buf.0.invalidate.is_some() {
+            return Err((EOPNOTSUPP, buf));
         }
         self.post_send_to(buf, Some(dest.clone()))
     }
@@ -1177,6 +1208,7 @@ impl<C: CompletionHandler> Qp<C> {
         inner.cqe.done = Some(send_done::<C>);
         let mut sge = inner.sge(inner.len);
         let imm = inner.imm;
+        let invalidate = inner.invalidate;
         // The request keeps the address handle; a copy of its fields goes
         // into the work request.
         let ud = dest.as_ref().map(|d| (d.ah.as_ptr(), d.qp_num, d.qkey));
@@ -1202,12 +1234,16 @@ impl<C: CompletionHandler> Qp<C> {
             self.post_send_raw(cqe, credit, |wr| {
                 wr.sg_list = &raw mut sge;
                 wr.num_sge = 1;
-                wr.opcode = match imm {
-                    Some(imm) => {
+                wr.opcode = match (imm, invalidate) {
+                    (Some(imm), _) => {
                         wr.ex.imm_data = imm.to_be();
                         bindings::ib_wr_opcode_IB_WR_SEND_WITH_IMM
                     }
-                    None => bindings::ib_wr_opcode_IB_WR_SEND,
+                    (None, Some(rkey)) => {
+                        wr.ex.invalidate_rkey = rkey;
+                        bindings::ib_wr_opcode_IB_WR_SEND_WITH_INV
+                    }
+                    (None, None) => bindings::ib_wr_opcode_IB_WR_SEND,
                 };
                 match ud {
                     Some((ah, remote_qpn, remote_qkey)) => {
@@ -1282,10 +1318,17 @@ impl<C: CompletionHandler> Qp<C> {
         self.check_type(QpType::Rc)?;
         self.check_pd(mr.pd())?;
         let mut reg = mr.registration();
-        if reg.valid {
+        if reg.is_valid() {
             return Err(EBUSY);
         }
+        // The key of the last registration (invalidated by now) is
+        // forgotten; the new one is recorded before the post, so a remote
+        // invalidation of it is never missed.
+        if let Some(old) = reg.remote.take() {
+            mr.pd().withdraw_key(reg.rkey, &old);
+        }
         let (addr, lkey, rkey) = mr.map_for_registration(&mut reg)?;
+        let remote = mr.pd().publish_key(rkey)?;
         let transport = self.device().transport();
         let mut wr_reg: bindings::ib_reg_wr = pin_init::zeroed();
         self.post_work(
@@ -1303,10 +1346,12 @@ impl<C: CompletionHandler> Qp<C> {
                 wr_reg.access = access.to_raw(transport);
                 (&raw const wr_reg).cast()
             },
-        )?;
+        )
+        .inspect_err(|_| mr.pd().withdraw_key(rkey, &remote))?;
         reg.valid = true;
         reg.lkey = lkey;
         reg.rkey = rkey;
+        reg.remote = Some(remote);
         Ok(RemoteRegion {
             addr,
             rkey,
@@ -1321,7 +1366,7 @@ impl<C: CompletionHandler> Qp<C> {
         self.check_type(QpType::Rc)?;
         self.check_pd(mr.pd())?;
         let mut reg = mr.registration();
-        if !reg.valid {
+        if !reg.is_valid() {
             return Err(EINVAL);
         }
         let rkey = reg.rkey;
@@ -1339,6 +1384,9 @@ impl<C: CompletionHandler> Qp<C> {
             },
         )?;
         reg.valid = false;
+        if let Some(key) = reg.remote.take() {
+            mr.pd().withdraw_key(rkey, &key);
+        }
         Ok(())
     }
 
@@ -1372,7 +1420,7 @@ impl<C: CompletionHandler> Qp<C> {
         // Held across the post: an invalidation cannot slip in between
         // reading the key and posting the request that uses it.
         let reg = mr.registration();
-        if !reg.valid {
+        if !reg.is_valid() {
             return Err(EINVAL);
         }
         let mut sge = bindings::ib_sge {
@@ -1544,6 +1592,7 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
     buf.len = 0;
     buf.offset = 0;
     buf.imm = None;
+    buf.invalidate = None;
     buf.datagram = None;
     let result = wc_result(wc).and_then(|()| {
         let total = (wc.byte_len as usize).min(buf.data.len());
@@ -1551,6 +1600,14 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
         if wc.wc_flags & bindings::ib_wc_flags_IB_WC_WITH_IMM as i32 != 0 {
             // SAFETY: With IB_WC_WITH_IMM the device set `imm_data`.
             buf.imm = Some(u32::from_be(unsafe { wc.ex.imm_data }));
+        }
+        if wc.wc_flags & bindings::ib_wc_flags_IB_WC_WITH_INVALIDATE as i32 != 0 {
+            // SAFETY: With IB_WC_WITH_INVALIDATE the device set
+            // `invalidate_rkey` (host order, a key of this QP's PD that it
+            // invalidated before completing the receive).
+            let rkey = unsafe { wc.ex.invalidate_rkey };
+            buf.pd.invalidated_remotely(rkey);
+            buf.invalidate = Some(rkey);
         }
         if buf.on_ud {
             // A UD receive always starts with the GRH's 40 bytes, counted
