@@ -1058,15 +1058,14 @@ impl LockedId<'_> {
         }
         // COMM_EST is the IB CM's (an RC QP's first message before the
         // RTU): not for UD ids, whose IB CM id `rdma_connect` makes and may
-        // destroy while the QP lives, nor iWARP, which has no RTU.
+        // destroy while the QP lives, nor iWARP, which has no RTU.  The id
+        // outlives its QP: every path destroys the QP first (`destroy_now`,
+        // `destroy_qp`, the failure below).  COMM_EST needs the QP in RTR,
+        // which the CM moves it to only once the IB CM id exists; the CM
+        // destroys that only with the id, or when a connect fails before.
         let comm_est = (!iwarp && self.qp_type == QpType::Rc).then(|| {
-            // SAFETY: `notify_comm_est` only queues work (see there); the
-            // id outlives its QP: every path destroys the QP first
-            // (`destroy_now`, `destroy_qp`, the failure below).  COMM_EST
-            // needs the QP in RTR, which the CM moves it to only once the
-            // IB CM id exists (REQ received or REP being answered); the CM
-            // destroys that IB CM id only with the id, or when a connect
-            // fails before any of that.
+            // SAFETY: `notify_comm_est` only queues work; the id and its IB
+            // CM id outlive every QP event (above).
             unsafe { CommEstNotify::new(notify_comm_est, self.as_ptr().cast()) }
         });
         let (qp, mut attr) = Qp::prepare(&dev, pd, cq, caps, self.qp_type, comm_est)?;

@@ -156,6 +156,15 @@ impl Registration {
     pub(crate) fn is_valid(&self) -> bool {
         self.valid && !self.remote.as_ref().is_some_and(|k| k.is_invalidated())
     }
+
+    /// Has `pd` (the region's) forget the current key: invalidated locally,
+    /// replaced by a new registration, or going with the region (a later
+    /// region may be given the same key).
+    pub(crate) fn withdraw_remote(&mut self, pd: &Pd) {
+        if let Some(key) = self.remote.take() {
+            pd.withdraw_key(self.rkey, &key);
+        }
+    }
 }
 
 /// The allocations behind a region.
@@ -418,15 +427,7 @@ impl Mr {
 #[pinned_drop]
 impl PinnedDrop for Mr {
     fn drop(self: Pin<&mut Self>) {
-        // The PD's record of the key goes with the region: a later region
-        // may be given the same key.
-        let (rkey, remote) = {
-            let mut reg = self.reg.lock();
-            (reg.rkey, reg.remote.take())
-        };
-        if let Some(key) = remote {
-            self.res.pd.withdraw_key(rkey, &key);
-        }
+        self.reg.lock().withdraw_remote(&self.res.pd);
     }
 }
 

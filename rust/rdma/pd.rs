@@ -68,16 +68,10 @@ impl Pd {
             }),
             GFP_KERNEL,
         );
-        match pd {
-            // The object is not pinned in any useful sense (nothing points
-            // into it); `Arc<Pd>` is what every user holds.
-            Ok(pd) => Ok(pd),
-            Err(e) => {
-                // SAFETY: Allocated above and owned by nothing else.
-                unsafe { bindings::rdma_cm_rs_dealloc_pd(raw.as_ptr()) };
-                Err(e)
-            }
-        }
+        pd.inspect_err(|_| {
+            // SAFETY: Allocated above and owned by nothing else.
+            unsafe { bindings::rdma_cm_rs_dealloc_pd(raw.as_ptr()) };
+        })
     }
 
     /// Records `rkey`, about to be registered, as one a peer may invalidate

@@ -24,6 +24,17 @@ fn skip_without_devices(e: Error) {
     unsafe { crate::rdma::bindings::rdma_cm_rs_kunit_skip(reason.as_char_ptr()) };
 }
 
+/// Polls `done` every 10 ms for up to 5 s; whether it came true.
+fn wait_until(mut done: impl FnMut() -> bool) -> bool {
+    for _ in 0..500 {
+        if done() {
+            return true;
+        }
+        kernel::time::delay::fsleep(kernel::time::Delta::from_millis(10));
+    }
+    false
+}
+
 #[kunit_tests(rdma_cm_rs_addr)]
 mod addr_tests {
     use crate::rdma::addr::*;
@@ -962,6 +973,7 @@ mod id_tests {
 
 #[kunit_tests(rdma_cm_rs_ud)]
 mod ud_tests {
+    use super::wait_until;
     use crate::rdma::{
         addr::SocketAddr,
         ah::UdDest,
@@ -977,7 +989,7 @@ mod ud_tests {
         new_mutex,
         prelude::*,
         sync::{Arc, Mutex},
-        time::{delay::fsleep, Delta},
+        time::Delta,
     };
 
     fn ms(ms: i64) -> Delta {
@@ -1126,16 +1138,6 @@ mod ud_tests {
             // would keep itself alive).
             seen.server = Some(server);
         }
-    }
-
-    fn wait_until(mut done: impl FnMut() -> bool) -> bool {
-        for _ in 0..500 {
-            if done() {
-                return true;
-            }
-            fsleep(ms(10));
-        }
-        false
     }
 
     fn take_one(inbox: &Inbox) -> Option<RecvBuffer> {
@@ -1427,6 +1429,7 @@ mod mr_tests {
 
 #[kunit_tests(rdma_cm_rs_sync)]
 mod sync_tests {
+    use super::wait_until;
     use crate::rdma::{
         addr::SocketAddr,
         blocking::{EventWaiter, SyncOutcome},
@@ -1445,7 +1448,7 @@ mod sync_tests {
         new_mutex,
         prelude::*,
         sync::{Arc, Mutex},
-        time::{delay::fsleep, Delta},
+        time::Delta,
         workqueue,
     };
 
@@ -1510,16 +1513,6 @@ mod sync_tests {
         fn waiter(&self) -> Option<&EventWaiter> {
             self.waiter.as_deref()
         }
-    }
-
-    fn wait_until(mut done: impl FnMut() -> bool) -> bool {
-        for _ in 0..500 {
-            if done() {
-                return true;
-            }
-            fsleep(ms(10));
-        }
-        false
     }
 
     fn with_qp(id: &CmId<Node>) -> Result {
@@ -1944,6 +1937,7 @@ mod sync_tests {
 
 #[kunit_tests(rdma_cm_rs_client)]
 mod client_tests {
+    use super::wait_until;
     use crate::rdma::{
         async_event::{AsyncEventHandler, AsyncEventRegistration, DeviceEvent},
         client::{Client, ClientRegistration, ClientSlot},
@@ -2232,19 +2226,13 @@ mod client_tests {
         .unwrap();
         assert!(events.device().same(&rxe));
         dispatch_sm_change(&rxe);
-        let mut delivered = false;
-        for _ in 0..500 {
-            if events
+        let delivered = wait_until(|| {
+            events
                 .handler()
                 .sm_changes_on_port_1
                 .load(Ordering::Acquire)
                 == 1
-            {
-                delivered = true;
-                break;
-            }
-            fsleep(Delta::from_millis(10));
-        }
+        });
         let others = events.handler().others.load(Ordering::Acquire);
         drop(events);
         // Dropped: a later event finds no handler of ours (the registration
@@ -2311,14 +2299,7 @@ mod client_tests {
         .unwrap();
         *slot.lock() = Some(registration);
         dispatch_sm_change(&rxe);
-        let mut handled = false;
-        for _ in 0..500 {
-            if self_seen.events.load(Ordering::Acquire) == 1 {
-                handled = true;
-                break;
-            }
-            fsleep(Delta::from_millis(10));
-        }
+        let handled = wait_until(|| self_seen.events.load(Ordering::Acquire) == 1);
         // The deferred unregistration has run once this returns.
         let flushed = crate::rdma::deferred::flush_deferred_destroys();
         dispatch_sm_change(&rxe);

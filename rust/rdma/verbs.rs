@@ -1324,9 +1324,7 @@ impl<C: CompletionHandler> Qp<C> {
         // The key of the last registration (invalidated by now) is
         // forgotten; the new one is recorded before the post, so a remote
         // invalidation of it is never missed.
-        if let Some(old) = reg.remote.take() {
-            mr.pd().withdraw_key(reg.rkey, &old);
-        }
+        reg.withdraw_remote(mr.pd());
         let (addr, lkey, rkey) = mr.map_for_registration(&mut reg)?;
         let remote = mr.pd().publish_key(rkey)?;
         let transport = self.device().transport();
@@ -1384,9 +1382,7 @@ impl<C: CompletionHandler> Qp<C> {
             },
         )?;
         reg.valid = false;
-        if let Some(key) = reg.remote.take() {
-            mr.pd().withdraw_key(rkey, &key);
-        }
+        reg.withdraw_remote(mr.pd());
         Ok(())
     }
 
