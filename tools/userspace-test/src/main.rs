@@ -651,6 +651,8 @@ fn peer_hold(addr: SocketAddr) -> Result<()> {
     let ch = cm::Channel::new()?;
     let id = cm::resolve(&ch, &addr, Duration::from_secs(5))?;
     let mut conn = cm::Conn::new(id)?;
+    // Started, resolved, its QP made: what is left is the request.
+    say("connecting");
     let ev = conn.connect(&cm::Param::with_data(b"hold"), &ch, WAIT)?;
     ensure!(
         ev.event == EventType::Established,

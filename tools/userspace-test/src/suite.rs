@@ -2424,7 +2424,10 @@ impl KilledPeer {
         })
     }
 
-    /// Waits for the peer to print `line`.
+    /// Waits for the peer to print `line`.  Unbounded: a new process's
+    /// start (libibverbs loads every provider) took 7 s under
+    /// `make check`'s four passes, so the suite's bounds start once the
+    /// peer said it is ready.  A peer that fails ends, and this with it.
     fn expect(&mut self, line: &str) -> Result<()> {
         for l in self.lines.by_ref() {
             if l? == line {
@@ -2501,8 +2504,16 @@ fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
     let addr_arg = addr.to_string();
 
     // Mid-transfer.
+    let spawned = Instant::now();
     let mut peer = KilledPeer::spawn(&["peer", "hold", &addr_arg])?;
+    peer.expect("connecting")?;
+    let ready = spawned.elapsed();
     let r = wait(&dev, EventType::ConnectRequest)?;
+    note(&format!(
+        "peer process ready after {} ms, its request {} ms later",
+        ready.as_millis(),
+        (spawned.elapsed() - ready).as_millis()
+    ));
     dev.accept(r.new_id, None)?;
     wait(&dev, EventType::Established)?;
     peer.expect("established")?;
@@ -2528,7 +2539,8 @@ fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
     dev.destroy(r.new_id)?;
 
     // Mid-connection, the peer active: its request waits for the module.
-    let peer = KilledPeer::spawn(&["peer", "hold", &addr_arg])?;
+    let mut peer = KilledPeer::spawn(&["peer", "hold", &addr_arg])?;
+    peer.expect("connecting")?;
     let r = wait(&dev, EventType::ConnectRequest)?;
     let killed = peer.kill()?;
     // The peer's end rejects the request (its CM id, destroyed in
