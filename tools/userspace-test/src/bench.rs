@@ -19,6 +19,7 @@
 mod conn;
 mod data;
 mod peer;
+mod sample;
 mod scale;
 pub mod stats;
 
@@ -53,7 +54,7 @@ pub struct Options {
     #[arg(long)]
     pub allow_coarse_clock: bool,
     /// Only these groups, comma-separated: active, sync, passive, data,
-    /// scale.
+    /// sample, scale.
     #[arg(long)]
     pub only: Option<String>,
     /// Only this side under test, kernel or user (profiling one of them;
@@ -62,7 +63,7 @@ pub struct Options {
     pub side: Option<String>,
 }
 
-const GROUPS: [&str; 5] = ["active", "sync", "passive", "data", "scale"];
+const GROUPS: [&str; 6] = ["active", "sync", "passive", "data", "sample", "scale"];
 
 /// Ports of the benchmark: 9000-9099, a fresh one for every run of a side.
 const PORT_BASE: u16 = 9000;
@@ -487,6 +488,18 @@ pub fn run(o: Options) -> Result<()> {
                 }
             }
         }
+        if want("sample") {
+            for &side in &sides {
+                let s = slot(side, "passive");
+                let addr = ports.next(ip);
+                let r = if side == "kernel" {
+                    sample::kernel(addr, cycles, sizes)
+                } else {
+                    sample::user(addr, cycles, sizes)
+                };
+                record(&mut res, sample::NAME, &s, r);
+            }
+        }
         for &n in &scale_counts {
             for &side in &sides {
                 let s = slot(side, "active");
@@ -554,9 +567,16 @@ fn notes(large: usize, groups: &[&str]) -> Vec<String> {
          destroy; guest memory per connection is the growth of MemTotal - MemAvailable over \
          setup divided by n, both ends and rxe included (the same counterpart for both sides)"
             .into(),
-        "not measured: the passive side of connections at once, a sample module as peer (no \
-         ioctl in the loop), the data path with the side under test passive"
-            .into(),
+        format!(
+            "{}: the side under test is an echo service, passive, with no ioctl in its loop: \
+             the sample rdma_cm_rs_echo.ko (accepts in its request callback, echoes from its \
+             completion handler) against the same service in user space (librdmacm, one thread \
+             busy-polling); the counterpart is the driving thread, a busy-polling librdmacm \
+             client, so the CPU of the driving thread is the counterpart's (the guest's busy \
+             time includes the server's)",
+            sample::NAME
+        ),
+        "not measured: the passive side of connections at once".into(),
     ];
     if !groups.contains(&"sync") || !groups.contains(&"active") {
         n.push(format!("groups run: {}", groups.join(",")));

@@ -281,60 +281,8 @@ impl Channel {
     pub fn next(&self, timeout: Duration) -> Result<CmEvent<'_>> {
         let deadline = Instant::now() + timeout;
         loop {
-            let mut ev = ptr::null_mut();
-            // SAFETY: `self.raw` is a live channel and `ev` an out pointer;
-            // its fd is O_NONBLOCK, so without an event queued the call
-            // fails with EAGAIN instead of blocking.
-            if unsafe { rdma_get_cm_event(self.raw, &mut ev) } == 0 {
-                // SAFETY: On success `ev` points to an event that librdmacm
-                // zeroed and filled, valid until rdma_ack_cm_event below, for
-                // a live id of ours.  `param.conn` is the member in use on RC
-                // ids, `param.ud` on UD ids; both begin with the private data
-                // pointer and length, which librdmacm sets for either: NULL
-                // or `private_data_len` bytes that live until the ack.
-                let out = unsafe {
-                    let e = &*ev;
-                    let conn = &e.param.conn;
-                    let len = usize::from(conn.private_data_len);
-                    let data = if conn.private_data.is_null() || len == 0 {
-                        Vec::new()
-                    } else {
-                        std::slice::from_raw_parts(conn.private_data.cast::<u8>(), len).to_vec()
-                    };
-                    let event = event_type(e.event);
-                    let ud = ((*e.id).qp_type == ibv_qp_type::IBV_QPT_UD
-                        && event == EventType::Established)
-                        .then(|| ud::Remote::from_event(&e.param.ud));
-                    // A request's `id` is a new id librdmacm made on this
-                    // channel for us to own; other events name ids we own.
-                    let request =
-                        (event == EventType::ConnectRequest && !e.id.is_null()).then(|| {
-                            ConnRequest(Id {
-                                raw: e.id,
-                                _channel: PhantomData,
-                            })
-                        });
-                    CmEvent {
-                        event,
-                        status: e.status,
-                        id: IdKey(e.id as usize),
-                        request,
-                        private_data: data,
-                        responder_resources: conn.responder_resources,
-                        initiator_depth: conn.initiator_depth,
-                        retry_count: conn.retry_count,
-                        rnr_retry_count: conn.rnr_retry_count,
-                        flow_control: conn.flow_control,
-                        srq: conn.srq,
-                        qp_num: conn.qp_num,
-                        ud,
-                    }
-                };
-                // SAFETY: `ev` came from rdma_get_cm_event and is acknowledged
-                // once; what we kept of it was copied (the id pointer stays
-                // valid: ids outlive their events).
-                unsafe { rdma_ack_cm_event(ev) };
-                return Ok(out);
+            if let Some(ev) = self.try_next() {
+                return Ok(ev);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -350,6 +298,65 @@ impl Channel {
             // SAFETY: `pfd` is one valid pollfd, and nfds is 1.
             unsafe { libc::poll(&mut pfd, 1, ms.max(1)) };
         }
+    }
+
+    /// The event queued now, if any; never waits.
+    pub fn try_next(&self) -> Option<CmEvent<'_>> {
+        let mut ev = ptr::null_mut();
+        // SAFETY: `self.raw` is a live channel and `ev` an out pointer;
+        // its fd is O_NONBLOCK, so without an event queued the call
+        // fails with EAGAIN instead of blocking.
+        if unsafe { rdma_get_cm_event(self.raw, &mut ev) } == 0 {
+            // SAFETY: On success `ev` points to an event that librdmacm
+            // zeroed and filled, valid until rdma_ack_cm_event below, for
+            // a live id of ours.  `param.conn` is the member in use on RC
+            // ids, `param.ud` on UD ids; both begin with the private data
+            // pointer and length, which librdmacm sets for either: NULL
+            // or `private_data_len` bytes that live until the ack.
+            let out = unsafe {
+                let e = &*ev;
+                let conn = &e.param.conn;
+                let len = usize::from(conn.private_data_len);
+                let data = if conn.private_data.is_null() || len == 0 {
+                    Vec::new()
+                } else {
+                    std::slice::from_raw_parts(conn.private_data.cast::<u8>(), len).to_vec()
+                };
+                let event = event_type(e.event);
+                let ud = ((*e.id).qp_type == ibv_qp_type::IBV_QPT_UD
+                    && event == EventType::Established)
+                    .then(|| ud::Remote::from_event(&e.param.ud));
+                // A request's `id` is a new id librdmacm made on this
+                // channel for us to own; other events name ids we own.
+                let request = (event == EventType::ConnectRequest && !e.id.is_null()).then(|| {
+                    ConnRequest(Id {
+                        raw: e.id,
+                        _channel: PhantomData,
+                    })
+                });
+                CmEvent {
+                    event,
+                    status: e.status,
+                    id: IdKey(e.id as usize),
+                    request,
+                    private_data: data,
+                    responder_resources: conn.responder_resources,
+                    initiator_depth: conn.initiator_depth,
+                    retry_count: conn.retry_count,
+                    rnr_retry_count: conn.rnr_retry_count,
+                    flow_control: conn.flow_control,
+                    srq: conn.srq,
+                    qp_num: conn.qp_num,
+                    ud,
+                }
+            };
+            // SAFETY: `ev` came from rdma_get_cm_event and is acknowledged
+            // once; what we kept of it was copied (the id pointer stays
+            // valid: ids outlive their events).
+            unsafe { rdma_ack_cm_event(ev) };
+            return Some(out);
+        }
+        None
     }
 
     /// The next event, which must be `want`.
@@ -930,6 +937,27 @@ impl<'ch> Conn<'ch> {
     /// The next received message (its receive is posted again).
     pub fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>> {
         let wc = Self::poll(self.recv_cq, timeout).context("receive completion")?;
+        self.take_received(wc)
+    }
+
+    /// The message received by now, if any (one poll of the receive CQ);
+    /// a receive completed in error is an error.
+    pub fn try_recv(&mut self) -> Result<Option<Vec<u8>>> {
+        // SAFETY: ibv_wc is integers and a union of integers, valid
+        // all-zero; it is output space.
+        let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+        // SAFETY: `recv_cq` is this connection's live CQ; `wc` has room for
+        // the one completion asked for.
+        match unsafe { ibv_poll_cq(self.recv_cq, 1, &mut wc) } {
+            0 => Ok(None),
+            1 if wc.status == ibv_wc_status::IBV_WC_SUCCESS => self.take_received(wc).map(Some),
+            1 => bail!("receive completion status {}", wc.status),
+            _ => bail!("ibv_poll_cq failed"),
+        }
+    }
+
+    /// The message of the receive completion `wc`, its receive posted again.
+    fn take_received(&mut self, wc: ibv_wc) -> Result<Vec<u8>> {
         let slot = wc.wr_id as usize;
         let data = self.recv_buf[slot * MSG..slot * MSG + wc.byte_len as usize].to_vec();
         self.post_recv(slot)?;

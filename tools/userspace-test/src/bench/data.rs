@@ -36,7 +36,7 @@ fn us(t0: Instant) -> f64 {
 }
 
 /// The blocks every side produces, named alike.
-fn rtt_block(size: usize, v: Vec<f64>, cpu: &Cpu) -> Block {
+pub(super) fn rtt_block(size: usize, v: Vec<f64>, cpu: &Cpu) -> Block {
     let n = v.len();
     Block {
         name: format!("round trip {size} B"),
@@ -140,10 +140,10 @@ pub fn kernel(dst: SocketAddr, s: Sizes) -> Result<Vec<Block>> {
 }
 
 /// Turns the calling thread's busy polling off again when dropped.
-struct BusyPoll;
+pub(super) struct BusyPoll;
 
 impl BusyPoll {
-    fn on() -> Self {
+    pub(super) fn on() -> Self {
         cm::set_busy_poll(true);
         Self
     }

@@ -290,3 +290,56 @@ pub fn parse_advert(m: &[u8]) -> Result<(u64, u32, u32)> {
     let u32_at = |i: usize| u32::from_le_bytes(m[i..i + 4].try_into().expect("4 bytes"));
     Ok((u64_at(0), u32_at(8), u32_at(12)))
 }
+
+/// The echo service of the sample `rdma_cm_rs_echo.ko` in user space, the
+/// same work with librdmacm: accepts every request on `addr` with the
+/// sample's private data, sends every message received back, and
+/// destroys a connection at its DISCONNECTED, until stopped.  One thread
+/// that busy-polls its event channel and its connections' receive CQs.
+pub fn echo_server(addr: SocketAddr) -> Result<Peer> {
+    Peer::spawn(
+        "echo-server",
+        move |ctx| {
+            cm::set_busy_poll(true);
+            let ch = ctx.check(Channel::new())?;
+            let _listener = ctx.check(cm::listen(&ch, &addr, LISTEN_BACKLOG))?;
+            ctx.ready();
+            let accept = cm::Param::with_data(ECHO_ACCEPT_DATA);
+            let mut conns: HashMap<IdKey, Conn<'_>> = HashMap::new();
+            let (mut accepted, mut echoed) = (0usize, 0usize);
+            while !ctx.stop.load(Ordering::Acquire) {
+                while let Some(mut ev) = ch.try_next() {
+                    match ev.event {
+                        EventType::ConnectRequest => {
+                            let conn = Conn::new(ev.take_request()?)?;
+                            conn.accept(&accept)?;
+                            conns.insert(ev.id, conn);
+                            accepted += 1;
+                        }
+                        EventType::Established => {}
+                        EventType::Disconnected => {
+                            conns.remove(&ev.id);
+                        }
+                        _ => bail!(
+                            "echo server: unexpected {} (status {})",
+                            ev.name(),
+                            ev.status
+                        ),
+                    }
+                }
+                for conn in conns.values_mut() {
+                    if let Some(m) = conn.try_recv()? {
+                        conn.send(&m)?;
+                        echoed += 1;
+                    }
+                }
+                std::thread::yield_now();
+            }
+            Ok(format!("{accepted} accepted, {echoed} echoed"))
+        },
+        false,
+    )
+}
+
+/// What the sample `rdma_cm_rs_echo.ko` accepts with (its `ACCEPT_DATA`).
+pub const ECHO_ACCEPT_DATA: &[u8] = b"rdma_cm_rs_echo";

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The in-kernel consumer with no ioctl in its loop: the sample
+//! `rdma_cm_rs_echo.ko` (it accepts inside its connection-request callback
+//! and sends each message back from its completion handler, all on the
+//! safe layer) as the side under test, passive, against the same echo
+//! service in user space ([`peer::echo_server`]: librdmacm, one thread
+//! busy-polling its event channel and CQs).  Both face the same
+//! counterpart, a librdmacm client in the driving thread that
+//! busy-polls: connection cycles timed per step, and round trips.  What
+//! differs between the two sides is only the server's work: answering a
+//! request, and turning a message around.
+
+use super::conn::ACTIVE;
+use super::data::{self, BusyPoll, Sizes};
+use super::peer::{self, T};
+use super::stats::Cpu;
+use super::{Block, Steps};
+use crate::cm::{self, Channel, Conn};
+use crate::report::EventType;
+use anyhow::{bail, ensure, Context, Result};
+use std::{net::SocketAddr, path::PathBuf, process::Command, time::Instant};
+
+/// The group's name, the prefix of its blocks.
+pub const NAME: &str = "echo service";
+
+/// The sample's module name and file.
+const MODULE: &str = "rdma_cm_rs_echo";
+
+/// `rdma_cm_rs_echo.ko` loaded with its listener on a port, unloaded
+/// (which destroys whatever connections are left) when dropped.
+struct Loaded;
+
+impl Loaded {
+    fn insmod(port: u16) -> Result<Self> {
+        let dir = std::env::var("RDMA_CM_RS_OUT").unwrap_or_else(|_| ".".into());
+        let ko = PathBuf::from(dir).join(format!("{MODULE}.ko"));
+        let st = Command::new("insmod")
+            .arg(&ko)
+            .arg(format!("port={port}"))
+            .status()
+            .context("insmod")?;
+        ensure!(st.success(), "insmod {} port={port}: {st}", ko.display());
+        Ok(Self)
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        match Command::new("rmmod").arg(MODULE).status() {
+            Ok(st) if st.success() => {}
+            r => eprintln!("bench: rmmod {MODULE}: {r:?}"),
+        }
+    }
+}
+
+/// The sample serves at `addr` (it listens on every address at its port).
+pub fn kernel(addr: SocketAddr, cycles: usize, s: Sizes) -> Result<Vec<Block>> {
+    let _loaded = Loaded::insmod(addr.port())?;
+    client(addr, cycles, s)
+}
+
+/// The user-space echo service serves at `addr`.
+pub fn user(addr: SocketAddr, cycles: usize, s: Sizes) -> Result<Vec<Block>> {
+    let mut server = peer::echo_server(addr)?;
+    let r = client(addr, cycles, s);
+    let end = server.finish().context("the user-space echo server");
+    let blocks = r?;
+    end?;
+    Ok(blocks)
+}
+
+/// The counterpart: `cycles` connections made and ended one after the
+/// other, then one connection for the round trips.
+fn client(dst: SocketAddr, cycles: usize, s: Sizes) -> Result<Vec<Block>> {
+    let _busy = BusyPoll::on();
+    let ch = Channel::new()?;
+    let none = cm::Param::with_data(&[]);
+    let mut steps = Steps::new(&ACTIVE);
+    let cpu = Cpu::start();
+    for c in 0..cycles {
+        let r = (|| -> Result<Vec<Instant>> {
+            let mut t = vec![Instant::now()];
+            let id = cm::create_id(&ch)?;
+            t.push(Instant::now());
+            cm::resolve_addr(&ch, &id, &dst, T)?;
+            t.push(Instant::now());
+            cm::resolve_route(&ch, &id, T)?;
+            t.push(Instant::now());
+            let conn = Conn::new(id)?;
+            let ev = conn.connect(&none, &ch, T)?;
+            ev.must_be(EventType::Established)?;
+            ensure!(
+                ev.private_data.starts_with(peer::ECHO_ACCEPT_DATA),
+                "accepted with {:?}",
+                ev.private_data
+            );
+            t.push(Instant::now());
+            conn.disconnect()?;
+            ch.expect(EventType::Disconnected, T)?;
+            t.push(Instant::now());
+            drop(conn);
+            t.push(Instant::now());
+            Ok(t)
+        })();
+        steps.add(&r.with_context(|| format!("cycle {}", c + 1))?);
+    }
+    let mut blocks = vec![steps.block(cycles, &cpu)];
+    blocks[0].name = format!("{NAME}: connect");
+
+    let id = cm::resolve(&ch, &dst, T)?;
+    let mut conn = Conn::new(id)?;
+    conn.connect(&none, &ch, T)?
+        .must_be(EventType::Established)?;
+    for size in [s.small, s.large] {
+        // Every round trip's message differs from the one before it, so
+        // that a stale buffer cannot pass for the echo.
+        let mut v = Vec::with_capacity(s.round_trips);
+        let cpu = Cpu::start();
+        for i in 0..s.round_trips {
+            let msg = vec![(i % 251) as u8; size];
+            let t0 = Instant::now();
+            let answer = conn
+                .send_then_recv(&msg, T)
+                .with_context(|| format!("round trip {} of {size} B", i + 1))?;
+            v.push(t0.elapsed().as_secs_f64() * 1e6);
+            if answer != msg {
+                bail!("round trip {} of {size} B: the echo differs", i + 1);
+            }
+        }
+        let mut b = data::rtt_block(size, v, &cpu);
+        b.name = format!("{NAME}: {}", b.name);
+        blocks.push(b);
+    }
+    conn.disconnect()?;
+    ch.expect(EventType::Disconnected, T)?;
+    Ok(blocks)
+}
