@@ -1044,6 +1044,23 @@ impl LockedId<'_> {
         cq: &Arc<Cq<C>>,
         caps: QpCaps,
     ) -> Result<Arc<Qp<C>>> {
+        self.create_qp_with_cqs(pd, cq, cq, caps)
+    }
+
+    /// As [`Self::create_qp`], with the QP's sends (and its memory work
+    /// requests) completing on `send_cq` and its receives on `recv_cq`,
+    /// each to its CQ's handler.  `ENOSPC` unless `send_cq` has room for
+    /// [`QpCaps::send_cq_entries`] and `recv_cq` for
+    /// [`QpCaps::recv_cq_entries`] (or, if they are one CQ, for
+    /// [`QpCaps::cq_entries`]); the QP's asynchronous events go to the send
+    /// CQ's handler.
+    pub fn create_qp_with_cqs<C: CompletionHandler>(
+        &self,
+        pd: &Arc<Pd>,
+        send_cq: &Arc<Cq<C>>,
+        recv_cq: &Arc<Cq<C>>,
+        caps: QpCaps,
+    ) -> Result<Arc<Qp<C>>> {
         let slot = self.qp_slot.ok_or(EINVAL)?;
         let dev = self.device()?;
         let iwarp = dev.transport() == Transport::Iwarp;
@@ -1068,7 +1085,7 @@ impl LockedId<'_> {
             // CM id outlive every QP event (above).
             unsafe { CommEstNotify::new(notify_comm_est, self.as_ptr().cast()) }
         });
-        let (qp, mut attr) = Qp::prepare(&dev, pd, cq, caps, self.qp_type, comm_est)?;
+        let (qp, mut attr) = Qp::prepare(&dev, pd, send_cq, recv_cq, caps, self.qp_type, comm_est)?;
         if iwarp && self.request_param.is_some() {
             qp.hold_sends_until_first_message();
         }

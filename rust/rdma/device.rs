@@ -352,6 +352,16 @@ impl Device {
         unsafe { Transport::of_raw(self.as_ptr()) }
     }
 
+    /// The device's completion vectors (`num_comp_vectors`): a CQ can be
+    /// bound to any of `0..num_comp_vectors()` ([`super::verbs::Cq::alloc_with`])
+    /// to spread completion work over CPUs, as ULPs do with a CQ per queue.
+    pub fn num_comp_vectors(&self) -> u32 {
+        // SAFETY: The device is valid (type invariants); drivers set
+        // `num_comp_vectors` before registering and never change it.
+        let n = unsafe { (*self.as_ptr()).num_comp_vectors };
+        u32::try_from(n).unwrap_or(0)
+    }
+
     /// RDMA reads and atomics the device accepts per QP as a responder.
     pub fn max_qp_rd_atom(&self) -> u32 {
         self.attrs().max_qp_rd_atom

@@ -357,7 +357,7 @@ mod id_tests {
         mr::{Mr, MrAccess},
         net::NetNs,
         pd::Pd,
-        verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer},
+        verbs::{CompletionHandler, Cq, PollContext, Qp, QpCaps, RecvBuffer, SendBuffer},
     };
     use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     use kernel::{
@@ -636,6 +636,63 @@ mod id_tests {
         assert_eq!(cq.free_entries(), 10);
     }
 
+    /// A QP whose queues complete on two CQs reserves each queue's
+    /// requests and its spare entry on that queue's CQ, and a failed
+    /// reservation on either takes nothing from the other.
+    #[test]
+    fn split_cqs_reserve_room_per_queue() {
+        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let caps = QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 6,
+        };
+        let made = id.with_lock(|l| {
+            l.bind(&rxe_addr())?;
+            let dev = l.device()?;
+            let pd = Pd::alloc(&dev)?;
+            let send_cq = Cq::alloc(&dev, caps.send_cq_entries()?, Nop)?;
+            let recv_cq = Cq::alloc(&dev, caps.recv_cq_entries()?, Nop)?;
+            let small_send = Cq::alloc(&dev, caps.send_cq_entries()? - 1, Nop)?;
+            let small_recv = Cq::alloc(&dev, caps.recv_cq_entries()? - 1, Nop)?;
+            let send_too_small = l.create_qp_with_cqs(&pd, &small_send, &recv_cq, caps).err();
+            let recv_too_small = l.create_qp_with_cqs(&pd, &send_cq, &small_recv, caps).err();
+            let free_after_failures = (send_cq.free_entries(), recv_cq.free_entries());
+            let qp = l.create_qp_with_cqs(&pd, &send_cq, &recv_cq, caps)?;
+            Ok((
+                send_too_small,
+                recv_too_small,
+                free_after_failures,
+                send_cq,
+                recv_cq,
+                qp,
+            ))
+        });
+        let (send_too_small, recv_too_small, free_after_failures, send_cq, recv_cq, qp) = match made
+        {
+            Ok(made) => made,
+            Err(e) => {
+                super::skip_without_devices(e);
+                return;
+            }
+        };
+        assert_eq!(
+            (caps.send_cq_entries(), caps.recv_cq_entries()),
+            (Ok(5), Ok(7))
+        );
+        assert_eq!(send_too_small, Some(ENOSPC));
+        assert_eq!(recv_too_small, Some(ENOSPC));
+        assert_eq!(free_after_failures, (5, 7));
+        assert_eq!((send_cq.free_entries(), recv_cq.free_entries()), (0, 0));
+        for _ in 0..6 {
+            assert!(qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap()).is_ok());
+        }
+        let seventh = qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap());
+        assert_eq!(seventh.err().map(|(e, _)| e), Some(ENOSPC));
+        drop(id);
+        drop(qp);
+        assert_eq!((send_cq.free_entries(), recv_cq.free_entries()), (5, 7));
+    }
+
     /// Counts the receives handed back flushed.
     struct CountFlushed(AtomicU32);
     impl CompletionHandler for CountFlushed {
@@ -672,6 +729,48 @@ mod id_tests {
                 return;
             }
         };
+        drop(id);
+        assert_eq!(cq.handler().0.load(Ordering::Acquire), 6);
+        drop(qp);
+    }
+
+    /// A CQ is bound to one of the device's completion vectors (one past
+    /// them is `EINVAL`) and may be polled from the unbound workqueue: a
+    /// QP's teardown hands every posted buffer back through it, flushed.
+    #[test]
+    fn cq_on_the_last_vector_polled_unbound() {
+        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let made = id.with_lock(|l| {
+            l.bind(&rxe_addr())?;
+            let dev = l.device()?;
+            let vectors = dev.num_comp_vectors();
+            let last = vectors.checked_sub(1).ok_or(ENODEV)?;
+            let beyond = Cq::alloc_with(&dev, 8, vectors, PollContext::Workqueue, Nop).err();
+            let caps = QpCaps {
+                max_send_wr: 2,
+                max_recv_wr: 6,
+            };
+            let counter = CountFlushed(AtomicU32::new(0));
+            let unbound = PollContext::UnboundWorkqueue;
+            let cq = Cq::alloc_with(&dev, caps.cq_entries()?, last, unbound, counter)?;
+            let pd = Pd::alloc(&dev)?;
+            let qp = l.create_qp(&pd, &cq, caps)?;
+            for _ in 0..6 {
+                qp.post_recv(RecvBuffer::new(&pd, 64)?)
+                    .map_err(|(e, _)| e)?;
+            }
+            Ok((last, beyond, cq, qp))
+        });
+        let (last, beyond, cq, qp) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                super::skip_without_devices(e);
+                return;
+            }
+        };
+        assert_eq!(beyond, Some(EINVAL));
+        assert_eq!(cq.comp_vector(), last);
+        assert_eq!(cq.poll_context(), PollContext::UnboundWorkqueue);
         drop(id);
         assert_eq!(cq.handler().0.load(Ordering::Acquire), 6);
         drop(qp);
@@ -716,10 +815,19 @@ mod id_tests {
             let cq_siw = Cq::alloc(&siw, caps.cq_entries()?, Nop)?;
             let foreign_pd = l.create_qp(&pd_siw, &cq_rxe, caps).err();
             let foreign_cq = l.create_qp(&pd_rxe, &cq_siw, caps).err();
+            let foreign_recv_cq = l.create_qp_with_cqs(&pd_rxe, &cq_rxe, &cq_siw, caps).err();
+            let foreign_send_cq = l.create_qp_with_cqs(&pd_rxe, &cq_siw, &cq_rxe, caps).err();
             let qp = l.create_qp(&pd_rxe, &cq_rxe, caps)?;
-            Ok((rxe, foreign_pd, foreign_cq, qp, pd_siw))
+            Ok((
+                rxe,
+                foreign_pd,
+                foreign_cq,
+                (foreign_recv_cq, foreign_send_cq),
+                qp,
+                pd_siw,
+            ))
         });
-        let (rxe, foreign_pd, foreign_cq, qp, pd_siw) = match made {
+        let (rxe, foreign_pd, foreign_cq, foreign_split, qp, pd_siw) = match made {
             Ok(made) => made,
             Err(e) => {
                 super::skip_without_devices(e);
@@ -730,6 +838,7 @@ mod id_tests {
         assert!(rxe.same(qp.device()));
         assert_eq!(foreign_pd, Some(EXDEV));
         assert_eq!(foreign_cq, Some(EXDEV));
+        assert_eq!(foreign_split, (Some(EXDEV), Some(EXDEV)));
         let buf = RecvBuffer::new(&pd_siw, 64).unwrap();
         assert_eq!(qp.post_recv(buf).err().map(|(e, _)| e), Some(EXDEV));
         let mut send = SendBuffer::new(&pd_siw, 64).unwrap();
@@ -996,22 +1105,38 @@ mod ud_tests {
         Delta::from_millis(ms)
     }
 
-    /// Datagrams one side received, and its sends' completions.
+    /// Datagrams one side received, its sends' completions, and the
+    /// completions that reached a CQ not of their queue.
     #[pin_data]
     struct Inbox {
         #[pin]
         got: Mutex<KVec<RecvBuffer>>,
         sent: AtomicU32,
+        misrouted: AtomicU32,
     }
 
-    struct InboxRef(Arc<Inbox>);
+    /// Which completions a CQ's handler is for.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Takes {
+        Both,
+        Sends,
+        Recvs,
+    }
+
+    struct InboxRef(Arc<Inbox>, Takes);
     impl CompletionHandler for InboxRef {
         fn recv_done(&self, buf: RecvBuffer, result: Result<usize>) {
+            if self.1 == Takes::Sends {
+                self.0.misrouted.fetch_add(1, Ordering::AcqRel);
+            }
             if result.is_ok() {
                 let _ = self.0.got.lock().push(buf, GFP_KERNEL);
             }
         }
         fn send_done(&self, _buf: SendBuffer, result: Result) {
+            if self.1 == Takes::Recvs {
+                self.0.misrouted.fetch_add(1, Ordering::AcqRel);
+            }
             if result.is_ok() {
                 self.0.sent.fetch_add(1, Ordering::AcqRel);
             }
@@ -1023,14 +1148,16 @@ mod ud_tests {
         inbox: Arc<Inbox>,
     }
 
-    /// Makes a UD QP on a locked id, with receives posted.
-    fn side(l: &LockedId<'_>) -> Result<Side> {
+    /// Makes a UD QP on a locked id, with receives posted: its queues
+    /// complete on one CQ, or with `split` on a CQ each.
+    fn side(l: &LockedId<'_>, split: bool) -> Result<Side> {
         let dev = l.device()?;
         let pd = Pd::alloc(&dev)?;
         let inbox = Arc::pin_init(
             pin_init!(Inbox {
                 got <- new_mutex!(KVec::new()),
                 sent: AtomicU32::new(0),
+                misrouted: AtomicU32::new(0),
             }),
             GFP_KERNEL,
         )?;
@@ -1038,8 +1165,19 @@ mod ud_tests {
             max_send_wr: 4,
             max_recv_wr: 4,
         };
-        let cq = Cq::alloc(&dev, caps.cq_entries()?, InboxRef(inbox.clone()))?;
-        let qp = l.create_qp(&pd, &cq, caps)?;
+        let qp = if split {
+            let handler = |takes| InboxRef(inbox.clone(), takes);
+            let send_cq = Cq::alloc(&dev, caps.send_cq_entries()?, handler(Takes::Sends))?;
+            let recv_cq = Cq::alloc(&dev, caps.recv_cq_entries()?, handler(Takes::Recvs))?;
+            l.create_qp_with_cqs(&pd, &send_cq, &recv_cq, caps)?
+        } else {
+            let cq = Cq::alloc(
+                &dev,
+                caps.cq_entries()?,
+                InboxRef(inbox.clone(), Takes::Both),
+            )?;
+            l.create_qp(&pd, &cq, caps)?
+        };
         for _ in 0..4 {
             qp.post_recv(RecvBuffer::new(&pd, 256)?)
                 .map_err(|(e, _)| e)?;
@@ -1084,7 +1222,7 @@ mod ud_tests {
                     }
                 }
                 EventType::RouteResolved => {
-                    let connected = side(id).and_then(|side| {
+                    let connected = side(id, false).and_then(|side| {
                         seen.connect_181 = ConnParam::new()
                             .private_data(&[0x5a; 181])
                             .and_then(|p| id.connect(&p))
@@ -1116,7 +1254,9 @@ mod ud_tests {
                 return;
             };
             let made = server.with_lock(|l| {
-                let side = side(l)?;
+                // The server's QP completes its sends and its receives
+                // on a CQ each.
+                let side = side(l, true)?;
                 let refused = ConnParam::new()
                     .private_data(&[0xa5; 137])
                     .and_then(|p| l.accept(Some(&p)))
@@ -1154,7 +1294,9 @@ mod ud_tests {
     /// reply named; the answer to its sender through `reply_dest`; the
     /// SIDR private-data limits (180 and 136) refused one byte above, a
     /// second accept refused without harming the accepted id's QP, and a
-    /// datagram above the MTU refused.
+    /// datagram above the MTU refused.  The server's QP completes on a send
+    /// and a receive CQ: each handler gets its own queue's completions only,
+    /// the flushed ones of the teardown included.
     #[test]
     fn sidr_lookup_and_datagrams_both_ways() {
         let world = Arc::pin_init(
@@ -1273,6 +1415,10 @@ mod ud_tests {
         drop((got, answer, back));
         drop((client, server, listener));
         drop((client_qp, server_qp));
+        // The server's three receives left were flushed by its id's
+        // destruction: to the receive CQ's handler as well.
+        assert_eq!(server_inbox.misrouted.load(Ordering::Acquire), 0);
+        assert_eq!(client_inbox.misrouted.load(Ordering::Acquire), 0);
     }
 }
 

@@ -31,11 +31,14 @@
 //!   (`EOPNOTSUPP` otherwise), and no datagram larger than the port's MTU
 //!   (`EMSGSIZE`: rxe would report such a send as successful and emit
 //!   nothing, as the IBTA allows).
-//! * A QP keeps its PD and CQ alive; they are freed after it.  A QP takes
-//!   no more work requests than its [`QpCaps`] (`ENOSPC`), counted from
-//!   post to completion; it reserves room on its CQ for all of them plus
-//!   two spare entries, and one spare slot in each queue (what
-//!   `ib_drain_qp` needs).  No completion can be lost to a full CQ.
+//! * A QP keeps its PD and CQs alive; they are freed after it.  Its send
+//!   and receive queues complete on one CQ or on two (a ULP that polls its
+//!   receives apart from its sends); each CQ's handler gets its own
+//!   queue's completions.  A QP takes no more work requests than its
+//!   [`QpCaps`] (`ENOSPC`), counted from post to completion; it reserves
+//!   room on its CQs for all of them plus a spare entry for each queue,
+//!   and one spare slot in each queue (what `ib_drain_qp` needs).  No
+//!   completion can be lost to a full CQ.
 //!
 //! # Teardown
 //!
@@ -120,9 +123,11 @@ pub struct WorkDone {
     pub mr: Arc<Mr>,
 }
 
-/// Receives the buffers of completed work requests.
+/// Receives the buffers of completed work requests: of a QP's receives on
+/// its receive CQ's handler, of its sends and memory work requests on its
+/// send CQ's handler.
 ///
-/// Runs on the CQ's workqueue (`IB_POLL_WORKQUEUE`, process context);
+/// Runs on the CQ's workqueue (its [`PollContext`], process context);
 /// requests the driver never flushed are completed as flushed by the task
 /// that destroys their QP (see the module's Teardown), which may hold the
 /// id's handler mutex: both are callbacks of the layer, where
@@ -149,8 +154,8 @@ pub trait CompletionHandler: Send + Sync + 'static {
         }
     }
 
-    /// An asynchronous event of the QP numbered `qp_num` that completes on
-    /// this handler's CQ.  Runs in the driver's context, which may be
+    /// An asynchronous event of the QP numbered `qp_num` whose send queue
+    /// completes on this handler's CQ.  Runs in the driver's context, which may be
     /// atomic (a softirq, or with the driver's locks held): it must not
     /// sleep, so it may not take a `Mutex`, post, or drop the last
     /// reference to a QP or CM id; a ULP that must act records the event
@@ -261,16 +266,43 @@ unsafe fn handler_of<'a, C: CompletionHandler>(cq: *mut bindings::ib_cq) -> &'a 
     unsafe { &(*(*cq).cq_context.cast::<Cq<C>>()).handler }
 }
 
+/// Where a CQ's completions run its handler (`enum ib_poll_context`).
+/// Both are process context, where a [`CompletionHandler`] may sleep; the
+/// atomic ones (`IB_POLL_SOFTIRQ`) and the caller-polled one
+/// (`IB_POLL_DIRECT`) are not offered (see the design notes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollContext {
+    /// `IB_POLL_WORKQUEUE`: `ib_comp_wq`, a per-CPU workqueue; the
+    /// completions of a CQ run on the CPU its completion vector's
+    /// interrupt (or, for software devices, the driver) queued them on.
+    Workqueue,
+    /// `IB_POLL_UNBOUND_WORKQUEUE`: `ib_comp_unbound_wq`, which runs them
+    /// on any CPU, for handlers that work long.
+    UnboundWorkqueue,
+}
+
+impl PollContext {
+    fn as_raw(self) -> bindings::ib_poll_context {
+        match self {
+            Self::Workqueue => bindings::ib_poll_context_IB_POLL_WORKQUEUE,
+            Self::UnboundWorkqueue => bindings::ib_poll_context_IB_POLL_UNBOUND_WORKQUEUE,
+        }
+    }
+}
+
 /// A completion queue (`ib_alloc_cq`, polled from a workqueue).
 ///
 /// # Invariants
 ///
-/// Once allocated, `raw` is a live CQ of `entries` entries on `dev`, whose
-/// `cq_context` is this object; `committed` is the sum of the reservations
-/// of the QPs that complete on it, at most `entries`.
+/// Once allocated, `raw` is a live CQ of `entries` entries on `dev`, polled
+/// from a workqueue ([`PollContext`]), whose `cq_context` is this object;
+/// `committed` is the sum of the reservations of the QPs that complete on
+/// it, at most `entries`.
 pub struct Cq<C: CompletionHandler> {
     raw: AtomicPtr<bindings::ib_cq>,
     entries: u32,
+    comp_vector: u32,
+    poll: PollContext,
     committed: AtomicU32,
     handler: C,
     dev: ARef<Device>,
@@ -282,16 +314,33 @@ unsafe impl<C: CompletionHandler> Send for Cq<C> {}
 unsafe impl<C: CompletionHandler> Sync for Cq<C> {}
 
 impl<C: CompletionHandler> Cq<C> {
-    /// Allocates a CQ of `entries` on `dev`.
+    /// Allocates a CQ of `entries` on `dev`, on completion vector 0, polled
+    /// from [`PollContext::Workqueue`].
     pub fn alloc(dev: &Device, entries: u32, handler: C) -> Result<Arc<Self>> {
+        Self::alloc_with(dev, entries, 0, PollContext::Workqueue, handler)
+    }
+
+    /// Allocates a CQ of `entries` on `dev`, bound to `comp_vector`
+    /// (`EINVAL` unless below [`Device::num_comp_vectors`]) and polled from
+    /// `poll`.
+    pub fn alloc_with(
+        dev: &Device,
+        entries: u32,
+        comp_vector: u32,
+        poll: PollContext,
+        handler: C,
+    ) -> Result<Arc<Self>> {
         let nr_cqe = i32::try_from(entries).map_err(|_| EINVAL)?;
-        if nr_cqe == 0 {
+        if nr_cqe == 0 || comp_vector >= dev.num_comp_vectors() {
             return Err(EINVAL);
         }
+        let vector = i32::try_from(comp_vector).map_err(|_| EINVAL)?;
         let cq = Arc::new(
             Self {
                 raw: AtomicPtr::new(ptr::null_mut()),
                 entries,
+                comp_vector,
+                poll,
                 committed: AtomicU32::new(0),
                 handler,
                 dev: dev.into(),
@@ -299,15 +348,15 @@ impl<C: CompletionHandler> Cq<C> {
             GFP_KERNEL,
         )?;
         let context: *const Self = &*cq;
-        // SAFETY: `dev` is valid; `context` stays valid until `drop` frees
-        // the CQ, because the CQ is freed in this object's `drop`.
+        // SAFETY: `dev` is valid; `context` outlives the CQ (freed in `drop`);
+        // the vector is the device's (checked above), the poll a workqueue.
         let raw = unsafe {
             bindings::rdma_cm_rs_alloc_cq(
                 dev.as_ptr(),
                 context.cast_mut().cast(),
                 nr_cqe,
-                0,
-                bindings::ib_poll_context_IB_POLL_WORKQUEUE,
+                vector,
+                poll.as_raw(),
             )
         };
         let raw = kernel::error::from_err_ptr(raw)?;
@@ -324,6 +373,16 @@ impl<C: CompletionHandler> Cq<C> {
     /// The device the CQ lives on.
     pub fn device(&self) -> &Device {
         &self.dev
+    }
+
+    /// The completion vector the CQ is bound to.
+    pub fn comp_vector(&self) -> u32 {
+        self.comp_vector
+    }
+
+    /// Where the CQ's completions run its handler.
+    pub fn poll_context(&self) -> PollContext {
+        self.poll
     }
 
     /// Entries not yet reserved by a QP.
@@ -618,27 +677,41 @@ pub struct QpCaps {
 }
 
 impl QpCaps {
-    /// CQ entries a QP of these sizes needs: every request in flight plus
-    /// two spare ones (what `ib_drain_qp` needs).
+    /// CQ entries a QP of these sizes needs on a CQ that takes both its
+    /// queues' completions: every request in flight plus two spare ones
+    /// (what `ib_drain_qp` needs).
     pub fn cq_entries(&self) -> Result<u32> {
-        self.max_send_wr
-            .checked_add(self.max_recv_wr)
-            .and_then(|n| n.checked_add(2))
+        self.send_cq_entries()?
+            .checked_add(self.recv_cq_entries()?)
             .ok_or(EINVAL)
+    }
+
+    /// CQ entries a QP of these sizes needs on a CQ of its send queue's
+    /// completions alone (see [`Qp::prepare`]): every send, registration,
+    /// invalidation and RDMA request in flight plus one spare.
+    pub fn send_cq_entries(&self) -> Result<u32> {
+        self.max_send_wr.checked_add(1).ok_or(EINVAL)
+    }
+
+    /// CQ entries a QP of these sizes needs on a CQ of its receive queue's
+    /// completions alone: every receive in flight plus one spare.
+    pub fn recv_cq_entries(&self) -> Result<u32> {
+        self.max_recv_wr.checked_add(1).ok_or(EINVAL)
     }
 }
 
 /// A QP's work request queues, as its completions see them.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum WrQueue {
     Send,
     Recv,
 }
 
-/// The completion entry of a posted request: the first field of the
-/// [`Buffer`] or [`Work`] the request owns.
+/// The completion entry of a posted request, the first field of the
+/// [`Buffer`] or [`Work`] the request owns, and the queue it was posted on
+/// (whose CQ completes it).
 #[derive(Clone, Copy, PartialEq, Eq)]
-struct PostedCqe(NonNull<bindings::ib_cqe>);
+struct PostedCqe(NonNull<bindings::ib_cqe>, WrQueue);
 
 // SAFETY: Only an address here; whoever dereferences it owns the request.
 unsafe impl Send for PostedCqe {}
@@ -751,7 +824,7 @@ impl Credit {
     /// dropped.  Called before the post: the completion may run before the
     /// post returns.
     fn track(&mut self, cqe: NonNull<bindings::ib_cqe>) {
-        let entry = PostedCqe(cqe);
+        let entry = PostedCqe(cqe, self.queue);
         // One entry per credit, within the capacity (type invariants of
         // `WrCredits`): this cannot fail.  If it did, the request would
         // only be missing from a reclaim (a leak, never a double free).
@@ -820,9 +893,10 @@ pub(crate) trait QpShutdown: Send + Sync {
 /// # Invariants
 ///
 /// * `raw` holds the live QP from [`Qp::set_created`] until
-///   [`QpShutdown::shutdown`] takes it; it was created on `pd` with `cq`
-///   as send and receive CQ, of type `qp_type`.
-/// * The object owns a reservation of `cq_room` entries on `cq`.
+///   [`QpShutdown::shutdown`] takes it; it was created on `pd` with
+///   `send_cq` and `recv_cq` (which may be one CQ), of type `qp_type`.
+/// * The object owns a reservation of `send_room` entries on `send_cq` and
+///   of `recv_room` on `recv_cq`.
 #[pin_data(PinnedDrop)]
 pub struct Qp<C: CompletionHandler> {
     #[pin]
@@ -832,10 +906,12 @@ pub struct Qp<C: CompletionHandler> {
     /// UD: the QP's Q_Key and port, read once created.
     qkey: AtomicU32,
     port_num: AtomicU32,
-    cq_room: u32,
+    send_room: u32,
+    recv_room: u32,
     credits: Arc<WrCredits>,
     pd: Arc<Pd>,
-    cq: Arc<Cq<C>>,
+    send_cq: Arc<Cq<C>>,
+    recv_cq: Arc<Cq<C>>,
     /// The owner's part in [`QpEvent::CommEstablished`].
     comm_est: Option<CommEstNotify>,
 }
@@ -847,27 +923,37 @@ unsafe impl<C: CompletionHandler> Send for Qp<C> {}
 unsafe impl<C: CompletionHandler> Sync for Qp<C> {}
 
 impl<C: CompletionHandler> Qp<C> {
-    /// Checks that `pd` and `cq` live on `dev` (`EXDEV`) and that `cq` has
-    /// room for `caps` and two spare entries (`ENOSPC`), reserves that
-    /// room, and returns a QP object not created yet with the attributes
-    /// to create it with (`qp_type`, one SGE a request, one spare slot a
-    /// queue, and the object as the context of the QP's events, which go
-    /// to `comm_est` and the CQ's handler).  The QP created from them must
-    /// be destroyed while the object lives ([`Qp::set_created`]).
+    /// Checks that `pd` and the CQs live on `dev` (`EXDEV`) and that the
+    /// CQs have room for `caps` and the spare entries (`ENOSPC`): one CQ
+    /// for both queues needs [`QpCaps::cq_entries`], a send CQ apart
+    /// [`QpCaps::send_cq_entries`] and a receive CQ apart
+    /// [`QpCaps::recv_cq_entries`].  Reserves that room, and returns a QP
+    /// object not created yet with the attributes to create it with
+    /// (`qp_type`, one SGE a request, one spare slot a queue, and the
+    /// object as the context of the QP's events, which go to `comm_est` and
+    /// the send CQ's handler).  The QP created from them must be destroyed
+    /// while the object lives ([`Qp::set_created`]).
     pub(crate) fn prepare(
         dev: &Device,
         pd: &Arc<Pd>,
-        cq: &Arc<Cq<C>>,
+        send_cq: &Arc<Cq<C>>,
+        recv_cq: &Arc<Cq<C>>,
         caps: QpCaps,
         qp_type: QpType,
         comm_est: Option<CommEstNotify>,
     ) -> Result<(Arc<Self>, bindings::ib_qp_init_attr)> {
         dev.check_same(pd.device())?;
-        dev.check_same(cq.device())?;
-        let room = caps.cq_entries()?;
+        dev.check_same(send_cq.device())?;
+        dev.check_same(recv_cq.device())?;
+        // One CQ for both queues: the whole reservation on it.
+        let (send_room, recv_room) = if ptr::eq(&**send_cq, &**recv_cq) {
+            (caps.cq_entries()?, 0)
+        } else {
+            (caps.send_cq_entries()?, caps.recv_cq_entries()?)
+        };
         let mut attr: bindings::ib_qp_init_attr = pin_init::zeroed();
-        attr.send_cq = cq.as_ptr();
-        attr.recv_cq = cq.as_ptr();
+        attr.send_cq = send_cq.as_ptr();
+        attr.recv_cq = recv_cq.as_ptr();
         attr.qp_type = qp_type as u32;
         attr.sq_sig_type = bindings::ib_sig_type_IB_SIGNAL_ALL_WR;
         attr.cap.max_send_wr = caps.max_send_wr.checked_add(1).ok_or(EINVAL)?;
@@ -875,8 +961,12 @@ impl<C: CompletionHandler> Qp<C> {
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
         let credits = WrCredits::new(caps)?;
-        cq.reserve(room)?;
-        // INVARIANT: Not created yet; the reservation is owned from here.
+        send_cq.reserve(send_room)?;
+        if let Err(e) = recv_cq.reserve(recv_room) {
+            send_cq.release(send_room);
+            return Err(e);
+        }
+        // INVARIANT: Not created yet; the reservations are owned from here.
         let qp = Arc::pin_init(
             pin_init!(Self {
                 raw <- new_mutex!(None),
@@ -884,10 +974,12 @@ impl<C: CompletionHandler> Qp<C> {
                 qp_num: AtomicU32::new(0),
                 qkey: AtomicU32::new(0),
                 port_num: AtomicU32::new(0),
-                cq_room: room,
+                send_room,
+                recv_room,
                 credits,
                 pd: pd.clone(),
-                cq: cq.clone(),
+                send_cq: send_cq.clone(),
+                recv_cq: recv_cq.clone(),
                 comm_est,
             }),
             GFP_KERNEL,
@@ -899,7 +991,8 @@ impl<C: CompletionHandler> Qp<C> {
                 Ok((qp, attr))
             }
             Err(e) => {
-                cq.release(room);
+                send_cq.release(send_room);
+                recv_cq.release(recv_room);
                 Err(e)
             }
         }
@@ -1476,12 +1569,19 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         // their handlers first, and a handler still running returns (its
         // request stopped being tracked just before it was called); none
         // comes after.
-        // SAFETY: The CQ is live (the QP holds it) and polled from a
-        // workqueue (`Cq::alloc`), whose poll work this waits for.
-        unsafe { bindings::rdma_cm_rs_flush_cq_work(self.cq.as_ptr()) };
+        for cq in [&self.send_cq, &self.recv_cq] {
+            // SAFETY: The CQ is live (the QP holds it) and polled from a
+            // workqueue (every `Cq` is), whose poll work this waits for.
+            unsafe { bindings::rdma_cm_rs_flush_cq_work(cq.as_ptr()) };
+        }
         let mut reclaimed = 0u32;
         while let Some(entry) = self.credits.pop_posted() {
             let cqe = entry.0.as_ptr();
+            // The CQ the request would have completed on.
+            let cq = match entry.1 {
+                WrQueue::Send => &self.send_cq,
+                WrQueue::Recv => &self.recv_cq,
+            };
             let mut wc: bindings::ib_wc = pin_init::zeroed();
             wc.__bindgen_anon_1.wr_cqe = cqe;
             wc.status = bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR;
@@ -1498,9 +1598,9 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
             let done = unsafe { (*cqe).done };
             if let Some(done) = done {
                 // SAFETY: As above: `done` takes ownership of the request's
-                // object from `wc`, as for a flushed completion of this
-                // QP's CQ, which is live.
-                unsafe { done(self.cq.as_ptr(), &mut wc) };
+                // object from `wc`, as for a flushed completion of the CQ of
+                // its queue, which is live.
+                unsafe { done(cq.as_ptr(), &mut wc) };
                 reclaimed += 1;
             }
         }
@@ -1524,7 +1624,8 @@ impl<C: CompletionHandler> PinnedDrop for Qp<C> {
     fn drop(self: Pin<&mut Self>) {
         // The QP itself is destroyed by its owner after `shutdown`; the CQ
         // room goes with this object.
-        self.cq.release(self.cq_room);
+        self.send_cq.release(self.send_room);
+        self.recv_cq.release(self.recv_room);
     }
 }
 
@@ -1552,7 +1653,7 @@ unsafe extern "C" fn qp_event_callback<C: CompletionHandler>(
             unsafe { (n.notify)(n.context) };
         }
     }
-    qp.cq.handler().qp_event(qp.qp_num(), event);
+    qp.send_cq.handler().qp_event(qp.qp_num(), event);
 }
 
 /// A work completion's status as a result.
