@@ -202,31 +202,48 @@ pub fn kernel_passive(addr: SocketAddr, cycles: usize) -> Result<Block> {
 /// librdmacm active, as [`kernel_active`].
 pub fn user_active(dst: SocketAddr, cycles: usize) -> Result<Block> {
     let ch = Channel::new()?;
-    let p = cm::Param::with_data(&[]);
     let mut steps = Steps::new(&ACTIVE);
     let cpu = super::stats::Cpu::start();
     for c in 0..cycles {
-        let r = (|| -> Result<Vec<Instant>> {
-            let mut t = vec![Instant::now()];
-            let id = cm::create_id(&ch)?;
-            t.push(Instant::now());
-            cm::resolve_addr(&ch, &id, &dst, T)?;
-            t.push(Instant::now());
-            cm::resolve_route(&ch, &id, T)?;
-            t.push(Instant::now());
-            let conn = Conn::new(id)?;
-            conn.connect(&p, &ch, T)?.must_be(EventType::Established)?;
-            t.push(Instant::now());
-            conn.disconnect()?;
-            ch.expect(EventType::Disconnected, T)?;
-            t.push(Instant::now());
-            drop(conn);
-            t.push(Instant::now());
-            Ok(t)
-        })();
+        let r = user_cycle(&ch, dst, |_| Ok(()));
         steps.add(&r.with_context(|| format!("cycle {}", c + 1))?);
     }
     Ok(steps.block(cycles, &cpu))
+}
+
+/// One librdmacm connection to `dst`, made and ended: the instant before
+/// each of the [`ACTIVE`] steps and after the last.  `established` checks
+/// the ESTABLISHED event.
+pub fn user_cycle(
+    ch: &Channel,
+    dst: SocketAddr,
+    established: impl FnOnce(&cm::CmEvent<'_>) -> Result<()>,
+) -> Result<Vec<Instant>> {
+    let mut t = vec![Instant::now()];
+    let id = cm::create_id(ch)?;
+    t.push(Instant::now());
+    cm::resolve_addr(ch, &id, &dst, T)?;
+    t.push(Instant::now());
+    cm::resolve_route(ch, &id, T)?;
+    t.push(Instant::now());
+    let conn = Conn::new(id)?;
+    let ev = conn.connect(&cm::Param::with_data(&[]), ch, T)?;
+    ev.must_be(EventType::Established)?;
+    established(&ev)?;
+    t.push(Instant::now());
+    end_timed(conn, ch, &mut t)?;
+    Ok(t)
+}
+
+/// The side's disconnect, awaited, then its destruction, each step's end
+/// pushed on `t`.
+fn end_timed(conn: Conn<'_>, ch: &Channel, t: &mut Vec<Instant>) -> Result<()> {
+    conn.disconnect()?;
+    ch.expect(EventType::Disconnected, T)?;
+    t.push(Instant::now());
+    drop(conn);
+    t.push(Instant::now());
+    Ok(())
 }
 
 /// librdmacm passive, as [`kernel_passive`].
@@ -247,11 +264,7 @@ pub fn user_passive(addr: SocketAddr, cycles: usize) -> Result<Block> {
             conn.accept(&p)?;
             ch.expect(EventType::Established, T)?;
             t.push(Instant::now());
-            conn.disconnect()?;
-            ch.expect(EventType::Disconnected, T)?;
-            t.push(Instant::now());
-            drop(conn);
-            t.push(Instant::now());
+            end_timed(conn, &ch, &mut t)?;
             client.done()?;
             Ok(t)
         })();

@@ -10,7 +10,7 @@
 //! differs between the two sides is only the server's work: answering a
 //! request, and turning a message around.
 
-use super::conn::ACTIVE;
+use super::conn::{self, ACTIVE};
 use super::data::{self, BusyPoll, Sizes};
 use super::peer::{self, T};
 use super::stats::Cpu;
@@ -78,30 +78,14 @@ fn client(dst: SocketAddr, cycles: usize, s: Sizes) -> Result<Vec<Block>> {
     let mut steps = Steps::new(&ACTIVE);
     let cpu = Cpu::start();
     for c in 0..cycles {
-        let r = (|| -> Result<Vec<Instant>> {
-            let mut t = vec![Instant::now()];
-            let id = cm::create_id(&ch)?;
-            t.push(Instant::now());
-            cm::resolve_addr(&ch, &id, &dst, T)?;
-            t.push(Instant::now());
-            cm::resolve_route(&ch, &id, T)?;
-            t.push(Instant::now());
-            let conn = Conn::new(id)?;
-            let ev = conn.connect(&none, &ch, T)?;
-            ev.must_be(EventType::Established)?;
+        let r = conn::user_cycle(&ch, dst, |ev| {
             ensure!(
                 ev.private_data.starts_with(peer::ECHO_ACCEPT_DATA),
                 "accepted with {:?}",
                 ev.private_data
             );
-            t.push(Instant::now());
-            conn.disconnect()?;
-            ch.expect(EventType::Disconnected, T)?;
-            t.push(Instant::now());
-            drop(conn);
-            t.push(Instant::now());
-            Ok(t)
-        })();
+            Ok(())
+        });
         steps.add(&r.with_context(|| format!("cycle {}", c + 1))?);
     }
     let mut blocks = vec![steps.block(cycles, &cpu)];
