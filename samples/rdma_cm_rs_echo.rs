@@ -140,6 +140,7 @@ impl Echo {
         let caps = QpCaps {
             max_send_wr: DEPTH as u32,
             max_recv_wr: DEPTH as u32,
+            max_inline_data: 0,
         };
         let cq = Cq::alloc(&dev, caps.cq_entries()?, LinkRef(link.clone()))?;
         let qp = id.create_qp(&pd, &cq, caps)?;

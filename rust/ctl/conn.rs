@@ -227,6 +227,7 @@ impl Conn {
             // after timeouts: a timed-out request still holds its slot).
             max_send_wr: abi::SEND_WINDOW as u32 + 8,
             max_recv_wr: abi::RECV_DEPTH as u32,
+            max_inline_data: 0,
         };
         let cq = Cq::alloc(
             &dev,

@@ -546,6 +546,7 @@ mod id_tests {
             let caps = QpCaps {
                 max_send_wr: 2,
                 max_recv_wr: 2,
+                max_inline_data: 0,
             };
             let (pd, cq) = pd_and_cq_on_rxe(l, caps, Nop)?;
             let qp = l.create_qp(&pd, &cq, caps)?;
@@ -596,6 +597,7 @@ mod id_tests {
             let caps = QpCaps {
                 max_send_wr: 4,
                 max_recv_wr: 4,
+                max_inline_data: 0,
             };
             // 8 requests in flight need 10 entries.
             let small = Cq::alloc(&dev, 9, Nop)?;
@@ -645,6 +647,7 @@ mod id_tests {
         let caps = QpCaps {
             max_send_wr: 4,
             max_recv_wr: 6,
+            max_inline_data: 0,
         };
         let made = id.with_lock(|l| {
             l.bind(&rxe_addr())?;
@@ -713,6 +716,7 @@ mod id_tests {
             let caps = QpCaps {
                 max_send_wr: 2,
                 max_recv_wr: 6,
+                max_inline_data: 0,
             };
             let (pd, cq) = pd_and_cq_on_rxe(l, caps, CountFlushed(AtomicU32::new(0)))?;
             let qp = l.create_qp(&pd, &cq, caps)?;
@@ -749,6 +753,7 @@ mod id_tests {
             let caps = QpCaps {
                 max_send_wr: 2,
                 max_recv_wr: 6,
+                max_inline_data: 0,
             };
             let counter = CountFlushed(AtomicU32::new(0));
             let unbound = PollContext::UnboundWorkqueue;
@@ -806,6 +811,7 @@ mod id_tests {
         let caps = QpCaps {
             max_send_wr: 2,
             max_recv_wr: 2,
+            max_inline_data: 0,
         };
         let made = id.with_lock(|l| {
             l.bind(&rxe_addr())?;
@@ -880,6 +886,7 @@ mod id_tests {
                 let caps = QpCaps {
                     max_send_wr: 2,
                     max_recv_wr: 2,
+                    max_inline_data: 0,
                 };
                 let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
                 id.create_qp(&pd, &cq, caps)
@@ -1164,6 +1171,7 @@ mod ud_tests {
         let caps = QpCaps {
             max_send_wr: 4,
             max_recv_wr: 4,
+            max_inline_data: 0,
         };
         let qp = if split {
             let handler = |takes| InboxRef(inbox.clone(), takes);
@@ -1522,6 +1530,7 @@ mod mr_tests {
             let caps = QpCaps {
                 max_send_wr: 4,
                 max_recv_wr: 4,
+                max_inline_data: 0,
             };
             let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
             let qp = l.create_qp(&pd, &cq, caps)?;
@@ -1668,6 +1677,7 @@ mod sync_tests {
             let caps = QpCaps {
                 max_send_wr: 2,
                 max_recv_wr: 2,
+                max_inline_data: 0,
             };
             let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
             l.create_qp(&pd, &cq, caps).map(|_| ())
@@ -1829,6 +1839,16 @@ mod sync_tests {
         /// (0: none).
         received: AtomicU32,
         invalidated_rkey: AtomicU32,
+        /// The last receive's length and [`digest`].
+        last_len: AtomicU32,
+        last_digest: AtomicU32,
+    }
+
+    /// FNV-1a of `bytes`: enough to tell a message from a damaged one.
+    fn digest(bytes: &[u8]) -> u32 {
+        bytes.iter().fold(0x811c_9dc5u32, |h, &b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        })
     }
 
     struct Recording(Arc<QpSeen>);
@@ -1838,6 +1858,11 @@ mod sync_tests {
             if result.is_ok() {
                 let rkey = buf.invalidated_rkey().unwrap_or(0);
                 self.0.invalidated_rkey.store(rkey, Ordering::Release);
+                let len = buf.data().len() as u32;
+                self.0.last_len.store(len, Ordering::Release);
+                self.0
+                    .last_digest
+                    .store(digest(buf.data()), Ordering::Release);
                 self.0.received.fetch_add(1, Ordering::AcqRel);
             }
         }
@@ -1857,6 +1882,9 @@ mod sync_tests {
         }
     }
 
+    /// Bytes a send of a [`recording_qp`] may carry inline.
+    const INLINE: usize = 64;
+
     /// A QP with a [`Recording`] handler and one receive posted.
     fn recording_qp(id: &CmId<Node>, seen: &Arc<QpSeen>) -> Result<Arc<Qp<Recording>>> {
         id.with_lock(|l| {
@@ -1865,6 +1893,7 @@ mod sync_tests {
             let caps = QpCaps {
                 max_send_wr: 4,
                 max_recv_wr: 2,
+                max_inline_data: INLINE as u32,
             };
             let cq = Cq::alloc(&dev, caps.cq_entries()?, Recording(seen.clone()))?;
             let qp = l.create_qp(&pd, &cq, caps)?;
@@ -2012,6 +2041,39 @@ mod sync_tests {
         assert_eq!(invalidated, advertised.rkey);
         assert!(unregistered);
         assert!(new_key.is_some_and(|k| k != advertised.rkey));
+    }
+
+    /// A send of the QP's inline size posted inline arrives whole; one byte
+    /// more is refused before the post (`EMSGSIZE`) and comes back.
+    #[test]
+    fn inline_send_arrives_whole() {
+        let Some(pair) = connected_pair(&NetNs::init(), 7190) else {
+            return;
+        };
+        let mut message = KVec::new();
+        for i in 0..INLINE {
+            message.push((i * 7 + 3) as u8, GFP_KERNEL).unwrap();
+        }
+        let mut too_long = SendBuffer::new(pair.client_qp.pd(), INLINE + 1).unwrap();
+        too_long.fill(&[0x5a; INLINE + 1]).unwrap();
+        too_long.set_inline(true);
+        let refused = pair.client_qp.post_send(too_long).err();
+        let refused = refused.map(|(e, buf)| (e, buf.data().len()));
+
+        let mut send = SendBuffer::new(pair.client_qp.pd(), INLINE + 1).unwrap();
+        send.fill(&message).unwrap();
+        send.set_inline(true);
+        let posted = pair.client_qp.post_send(send).is_ok();
+        let server_seen = pair.server_seen.clone();
+        let received = wait_until(|| server_seen.received.load(Ordering::Acquire) > 0);
+        let len = server_seen.last_len.load(Ordering::Acquire) as usize;
+        let got = server_seen.last_digest.load(Ordering::Acquire);
+        drop(pair);
+        assert_eq!(refused, Some((EMSGSIZE, INLINE + 1)));
+        assert!(posted);
+        assert!(received);
+        assert_eq!(len, INLINE);
+        assert_eq!(got, digest(&message));
     }
 
     /// A blocking call past its limit fails with `ETIMEDOUT` and leaves

@@ -445,6 +445,8 @@ struct Buffer {
     datagram: Option<Datagram>,
     /// Receives: posted on a UD QP, whose completions start with the GRH.
     on_ud: bool,
+    /// Sends: posted inline (`IB_SEND_INLINE`).
+    inline: bool,
     dma: u64,
     direction: bindings::dma_data_direction,
     lkey: u32,
@@ -496,6 +498,7 @@ impl Buffer {
                 invalidate: None,
                 datagram: None,
                 on_ud: false,
+                inline: false,
                 dma,
                 direction,
                 lkey: pd.local_dma_lkey(),
@@ -651,6 +654,16 @@ impl SendBuffer {
         self.0.imm = imm;
     }
 
+    /// Makes the send inline (`IB_SEND_INLINE`), or not again: the driver
+    /// copies the bytes into the work request when it is posted, instead of
+    /// the device reading them from the buffer later, which saves small
+    /// messages a DMA read.  The post refuses more bytes than the QP's
+    /// [`QpCaps::max_inline_data`] (`EMSGSIZE`).  The buffer still comes
+    /// back with the send's completion.
+    pub fn set_inline(&mut self, inline: bool) {
+        self.0.inline = inline;
+    }
+
     /// Makes the send a SEND_WITH_INV that invalidates the peer's remote
     /// key `rkey` (remote invalidation: the peer's registration ends when
     /// the message arrives, saving it a LOCAL_INV), or a plain SEND again.
@@ -668,12 +681,16 @@ impl SendBuffer {
 
 /// Sizes of a QP's queues: the work requests the consumer keeps in flight.
 /// The layer adds a spare slot to each queue (what `ib_drain_qp` needs).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct QpCaps {
     /// Send work requests in flight.
     pub max_send_wr: u32,
     /// Receive work requests in flight.
     pub max_recv_wr: u32,
+    /// The most bytes a send may carry inline ([`SendBuffer::set_inline`]);
+    /// 0 for none.  A device refuses a QP that asks for more than it
+    /// supports (the create fails, `EINVAL` from rxe).
+    pub max_inline_data: u32,
 }
 
 impl QpCaps {
@@ -908,6 +925,7 @@ pub struct Qp<C: CompletionHandler> {
     port_num: AtomicU32,
     send_room: u32,
     recv_room: u32,
+    max_inline_data: u32,
     credits: Arc<WrCredits>,
     pd: Arc<Pd>,
     send_cq: Arc<Cq<C>>,
@@ -960,6 +978,7 @@ impl<C: CompletionHandler> Qp<C> {
         attr.cap.max_recv_wr = caps.max_recv_wr.checked_add(1).ok_or(EINVAL)?;
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
+        attr.cap.max_inline_data = caps.max_inline_data;
         let credits = WrCredits::new(caps)?;
         send_cq.reserve(send_room)?;
         if let Err(e) = recv_cq.reserve(recv_room) {
@@ -976,6 +995,7 @@ impl<C: CompletionHandler> Qp<C> {
                 port_num: AtomicU32::new(0),
                 send_room,
                 recv_room,
+                max_inline_data: caps.max_inline_data,
                 credits,
                 pd: pd.clone(),
                 send_cq: send_cq.clone(),
@@ -1291,6 +1311,9 @@ impl<C: CompletionHandler> Qp<C> {
         {
             return Err((e, buf));
         }
+        if buf.0.inline && buf.0.len > self.max_inline_data as usize {
+            return Err((EMSGSIZE, buf));
+        }
         let credit = match self.credits.take(WrQueue::Send) {
             Ok(credit) => credit,
             Err(e) => return Err((e, buf)),
@@ -1300,6 +1323,14 @@ impl<C: CompletionHandler> Qp<C> {
         inner.sync_for_device(inner.len);
         inner.cqe.done = Some(send_done::<C>);
         let mut sge = inner.sge(inner.len);
+        let inline = inner.inline;
+        if inline {
+            // Drivers copy inline data from the CPU's address of the bytes
+            // (mlx5's `set_data_inl_seg`, rxe's `copy_inline_data_to_wqe`),
+            // not from their DMA address, during the post; the key is not
+            // used.
+            sge.addr = inner.data.as_ptr() as u64;
+        }
         let imm = inner.imm;
         let invalidate = inner.invalidate;
         // The request keeps the address handle; a copy of its fields goes
@@ -1318,7 +1349,9 @@ impl<C: CompletionHandler> Qp<C> {
                     .map_or(ptr::null_mut(), ptr::from_mut),
             )
         };
-        // The UD form of the request, filled in below on UD QPs.
+        // The UD form of the request, filled in below on UD QPs.  The bytes
+        // of an inline send are read through `sge` during the post, from
+        // `leaked`'s data, which lives until the completion.
         let mut ud_wr: bindings::ib_ud_wr = pin_init::zeroed();
         // SAFETY: Both point into `leaked`, recovered below on failure; its
         // `done` is set.  The address handle `ud` names is held by the
@@ -1327,6 +1360,9 @@ impl<C: CompletionHandler> Qp<C> {
             self.post_send_raw(cqe, credit, |wr| {
                 wr.sg_list = &raw mut sge;
                 wr.num_sge = 1;
+                if inline {
+                    wr.send_flags |= bindings::ib_send_flags_IB_SEND_INLINE;
+                }
                 wr.opcode = match (imm, invalidate) {
                     (Some(imm), _) => {
                         wr.ex.imm_data = imm.to_be();
