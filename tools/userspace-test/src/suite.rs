@@ -426,7 +426,7 @@ fn module_listens(ctx: &mut Ctx, local: IpAddr) -> Result<()> {
     ensure!(est.id == req.new_id, "ESTABLISHED on id {}", est.id);
     let got = dev.recv(req.new_id, 4096, T).context("module recv")?;
     verify("module: received message", &msg, &got)?;
-    dev.send(req.new_id, &reply).context("module send")?;
+    send_or_show_qps(&dev, req.new_id, &reply, "module send")?;
     let disc = wait(&dev, EventType::Disconnected)?;
     ensure!(disc.id == req.new_id);
     // The passive side completes the handshake (the IB CM sends the DREP).
@@ -1454,8 +1454,9 @@ fn first_message_right_after_established(ctx: &mut Ctx) -> Result<()> {
                     })?;
                     slowest = slowest.max(start.elapsed());
                     verify("module: first message", &message(k), &got)?;
-                    dev.send(ev.id, format!("answer {k}").as_bytes())
-                        .with_context(|| format!("connection {k}: the answer"))?;
+                    let answer = format!("answer {k}");
+                    let what = format!("connection {k}: the answer");
+                    send_or_show_qps(&dev, ev.id, answer.as_bytes(), &what)?;
                     // The peer sends last and disconnects once that send
                     // completed: every SEND of both sides is acknowledged
                     // before a QP goes to the error state.  (rxe reports a
@@ -2455,6 +2456,34 @@ impl Drop for KilledPeer {
 /// A diagnostic line in the KTAP output.
 fn note(line: &str) {
     println!("# {line}");
+}
+
+/// The module's SEND on `id`, waited for.  A send that got no completion
+/// within the ioctl's 5 s (`ETIMEDOUT`, seen twice on rxe and not explained:
+/// testing.rst) leaves the devices' view of every QP and rxe's counters in
+/// the output (`rdma res show qp`, `rdma statistic show`), with the
+/// module's QP number, for the next time.
+fn send_or_show_qps(dev: &Device, id: u32, data: &[u8], what: &str) -> Result<()> {
+    let Err(e) = dev.send(id, data) else {
+        return Ok(());
+    };
+    if e.raw_os_error() == Some(libc::ETIMEDOUT) {
+        let qp_num = dev.query(id).map(|q| q.qp_num).unwrap_or(0);
+        note(&format!(
+            "{what}: no send completion; the module's QP is {qp_num}"
+        ));
+        for args in [&["res", "show", "qp"][..], &["statistic", "show"][..]] {
+            match std::process::Command::new("rdma").args(args).output() {
+                Ok(out) => {
+                    for line in String::from_utf8_lossy(&out.stdout).lines() {
+                        note(&format!("rdma {}: {line}", args.join(" ")));
+                    }
+                }
+                Err(err) => note(&format!("rdma {}: {err}", args.join(" "))),
+            }
+        }
+    }
+    Err(e).context(what.to_string())
 }
 
 /// The bound within which the module must learn of a killed peer.
