@@ -50,6 +50,10 @@ pub struct Options {
     /// as many messages for the send throughput.
     #[arg(long)]
     pub round_trips: Option<usize>,
+    /// RDMA WRITEs and READs of the largest region a run (default 100,
+    /// --quick 10).
+    #[arg(long)]
+    pub rdma_ops: Option<usize>,
     /// Report even on a jiffies clocksource (functional runs).
     #[arg(long)]
     pub allow_coarse_clock: bool,
@@ -365,7 +369,7 @@ pub fn run(o: Options) -> Result<()> {
         small: 64,
         large,
         messages: round_trips * 2,
-        rdma_ops: if o.quick { 10 } else { 100 },
+        rdma_ops: o.rdma_ops.unwrap_or(if o.quick { 10 } else { 100 }).max(1),
     };
     let scale_counts: Vec<usize> = if !want("scale") {
         Vec::new()
