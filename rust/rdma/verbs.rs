@@ -963,12 +963,9 @@ impl<C: CompletionHandler> Qp<C> {
         dev.check_same(pd.device())?;
         dev.check_same(send_cq.device())?;
         dev.check_same(recv_cq.device())?;
-        // One CQ for both queues: the whole reservation on it.
-        let (send_room, recv_room) = if ptr::eq(&**send_cq, &**recv_cq) {
-            (caps.cq_entries()?, 0)
-        } else {
-            (caps.send_cq_entries()?, caps.recv_cq_entries()?)
-        };
+        // Each queue's room on its CQ; one CQ for both takes the sum,
+        // `cq_entries`.
+        let (send_room, recv_room) = (caps.send_cq_entries()?, caps.recv_cq_entries()?);
         let mut attr: bindings::ib_qp_init_attr = pin_init::zeroed();
         attr.send_cq = send_cq.as_ptr();
         attr.recv_cq = recv_cq.as_ptr();
