@@ -17,6 +17,7 @@ mod fuzz;
 mod payload;
 mod report;
 mod rping;
+mod sample_module;
 mod shell;
 mod suite;
 mod uapi;

@@ -18,37 +18,29 @@ use super::{Block, Steps};
 use crate::cm::{self, Channel, Conn};
 use crate::report::EventType;
 use anyhow::{bail, ensure, Context, Result};
-use std::{net::SocketAddr, path::PathBuf, process::Command, time::Instant};
+use std::{net::SocketAddr, time::Instant};
 
 /// The group's name, the prefix of its blocks.
 pub const NAME: &str = "echo service";
 
-/// The sample's module name and file.
+/// The sample's module name.
 const MODULE: &str = "rdma_cm_rs_echo";
 
-/// `rdma_cm_rs_echo.ko` loaded with its listener on a port, unloaded
-/// (which destroys whatever connections are left) when dropped.
+/// The sample loaded with its listener on a port, unloaded (which
+/// destroys whatever connections are left) when dropped.
 struct Loaded;
 
 impl Loaded {
     fn insmod(port: u16) -> Result<Self> {
-        let dir = std::env::var("RDMA_CM_RS_OUT").unwrap_or_else(|_| ".".into());
-        let ko = PathBuf::from(dir).join(format!("{MODULE}.ko"));
-        let st = Command::new("insmod")
-            .arg(&ko)
-            .arg(format!("port={port}"))
-            .status()
-            .context("insmod")?;
-        ensure!(st.success(), "insmod {} port={port}: {st}", ko.display());
+        crate::sample_module::load(MODULE, port)?;
         Ok(Self)
     }
 }
 
 impl Drop for Loaded {
     fn drop(&mut self) {
-        match Command::new("rmmod").arg(MODULE).status() {
-            Ok(st) if st.success() => {}
-            r => eprintln!("bench: rmmod {MODULE}: {r:?}"),
+        if let Err(e) = crate::sample_module::unload(MODULE) {
+            eprintln!("bench: {e:#}");
         }
     }
 }

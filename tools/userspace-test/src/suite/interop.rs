@@ -288,8 +288,6 @@ const RPING_RUNS: &[(u32, u32)] = &[(10, 64), (3, rping::RPING_MAX_SIZE), (25, 1
 /// must exit 0 and the sample must log the session's end after exactly
 /// the pings the client made.
 pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
-    let built = std::env::var("RDMA_CM_RS_OUT").unwrap_or_else(|_| ".".to_string());
-    let ko = std::path::Path::new(&built).join("rdma_cm_rs_rping.ko");
     let port = ctx.port();
     // Passes of the suite running at once share the kernel: one of them
     // has the sample loaded at a time (the lock goes with the file).
@@ -300,16 +298,7 @@ pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
         .open("/tmp/rdma_cm_rs_rping.lock")
         .context("the sample's lock file")?;
     lock.lock().context("lock the sample")?;
-    let loaded = std::process::Command::new("insmod")
-        .arg(&ko)
-        .arg(format!("port={port}"))
-        .status()
-        .context("insmod")?;
-    ensure!(
-        loaded.success(),
-        "insmod {} port={port}: {loaded}",
-        ko.display()
-    );
+    crate::sample_module::load("rdma_cm_rs_rping", port)?;
     let sessions = (|| -> Result<()> {
         for &(count, size) in &[(10u32, 64u32), (3, 60000)] {
             let args = format!("-c -a {} -p {port} -C {count} -S {size} -V", ctx.local4);
@@ -329,13 +318,9 @@ pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
         }
         Ok(())
     })();
-    let unloaded = std::process::Command::new("rmmod")
-        .arg("rdma_cm_rs_rping")
-        .status()
-        .context("rmmod")?;
+    let unloaded = crate::sample_module::unload("rdma_cm_rs_rping");
     sessions?;
-    ensure!(unloaded.success(), "rmmod rdma_cm_rs_rping: {unloaded}");
-    Ok(())
+    unloaded
 }
 
 /// Whether a line of the kernel log satisfies `want` within 5 s.

@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Loading and unloading the project's sample modules (`rdma_cm_rs_echo`,
+//! `rdma_cm_rs_rping`) from the build directory, `$RDMA_CM_RS_OUT` (the
+//! checkout's top, where Kbuild puts the `.ko` files, when unset).
+
+use anyhow::{ensure, Context, Result};
+use std::{path::PathBuf, process::Command};
+
+/// `insmod $RDMA_CM_RS_OUT/NAME.ko port=PORT`.
+pub fn load(name: &str, port: u16) -> Result<()> {
+    let dir = std::env::var("RDMA_CM_RS_OUT").unwrap_or_else(|_| ".".into());
+    let ko = PathBuf::from(dir).join(format!("{name}.ko"));
+    let st = Command::new("insmod")
+        .arg(&ko)
+        .arg(format!("port={port}"))
+        .status()
+        .context("insmod")?;
+    ensure!(st.success(), "insmod {} port={port}: {st}", ko.display());
+    Ok(())
+}
+
+/// `rmmod NAME`.
+pub fn unload(name: &str) -> Result<()> {
+    let st = Command::new("rmmod").arg(name).status().context("rmmod")?;
+    ensure!(st.success(), "rmmod {name}: {st}");
+    Ok(())
+}
