@@ -159,7 +159,8 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         param.rnr_retry_count = req.num("rnr", 7)? as u8;
         conn.accept(&param)?;
         let est = ch.next(T)?;
-        let exchange = req.get("rdma").is_some() || req.num("echo", 0)? > 0;
+        let exchange =
+            req.get("rdma").is_some() || req.num("echo", 0)? > 0 || req.num("flood", 0)? > 0;
         if est.event == EventType::Disconnected && !exchange {
             // An active side that disconnects the moment it is established
             // may have its DREQ reach us before its RTU (lost, or late
@@ -183,6 +184,27 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
             }
             rdma_peer(&mut conn, len, req.get("rdmamode"), &mut report)?;
         }
+        // `flood=N`: N SENDs of 4096 bytes back to back, which the suite
+        // answers by disconnecting once the first arrived: the rest reach
+        // a QP in the error state.  On its DISCONNECTED this side
+        // disconnects too, flushing what still retries.
+        let flood = req.num("flood", 0)? as usize;
+        let mut disconnected = false;
+        if flood > 0 {
+            if req.get("first") == Some("recv") {
+                let _ = write!(report, "first{n}={} ", hex(&conn.recv(T)?));
+            }
+            let ok = conn.flood(flood, cm::MSG, |conn| {
+                let Some(ev) = ch.try_next() else {
+                    return Ok(false);
+                };
+                ev.must_be(EventType::Disconnected)?;
+                disconnected = true;
+                conn.disconnect()?;
+                Ok(true)
+            })?;
+            let _ = write!(report, "flood{n}={ok}/{flood} ");
+        }
         let echoes = req.num("echo", 0)?;
         for i in 0..echoes {
             let msg = conn.recv(T)?;
@@ -202,6 +224,10 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
             // connection must then end in DISCONNECTED like any other.
             let status = conn.send_before_close(&msg).context("last echo")?;
             let _ = write!(report, "lastecho{n}={status} ");
+        }
+        if disconnected {
+            let _ = write!(report, "disc{n}=DISCONNECTED ");
+            continue;
         }
         if req.get("disc") == Some("self") {
             conn.disconnect()?;

@@ -7,8 +7,9 @@
 mod ffi;
 pub mod ud;
 
+use crate::diag;
 use crate::report::EventType;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use ffi::*;
 use std::{
     marker::PhantomData,
@@ -817,7 +818,10 @@ impl<'ch> Conn<'ch> {
     /// One `IBV_WR_SEND`, waited for.
     pub fn send(&mut self, data: &[u8]) -> Result<()> {
         self.post_send(data)?;
-        Self::poll(self.send_cq, Duration::from_secs(5)).context("send completion")?;
+        let wc = self.send_completion()?;
+        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+            bail!("send completion: work completion status {}", wc.status);
+        }
         Ok(())
     }
 
@@ -829,7 +833,7 @@ impl<'ch> Conn<'ch> {
     /// status is an error.
     pub fn send_before_close(&mut self, data: &[u8]) -> Result<u32> {
         self.post_send(data)?;
-        let wc = Self::poll_any(self.send_cq, Duration::from_secs(5)).context("send completion")?;
+        let wc = self.send_completion()?;
         match wc.status {
             ibv_wc_status::IBV_WC_SUCCESS
             | ibv_wc_status::IBV_WC_LOC_QP_OP_ERR
@@ -844,8 +848,83 @@ impl<'ch> Conn<'ch> {
     pub fn send_then_recv(&mut self, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
         self.post_send(data)?;
         let answer = self.recv(timeout)?;
-        Self::poll(self.send_cq, Duration::from_secs(5)).context("send completion")?;
+        let wc = self.send_completion()?;
+        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+            bail!("send completion: work completion status {}", wc.status);
+        }
         Ok(answer)
+    }
+
+    /// The next completion of the send CQ, within 5 s, whatever its status.
+    /// Without one, the error carries what the devices say of this QP and
+    /// their counters ([`diag::rdma_state`]): a send neither acknowledged
+    /// nor failed by its retries is not explained yet on rxe.
+    fn send_completion(&self) -> Result<ibv_wc> {
+        Self::poll_any(self.send_cq, Duration::from_secs(5)).map_err(|e| {
+            let qp_num = self.qp_num();
+            anyhow!(
+                "send completion: {e} (QP {qp_num}; {})",
+                diag::rdma_state(Some(qp_num)).join("; ")
+            )
+        })
+    }
+
+    /// Posts `count` SENDs of the send buffer's first `len` bytes back to
+    /// back (at most the send queue's `SEND_WINDOW + 4`), then reaps their
+    /// completions, whatever their status, until all came back or `stop`
+    /// says the connection ended: `stop` (called between polls) returns
+    /// true once it moved the QP to the error state, after which the rest
+    /// flush.  Returns how many completed successfully.  A peer that
+    /// disconnects mid-burst leaves the rest retrying for ever on rxe (a
+    /// retry count of 7 is unlimited there): hence `stop`.
+    pub fn flood(
+        &mut self,
+        count: usize,
+        len: usize,
+        mut stop: impl FnMut(&Self) -> Result<bool>,
+    ) -> Result<usize> {
+        ensure!(
+            count <= SEND_WINDOW + 4 && len <= MSG,
+            "flood of {count} x {len} bytes is over the send queue"
+        );
+        // SAFETY: `send_mr` is live (registered in `new`, deregistered in
+        // drop).
+        let lkey = unsafe { (*self.send_mr).lkey };
+        let addr = self.send_buf.as_ptr() as u64;
+        for i in 0..count {
+            // SAFETY: The send buffer is registered as `lkey` and stays
+            // allocated and registered while the QP lives; nothing writes
+            // it until every completion is reaped below (`&mut self`).
+            unsafe { self.post_send_raw(addr, len, lkey, i as u64) }?;
+        }
+        let (mut reaped, mut ok, mut stopped) = (0, 0, false);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while reaped < count {
+            // SAFETY: ibv_wc is integers and a union of integers, valid
+            // all-zero; it is output space.
+            let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+            // SAFETY: `send_cq` is this connection's live CQ; `wc` has room
+            // for the one completion asked for.
+            match unsafe { ibv_poll_cq(self.send_cq, 1, &mut wc) } {
+                1 => {
+                    reaped += 1;
+                    ok += usize::from(wc.status == ibv_wc_status::IBV_WC_SUCCESS);
+                    continue;
+                }
+                0 => {}
+                _ => bail!("ibv_poll_cq failed"),
+            }
+            if !stopped {
+                stopped = stop(self)?;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "flood: {reaped} of {count} completions within 20 s ({})",
+                diag::rdma_state(Some(self.qp_num())).join("; ")
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(ok)
     }
 
     /// Copies `data` into the send buffer and posts it, signaled.

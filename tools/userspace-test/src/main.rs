@@ -12,6 +12,7 @@
 mod agent;
 mod bench;
 mod cm;
+mod diag;
 mod faults;
 mod fuzz;
 mod payload;
