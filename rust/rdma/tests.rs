@@ -1302,9 +1302,9 @@ mod ud_tests {
     /// reply named; the answer to its sender through `reply_dest`; the
     /// SIDR private-data limits (180 and 136) refused one byte above, a
     /// second accept refused without harming the accepted id's QP, and a
-    /// datagram above the MTU refused.  The server's QP completes on a send
-    /// and a receive CQ: each handler gets its own queue's completions only,
-    /// the flushed ones of the teardown included.
+    /// datagram above the MTU and an unsignaled one refused.  The server's
+    /// QP completes on a send and a receive CQ: each handler gets its own
+    /// queue's completions only, the flushed ones of the teardown included.
     #[test]
     fn sidr_lookup_and_datagrams_both_ways() {
         let world = Arc::pin_init(
@@ -1386,6 +1386,11 @@ mod ud_tests {
         big.fill(&zeros).unwrap();
         let refused = client_qp.post_send_ud(big, &dest).err().map(|(e, _)| e);
         assert_eq!(refused, Some(EMSGSIZE));
+        // Selective signaling is RC's (the shutdown's marker is a WRITE).
+        let mut quiet = SendBuffer::new(pd, 64).unwrap();
+        quiet.set_unsignaled(true);
+        let refused = client_qp.post_send_ud(quiet, &dest).err().map(|(e, _)| e);
+        assert_eq!(refused, Some(EINVAL));
 
         let mut ping = SendBuffer::new(pd, 64).unwrap();
         ping.fill(b"ud ping").unwrap();
@@ -1605,14 +1610,15 @@ mod sync_tests {
         pd::Pd,
         verbs::{
             CompletionHandler, Cq, Qp, QpCaps, QpEvent, RecvBuffer, SendBuffer, WorkDone, WorkOp,
+            FLUSH_TIMEOUT,
         },
     };
-    use core::sync::atomic::{AtomicU32, Ordering};
+    use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
     use kernel::{
         new_mutex,
         prelude::*,
         sync::{Arc, Mutex},
-        time::Delta,
+        time::{delay::fsleep, Delta, Instant, Monotonic},
         workqueue,
     };
 
@@ -1851,6 +1857,11 @@ mod sync_tests {
         /// The last receive's length and [`digest`].
         last_len: AtomicU32,
         last_digest: AtomicU32,
+        /// Send buffers given back, failed ones, and the first byte of
+        /// the last eight given back (the latest in the low byte).
+        sends_back: AtomicU32,
+        sends_failed: AtomicU32,
+        send_log: AtomicU64,
     }
 
     /// FNV-1a of `bytes`: enough to tell a message from a damaged one.
@@ -1875,7 +1886,19 @@ mod sync_tests {
                 self.0.received.fetch_add(1, Ordering::AcqRel);
             }
         }
-        fn send_done(&self, _buf: SendBuffer, _result: Result) {}
+        fn send_done(&self, buf: SendBuffer, result: Result) {
+            let first = u64::from(buf.data().first().copied().unwrap_or(0));
+            let _ = self
+                .0
+                .send_log
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |log| {
+                    Some(log << 8 | first)
+                });
+            if result.is_err() {
+                self.0.sends_failed.fetch_add(1, Ordering::AcqRel);
+            }
+            self.0.sends_back.fetch_add(1, Ordering::AcqRel);
+        }
         fn work_done(&self, _done: WorkDone, result: Result) {
             if result == Err(EACCES) {
                 self.0.refused_work.fetch_add(1, Ordering::AcqRel);
@@ -1894,20 +1917,23 @@ mod sync_tests {
     /// Bytes a send of a [`recording_qp`] may carry inline.
     const INLINE: usize = 64;
 
-    /// A QP with a [`Recording`] handler and one receive posted.
+    /// A QP with a [`Recording`] handler and four receives posted (which it
+    /// does not post again).
     fn recording_qp(id: &CmId<Node>, seen: &Arc<QpSeen>) -> Result<Arc<Qp<Recording>>> {
         id.with_lock(|l| {
             let dev = l.device()?;
             let pd = Pd::alloc(&dev)?;
             let caps = QpCaps {
                 max_send_wr: 4,
-                max_recv_wr: 2,
+                max_recv_wr: 4,
                 max_inline_data: INLINE as u32,
             };
             let cq = Cq::alloc(&dev, caps.cq_entries()?, Recording(seen.clone()))?;
             let qp = l.create_qp(&pd, &cq, caps)?;
-            qp.post_recv(RecvBuffer::new(&pd, 64)?)
-                .map_err(|(e, _)| e)?;
+            for _ in 0..caps.max_recv_wr {
+                qp.post_recv(RecvBuffer::new(&pd, 64)?)
+                    .map_err(|(e, _)| e)?;
+            }
             Ok(qp)
         })
     }
@@ -2083,6 +2109,97 @@ mod sync_tests {
         assert!(received);
         assert_eq!(len, INLINE);
         assert_eq!(got, digest(&message));
+    }
+
+    /// Posts a send of 16 bytes of `byte` on `qp`, unsignaled or not.
+    fn post_marked(qp: &Qp<Recording>, byte: u8, unsignaled: bool) -> bool {
+        let Ok(mut buf) = SendBuffer::new(qp.pd(), 16) else {
+            return false;
+        };
+        if buf.fill(&[byte; 16]).is_err() {
+            return false;
+        }
+        buf.set_unsignaled(unsignaled);
+        qp.post_send(buf).is_ok()
+    }
+
+    /// Selective signaling: an unsignaled send that arrived makes no
+    /// completion (its buffer is not given back while the QP is idle); the
+    /// next signaled send's completion gives it back first, with success,
+    /// then its own; a registration's completion gives one back as well.
+    #[test]
+    fn unsignaled_send_comes_back_with_the_next_signaled_one() {
+        let Some(pair) = connected_pair(&NetNs::init(), 7191) else {
+            return;
+        };
+        let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
+        let first = post_marked(&pair.client_qp, 1, true);
+        let arrived = wait_until(|| server.received.load(Ordering::Acquire) == 1);
+        // Time for a completion that should not come.
+        fsleep(Delta::from_millis(200));
+        let back_while_idle = client.sends_back.load(Ordering::Acquire);
+        let second = post_marked(&pair.client_qp, 2, false);
+        let both_back = wait_until(|| client.sends_back.load(Ordering::Acquire) == 2);
+        let both_arrived = wait_until(|| server.received.load(Ordering::Acquire) == 2);
+        // A memory work request's completion gives one back too.
+        let third = post_marked(&pair.client_qp, 3, true);
+        let third_arrived = wait_until(|| server.received.load(Ordering::Acquire) == 3);
+        let back_before_work = client.sends_back.load(Ordering::Acquire);
+        let mr = Mr::new(pair.client_qp.pd(), 64).unwrap();
+        let registered = pair.client_qp.register(&mr, MrAccess::LOCAL, 9).is_ok();
+        let third_back = wait_until(|| client.sends_back.load(Ordering::Acquire) == 3);
+        drop((mr, pair));
+        assert!(first && second && third && registered);
+        assert!(arrived);
+        assert_eq!(back_while_idle, 0);
+        assert!(both_back && both_arrived);
+        assert!(third_arrived);
+        assert_eq!(back_before_work, 2);
+        assert!(third_back);
+        assert_eq!(client.send_log.load(Ordering::Acquire), 0x01_0203);
+        assert_eq!(client.sends_failed.load(Ordering::Acquire), 0);
+        assert_eq!(client.sends_back.load(Ordering::Acquire), 3);
+    }
+
+    /// A send queue filled with unsignaled sends ends in a completion: the
+    /// layer signals the one that takes the last credit, whose completion
+    /// gives back all four in order.
+    #[test]
+    fn last_credit_send_is_signaled() {
+        let Some(pair) = connected_pair(&NetNs::init(), 7192) else {
+            return;
+        };
+        let client = pair.client_seen.clone();
+        let posted = (1..=4u8).all(|byte| post_marked(&pair.client_qp, byte, true));
+        let all_back = wait_until(|| client.sends_back.load(Ordering::Acquire) == 4);
+        drop(pair);
+        assert!(posted);
+        assert!(all_back);
+        assert_eq!(client.send_log.load(Ordering::Acquire), 0x0102_0304);
+        assert_eq!(client.sends_failed.load(Ordering::Acquire), 0);
+    }
+
+    /// An unsignaled send still in flight when its QP shuts down comes
+    /// back, with success (it arrived): the shutdown's marker behind it
+    /// completes after it, instead of the send waiting out the flush and
+    /// coming back from the reclaim as flushed.
+    #[test]
+    fn unsignaled_send_comes_back_at_shutdown() {
+        let Some(pair) = connected_pair(&NetNs::init(), 7193) else {
+            return;
+        };
+        let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
+        let posted = post_marked(&pair.client_qp, 7, true);
+        let arrived = wait_until(|| server.received.load(Ordering::Acquire) == 1);
+        let start = Instant::<Monotonic>::now();
+        drop(pair);
+        let teardown = start.elapsed();
+        assert!(posted && arrived);
+        assert_eq!(client.sends_back.load(Ordering::Acquire), 1);
+        assert_eq!(client.send_log.load(Ordering::Acquire), 7);
+        assert_eq!(client.sends_failed.load(Ordering::Acquire), 0);
+        // Well inside the flush's limit, which a reclaim waits out.
+        assert!(teardown.as_millis() < FLUSH_TIMEOUT.as_millis());
     }
 
     /// A blocking call past its limit fails with `ETIMEDOUT` and leaves

@@ -447,6 +447,8 @@ struct Buffer {
     on_ud: bool,
     /// Sends: posted inline (`IB_SEND_INLINE`).
     inline: bool,
+    /// Sends: posted without asking for a completion of their own.
+    unsignaled: bool,
     dma: u64,
     direction: bindings::dma_data_direction,
     lkey: u32,
@@ -499,6 +501,7 @@ impl Buffer {
                 datagram: None,
                 on_ud: false,
                 inline: false,
+                unsignaled: false,
                 dma,
                 direction,
                 lkey: pd.local_dma_lkey(),
@@ -664,6 +667,22 @@ impl SendBuffer {
         self.0.inline = inline;
     }
 
+    /// Posts the send unsignaled (selective signaling), or signaled again:
+    /// a successful unsignaled send makes no completion of its own, which
+    /// saves the device a completion entry and the CPU an interrupt and a
+    /// poll.  Its buffer comes back all the same, with success, through
+    /// [`CompletionHandler::send_done`] just before the completion of the
+    /// next signaled request on the QP's send queue (a signaled send, or
+    /// any memory work request: the send queue completes in order), or
+    /// when the QP shuts down.  A failed one completes on its own, like
+    /// any request.  So that a send queue full of unsignaled sends still
+    /// ends in a completion, the layer signals a send itself when it takes
+    /// the queue's last credit ([`QpCaps::max_send_wr`]).  RC only:
+    /// [`Qp::post_send_ud`] refuses it (`EINVAL`).
+    pub fn set_unsignaled(&mut self, unsignaled: bool) {
+        self.0.unsignaled = unsignaled;
+    }
+
     /// Makes the send a SEND_WITH_INV that invalidates the peer's remote
     /// key `rkey` (remote invalidation: the peer's registration ends when
     /// the message arrives, saving it a LOCAL_INV), or a plain SEND again.
@@ -733,14 +752,26 @@ struct PostedCqe(NonNull<bindings::ib_cqe>, WrQueue);
 // SAFETY: Only an address here; whoever dereferences it owns the request.
 unsafe impl Send for PostedCqe {}
 
+/// A request of the send queue, in post order, and whether it asked for a
+/// completion of its own.
+#[derive(Clone, Copy)]
+struct SendOrder {
+    cqe: PostedCqe,
+    signaled: bool,
+}
+
 /// Work requests a QP has in flight, bounded by its [`QpCaps`].
 ///
 /// # Invariants
 ///
-/// `posted` holds the completion entry of every request posted on the QP
-/// whose completion has not run yet (and of one being posted), at most one
-/// per credit taken: its capacity, `max_send_wr + max_recv_wr`, is never
-/// exceeded.
+/// * `posted` holds the completion entry of every request posted on the QP
+///   whose completion has not run yet (and of one being posted), at most
+///   one per credit taken and the shutdown's marker: its capacity,
+///   `max_send_wr + max_recv_wr + 1`, is never exceeded.
+/// * `send_order` holds, in post order, the entries of `posted` that are
+///   on the send queue, until their completion (or that of a request
+///   posted after an unsignaled one) takes them out; it is emptied before a
+///   reclaim.  Its capacity, `max_send_wr + 1`, is never exceeded.
 #[pin_data]
 struct WrCredits {
     send: AtomicU32,
@@ -748,6 +779,10 @@ struct WrCredits {
     caps: QpCaps,
     #[pin]
     posted: SpinLock<KVec<PostedCqe>>,
+    /// The send queue's requests in post order, which is their completion
+    /// order: an unsignaled send is done once a request after it is.
+    #[pin]
+    send_order: SpinLock<KVec<SendOrder>>,
     /// Notified when `posted` becomes empty.
     #[pin]
     flushed: CondVar,
@@ -762,13 +797,16 @@ impl WrCredits {
             .max_send_wr
             .checked_add(caps.max_recv_wr)
             .ok_or(EINVAL)?;
-        let posted = KVec::with_capacity(total as usize, GFP_KERNEL)?;
+        // One more for the marker of a shutdown (`Qp::post_drain_marker`).
+        let posted = KVec::with_capacity(total as usize + 1, GFP_KERNEL)?;
+        let send_order = KVec::with_capacity(caps.max_send_wr as usize + 1, GFP_KERNEL)?;
         Arc::pin_init(
             pin_init!(Self {
                 send: AtomicU32::new(0),
                 recv: AtomicU32::new(0),
                 caps,
                 posted <- new_spinlock!(posted),
+                send_order <- new_spinlock!(send_order),
                 flushed <- new_condvar!(),
                 awaiting_first_message: AtomicBool::new(false),
             }),
@@ -804,6 +842,84 @@ impl WrCredits {
     /// Takes the entry of one outstanding request out of the tracking.
     fn pop_posted(&self) -> Option<PostedCqe> {
         self.posted.lock().pop()
+    }
+
+    /// Records a request posted (being posted) on the send queue, after
+    /// every earlier one.
+    fn push_send(&self, cqe: PostedCqe, signaled: bool) {
+        // Within the capacity (type invariants): cannot fail.  If it did,
+        // an unsignaled send would come back at the shutdown only.
+        if self
+            .send_order
+            .lock()
+            .push_within_capacity(SendOrder { cqe, signaled })
+            .is_err()
+        {
+            pr_err!("a posted send could not be ordered\n");
+        }
+    }
+
+    /// Forgets the send queue's request `cqe` (its post failed).
+    fn remove_send(&self, cqe: PostedCqe) {
+        let mut order = self.send_order.lock();
+        if let Some(i) = order.iter().position(|s| s.cqe == cqe) {
+            // In bounds: just found.
+            let _ = order.remove(i);
+        }
+    }
+
+    /// Whether an unsignaled send is in flight.
+    fn has_unsignaled(&self) -> bool {
+        self.send_order.lock().iter().any(|s| !s.signaled)
+    }
+
+    /// For the completion of the send queue's request `own`: the next
+    /// unsignaled send posted before it, taken out of the order (the caller
+    /// now owns it), which is done: the send queue completes in order on
+    /// IB and RoCE, and siw, which completes an RDMA READ only when its
+    /// response arrives and so may complete later requests first, still
+    /// completes sends in order.  `None` once no unsignaled send is ahead
+    /// of `own`, which is then taken out too (a signaled request ahead of
+    /// it stays: its own completion is still to come).  `None` also if
+    /// `own` is not in the order (a reclaim emptied it).
+    fn take_done_before(&self, own: PostedCqe) -> Option<PostedCqe> {
+        let mut order = self.send_order.lock();
+        let i = order.iter().position(|s| s.cqe == own)?;
+        match order[..i].iter().position(|s| !s.signaled) {
+            Some(j) => {
+                // In bounds: found above.
+                let done = order.remove(j).ok()?;
+                Some(done.cqe)
+            }
+            None => {
+                // In bounds: found above.
+                let _ = order.remove(i);
+                None
+            }
+        }
+    }
+
+    /// Empties the send queue's order before a reclaim, which completes
+    /// every request left as flushed.
+    fn clear_send_order(&self) {
+        self.send_order.lock().clear();
+    }
+
+    /// Tracks the shutdown's marker like a request (see [`Credit::track`]).
+    fn track_marker(&self, cqe: PostedCqe) -> bool {
+        self.posted.lock().push_within_capacity(cqe).is_ok()
+    }
+
+    /// Stops tracking the shutdown's marker.
+    fn untrack_marker(&self, cqe: PostedCqe) {
+        let mut posted = self.posted.lock();
+        if let Some(i) = posted.iter().position(|&p| p == cqe) {
+            // In bounds: just found.
+            let _ = posted.remove(i);
+        }
+        if posted.is_empty() {
+            self.flushed.notify_all();
+        }
     }
 
     /// One request more on `queue`: `ENOSPC` when the QP has as many in
@@ -947,7 +1063,8 @@ impl<C: CompletionHandler> Qp<C> {
     /// [`QpCaps::send_cq_entries`] and a receive CQ apart
     /// [`QpCaps::recv_cq_entries`].  Reserves that room, and returns a QP
     /// object not created yet with the attributes to create it with
-    /// (`qp_type`, one SGE a request, one spare slot a queue, and the
+    /// (`qp_type`, one SGE a request, one spare slot a queue, completions
+    /// only for the requests that ask for one, and the
     /// object as the context of the QP's events, which go to `comm_est` and
     /// the send CQ's handler).  The QP created from them must be destroyed
     /// while the object lives ([`Qp::set_created`]).
@@ -970,7 +1087,9 @@ impl<C: CompletionHandler> Qp<C> {
         attr.send_cq = send_cq.as_ptr();
         attr.recv_cq = recv_cq.as_ptr();
         attr.qp_type = qp_type as u32;
-        attr.sq_sig_type = bindings::ib_sig_type_IB_SIGNAL_ALL_WR;
+        // Each request says whether it wants a completion: every one the
+        // layer posts does, except the sends the caller made unsignaled.
+        attr.sq_sig_type = bindings::ib_sig_type_IB_SIGNAL_REQ_WR;
         attr.cap.max_send_wr = caps.max_send_wr.checked_add(1).ok_or(EINVAL)?;
         attr.cap.max_recv_wr = caps.max_recv_wr.checked_add(1).ok_or(EINVAL)?;
         attr.cap.max_send_sge = 1;
@@ -1167,6 +1286,7 @@ impl<C: CompletionHandler> Qp<C> {
         &self,
         cqe: *mut bindings::ib_cqe,
         credit: *mut Credit,
+        signaled: bool,
         fill: impl FnOnce(&mut bindings::ib_send_wr) -> *const bindings::ib_send_wr,
     ) -> Result {
         let guard = self.raw.lock();
@@ -1177,10 +1297,20 @@ impl<C: CompletionHandler> Qp<C> {
         // credit, a field apart from `cqe`.
         let credit = unsafe { &mut *credit };
         // SAFETY: By the safety requirements, a live entry.
-        credit.track(unsafe { NonNull::new_unchecked(cqe) });
+        let entry = PostedCqe(unsafe { NonNull::new_unchecked(cqe) }, WrQueue::Send);
+        credit.track(entry.0);
+        // The request that takes the send queue's last credit asks for a
+        // completion, which gives back every unsignaled one before it.
+        // Credits are taken before this lock, so the last one taken is
+        // seen here by its own post at the latest.
+        let signaled =
+            signaled || self.credits.send.load(Ordering::Acquire) >= self.credits.caps.max_send_wr;
+        self.credits.push_send(entry, signaled);
         let mut wr: bindings::ib_send_wr = pin_init::zeroed();
         wr.__bindgen_anon_1.wr_cqe = cqe;
-        wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
+        if signaled {
+            wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
+        }
         let wr = fill(&mut wr);
         // A request of the QP's type (on UD an `ib_ud_wr` naming a live
         // address handle), alive with what it points to across the call.
@@ -1188,9 +1318,57 @@ impl<C: CompletionHandler> Qp<C> {
         let posted = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr) };
         let ret = kernel::error::to_result(posted);
         if ret.is_err() {
+            self.credits.remove_send(entry);
             credit.untrack();
         }
         ret
+    }
+
+    /// Posts, on the QP `shutdown` took and moved to the error state, a
+    /// signaled zero-length RDMA WRITE (as `ib_drain_sq` does): the driver
+    /// flushes it after every request before it, and its completion gives
+    /// back the unsignaled sends that succeeded without one.  Uses the
+    /// spare slot of the send queue and the spare entry of its CQ
+    /// ([`Self::prepare`]).  If it cannot be posted, those sends come back
+    /// at the reclaim, as flushed.
+    fn post_drain_marker(&self, raw: NonNull<bindings::ib_qp>) {
+        let mut cqe: bindings::ib_cqe = pin_init::zeroed();
+        cqe.done = Some(marker_done::<C>);
+        let Ok(marker) = KBox::new(
+            DrainMarker {
+                cqe,
+                credits: self.credits.clone(),
+            },
+            GFP_KERNEL,
+        ) else {
+            return;
+        };
+        let leaked = KBox::into_raw(marker);
+        // SAFETY: `leaked` is live until its completion or the failure below.
+        let cqe = unsafe { &raw mut (*leaked).cqe };
+        // SAFETY: `cqe` points into the live object.
+        let entry = PostedCqe(unsafe { NonNull::new_unchecked(cqe) }, WrQueue::Send);
+        if !self.credits.track_marker(entry) {
+            // SAFETY: Not posted: this is the only owner.
+            drop(unsafe { KBox::from_raw(leaked) });
+            return;
+        }
+        self.credits.push_send(entry, true);
+        let mut wr: bindings::ib_send_wr = pin_init::zeroed();
+        wr.__bindgen_anon_1.wr_cqe = cqe;
+        wr.opcode = bindings::ib_wr_opcode_IB_WR_RDMA_WRITE;
+        wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
+        // SAFETY: `raw` is live (the caller took it from `self.raw` and
+        // destroys it only after the wait for this completion); `wr` lives
+        // across the call, moves no data (no SGE) and names the marker,
+        // whose `done` is set; the driver copies it.
+        let ret = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), &wr) };
+        if ret != 0 {
+            self.credits.remove_send(entry);
+            self.credits.untrack_marker(entry);
+            // SAFETY: The post failed: the QP does not own the marker.
+            drop(unsafe { KBox::from_raw(leaked) });
+        }
     }
 
     /// Posts a receive of the buffer's full capacity.  On failure the buffer
@@ -1294,6 +1472,11 @@ impl<C: CompletionHandler> Qp<C> {
         if buf.0.invalidate.is_some() {
             return Err((EOPNOTSUPP, buf));
         }
+        // Selective signaling is for RC: the shutdown's marker, which
+        // gives back unsignaled sends, is an RDMA WRITE.
+        if buf.0.unsignaled {
+            return Err((EINVAL, buf));
+        }
         self.post_send_to(buf, Some(dest.clone()))
     }
 
@@ -1330,6 +1513,7 @@ impl<C: CompletionHandler> Qp<C> {
         }
         let imm = inner.imm;
         let invalidate = inner.invalidate;
+        let unsignaled = inner.unsignaled;
         // The request keeps the address handle; a copy of its fields goes
         // into the work request.
         let ud = dest.as_ref().map(|d| (d.ah.as_ptr(), d.qp_num, d.qkey));
@@ -1354,7 +1538,7 @@ impl<C: CompletionHandler> Qp<C> {
         // `done` is set.  The address handle `ud` names is held by the
         // request (`dest`) until its completion.
         let ret = unsafe {
-            self.post_send_raw(cqe, credit, |wr| {
+            self.post_send_raw(cqe, credit, !unsignaled, |wr| {
                 wr.sg_list = &raw mut sge;
                 wr.num_sge = 1;
                 if inline {
@@ -1421,7 +1605,7 @@ impl<C: CompletionHandler> Qp<C> {
         let (cqe, credit) = unsafe { (&raw mut (*leaked).cqe, &raw mut (*leaked).credit) };
         // SAFETY: Both point into `leaked`, recovered below on failure; its
         // `done` is set.
-        let ret = unsafe { self.post_send_raw(cqe, credit, fill) };
+        let ret = unsafe { self.post_send_raw(cqe, credit, true, fill) };
         if let Err(e) = ret {
             // SAFETY: The post failed: nothing else owns the work.
             drop(unsafe { KBox::from_raw(leaked) });
@@ -1591,7 +1775,11 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
             // The driver now flushes every outstanding request through the
             // CQ's workqueue.  The caller is not a completion of this CQ
             // (the CM defers such destructions): the wait cannot be on
-            // itself.
+            // itself.  An unsignaled send that succeeded has no completion
+            // to wait for: a marker behind it gives it back.
+            if self.credits.has_unsignaled() {
+                self.post_drain_marker(raw);
+            }
             self.credits.wait_flushed(FLUSH_TIMEOUT);
         }
         true
@@ -1607,6 +1795,10 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
             // workqueue (every `Cq` is), whose poll work this waits for.
             unsafe { bindings::rdma_cm_rs_flush_cq_work(cq.as_ptr()) };
         }
+        // Each request left is completed on its own below, an unsignaled
+        // send that may have succeeded as flushed too: none gives back
+        // another.
+        self.credits.clear_send_order();
         let mut reclaimed = 0u32;
         while let Some(entry) = self.credits.pop_posted() {
             let cqe = entry.0.as_ptr();
@@ -1775,16 +1967,81 @@ unsafe extern "C" fn send_done<C: CompletionHandler>(
     wc: *mut bindings::ib_wc,
 ) {
     let _mark = CallbackMark::enter();
+    // SAFETY: `wc` is valid during the callback.
+    let own = unsafe { (*wc).__bindgen_anon_1.wr_cqe };
     // SAFETY: By the safety requirements.
     let mut buf = unsafe { Buffer::from_wc(wc) };
+    // SAFETY: As in `recv_done`.
+    let handler = unsafe { handler_of::<C>(cq) };
+    if let (Some(credit), Some(own)) = (buf.credit.as_ref(), NonNull::new(own)) {
+        give_back_unsignaled_before(handler, &credit.credits, PostedCqe(own, WrQueue::Send));
+    }
     buf.credit = None;
     // The destination's address handle is free to go once the send is done.
     buf.dest = None;
-    // SAFETY: As in `recv_done`.
-    let handler = unsafe { handler_of::<C>(cq) };
     // SAFETY: `wc` is valid during the callback.
     let result = wc_result(unsafe { &*wc });
     handler.send_done(SendBuffer(buf), result);
+}
+
+/// For a completion of the send queue's request `own`: gives back, in post
+/// order and before the caller reports `own`, every unsignaled send posted
+/// before it, done with success (the send queue completes in order).
+fn give_back_unsignaled_before<C: CompletionHandler>(
+    handler: &C,
+    credits: &WrCredits,
+    own: PostedCqe,
+) {
+    while let Some(done) = credits.take_done_before(own) {
+        // Only sends go unsignaled (memory work and the shutdown's marker
+        // always ask for a completion), so `done` is the `cqe` of a
+        // `Buffer` that `post_send_to` leaked, its first field
+        // (`repr(C)`).  Taking it out of the order made this its only
+        // owner: a successful unsignaled send has no completion of its
+        // own, a failed one's would have taken it out of the order first,
+        // and a reclaim empties the order before it completes anything.
+        // SAFETY: By the above, the live object `KBox::into_raw` leaked.
+        let mut buf = unsafe { KBox::from_raw(done.0.as_ptr().cast::<Buffer>()) };
+        buf.credit = None;
+        buf.dest = None;
+        handler.send_done(SendBuffer(buf), Ok(()));
+    }
+}
+
+/// The marker a shutdown posts after unsignaled sends: its completion, which
+/// comes after theirs, gives back the ones that succeeded.
+///
+/// # Invariants
+///
+/// `cqe` is the completion entry of the work request that owns this object.
+#[repr(C)]
+struct DrainMarker {
+    cqe: bindings::ib_cqe,
+    credits: Arc<WrCredits>,
+}
+
+/// # Safety
+///
+/// Called by the CQ for the marker [`Qp::post_drain_marker`] posted on a QP
+/// whose send CQ is a `Cq<C>` (or by a reclaim, as its flushed completion).
+unsafe extern "C" fn marker_done<C: CompletionHandler>(
+    cq: *mut bindings::ib_cq,
+    wc: *mut bindings::ib_wc,
+) {
+    let _mark = CallbackMark::enter();
+    // SAFETY: `wc` is valid during the callback.
+    let own = unsafe { (*wc).__bindgen_anon_1.wr_cqe };
+    // SAFETY: By the safety requirements `own` is the `cqe` of a
+    // `DrainMarker` leaked by `KBox::into_raw`, its first field
+    // (`repr(C)`); its completion runs once.
+    let marker = unsafe { KBox::from_raw(own.cast::<DrainMarker>()) };
+    // SAFETY: As in `recv_done`.
+    let handler = unsafe { handler_of::<C>(cq) };
+    if let Some(own) = NonNull::new(own) {
+        let entry = PostedCqe(own, WrQueue::Send);
+        give_back_unsignaled_before(handler, &marker.credits, entry);
+        marker.credits.untrack_marker(entry);
+    }
 }
 
 /// A posted memory work request.
@@ -1825,8 +2082,15 @@ unsafe extern "C" fn work_done<C: CompletionHandler>(
     wc: *mut bindings::ib_wc,
 ) {
     let _mark = CallbackMark::enter();
+    // SAFETY: `wc` is valid during the callback.
+    let own = unsafe { (*wc).__bindgen_anon_1.wr_cqe };
     // SAFETY: By the safety requirements.
     let work = unsafe { Work::from_wc(wc) };
+    // SAFETY: The CQ is live during its callback and its context is a `Cq<C>`.
+    let handler = unsafe { handler_of::<C>(cq) };
+    if let Some(own) = NonNull::new(own) {
+        give_back_unsignaled_before(handler, &work.credit.credits, PostedCqe(own, WrQueue::Send));
+    }
     // SAFETY: `wc` is valid during the callback.
     let result = wc_result(unsafe { &*wc });
     let Work { done, cpu_sync, .. } = KBox::into_inner(work);
@@ -1841,7 +2105,5 @@ unsafe extern "C" fn work_done<C: CompletionHandler>(
     if let (Some((offset, len)), Ok(())) = (cpu_sync, &result) {
         done.mr.sync_for_cpu(offset, len);
     }
-    // SAFETY: The CQ is live during its callback and its context is a `Cq<C>`.
-    let handler = unsafe { handler_of::<C>(cq) };
     handler.work_done(done, result);
 }
