@@ -874,7 +874,8 @@ impl<'ch> Conn<'ch> {
     /// completions, whatever their status, until all came back or `stop`
     /// says the connection ended: `stop` (called between polls) returns
     /// true once it moved the QP to the error state, after which the rest
-    /// flush.  Returns how many completed successfully.  A peer that
+    /// flush.  Returns how many completed successfully (a post refused
+    /// once the connection ended stops the burst).  A peer that
     /// disconnects mid-burst leaves the rest retrying for ever on rxe (a
     /// retry count of 7 is unlimited there): hence `stop`.
     pub fn flood(
@@ -891,15 +892,22 @@ impl<'ch> Conn<'ch> {
         // drop).
         let lkey = unsafe { (*self.send_mr).lkey };
         let addr = self.send_buf.as_ptr() as u64;
-        for i in 0..count {
+        // A post may fail once the connection has ended (siw refuses posts
+        // to a QP in the error state): what was posted is reaped.
+        let mut posted = 0;
+        while posted < count {
             // SAFETY: The send buffer is registered as `lkey` and stays
             // allocated and registered while the QP lives; nothing writes
             // it until every completion is reaped below (`&mut self`).
-            unsafe { self.post_send_raw(addr, len, lkey, i as u64) }?;
+            if unsafe { self.post_send_raw(addr, len, lkey, posted as u64) }.is_err() {
+                break;
+            }
+            posted += 1;
         }
+        ensure!(posted > 0, "flood: the first send could not be posted");
         let (mut reaped, mut ok, mut stopped) = (0, 0, false);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while reaped < count {
+        while reaped < posted {
             // SAFETY: ibv_wc is integers and a union of integers, valid
             // all-zero; it is output space.
             let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
@@ -919,7 +927,7 @@ impl<'ch> Conn<'ch> {
             }
             ensure!(
                 Instant::now() < deadline,
-                "flood: {reaped} of {count} completions within 20 s ({})",
+                "flood: {reaped} of {posted} completions within 20 s ({})",
                 diag::rdma_state(Some(self.qp_num())).join("; ")
             );
             std::thread::sleep(Duration::from_millis(1));
