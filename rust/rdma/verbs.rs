@@ -899,21 +899,44 @@ impl WrCredits {
         }
     }
 
+    /// For a completion of the send queue's request `own`: gives back to
+    /// `handler`, in post order and before the caller reports `own`, every
+    /// unsignaled send posted before it, done with success.
+    fn give_back_unsignaled_before<C: CompletionHandler>(&self, handler: &C, own: PostedCqe) {
+        while let Some(done) = self.take_done_before(own) {
+            // Only sends go unsignaled (memory work and the shutdown's
+            // marker always ask for a completion), so `done` is the `cqe`
+            // of a `Buffer` that `post_send_to` leaked, its first field
+            // (`repr(C)`).  Taking it out of the order made this its only
+            // owner: a successful unsignaled send has no completion of its
+            // own, a failed one's would have taken it out of the order
+            // first, and a reclaim empties the order before it completes
+            // anything.
+            // SAFETY: By the above, the live object `KBox::into_raw` leaked.
+            let mut buf = unsafe { KBox::from_raw(done.0.as_ptr().cast::<Buffer>()) };
+            buf.credit = None;
+            buf.dest = None;
+            handler.send_done(SendBuffer(buf), Ok(()));
+        }
+    }
+
     /// Empties the send queue's order before a reclaim, which completes
     /// every request left as flushed.
     fn clear_send_order(&self) {
         self.send_order.lock().clear();
     }
 
-    /// Tracks the shutdown's marker like a request (see [`Credit::track`]).
-    fn track_marker(&self, cqe: PostedCqe) -> bool {
-        self.posted.lock().push_within_capacity(cqe).is_ok()
+    /// Tracks a request being posted (a credit's, see [`Credit::track`], or
+    /// the shutdown's marker); `false` if `posted` is full.
+    fn track(&self, entry: PostedCqe) -> bool {
+        self.posted.lock().push_within_capacity(entry).is_ok()
     }
 
-    /// Stops tracking the shutdown's marker.
-    fn untrack_marker(&self, cqe: PostedCqe) {
+    /// Stops tracking a request (its completion ran, or its post failed);
+    /// gone already if a reclaim took it.
+    fn untrack(&self, entry: PostedCqe) {
         let mut posted = self.posted.lock();
-        if let Some(i) = posted.iter().position(|&p| p == cqe) {
+        if let Some(i) = posted.iter().position(|&p| p == entry) {
             // In bounds: just found.
             let _ = posted.remove(i);
         }
@@ -961,16 +984,19 @@ impl Credit {
         // One entry per credit, within the capacity (type invariants of
         // `WrCredits`): this cannot fail.  If it did, the request would
         // only be missing from a reclaim (a leak, never a double free).
-        if self
-            .credits
-            .posted
-            .lock()
-            .push_within_capacity(entry)
-            .is_ok()
-        {
+        if self.credits.track(entry) {
             self.posted = Some(entry);
         } else {
             pr_err!("a posted request could not be tracked\n");
+        }
+    }
+
+    /// For the completion of this credit's send-queue request: gives back
+    /// the unsignaled sends posted before it (see
+    /// [`WrCredits::give_back_unsignaled_before`]).
+    fn give_back_unsignaled_before<C: CompletionHandler>(&self, handler: &C) {
+        if let Some(own) = self.posted {
+            self.credits.give_back_unsignaled_before(handler, own);
         }
     }
 }
@@ -979,15 +1005,7 @@ impl Credit {
     /// Stops tracking the request (its completion ran, or its post failed).
     fn untrack(&mut self) {
         if let Some(entry) = self.posted.take() {
-            let mut posted = self.credits.posted.lock();
-            // Gone already if a reclaim took it.
-            if let Some(i) = posted.iter().position(|&p| p == entry) {
-                // In bounds: just found.
-                let _ = posted.remove(i);
-            }
-            if posted.is_empty() {
-                self.credits.flushed.notify_all();
-            }
+            self.credits.untrack(entry);
         }
     }
 }
@@ -1348,7 +1366,7 @@ impl<C: CompletionHandler> Qp<C> {
         let cqe = unsafe { &raw mut (*leaked).cqe };
         // SAFETY: `cqe` points into the live object.
         let entry = PostedCqe(unsafe { NonNull::new_unchecked(cqe) }, WrQueue::Send);
-        if !self.credits.track_marker(entry) {
+        if !self.credits.track(entry) {
             // SAFETY: Not posted: this is the only owner.
             drop(unsafe { KBox::from_raw(leaked) });
             return;
@@ -1365,7 +1383,7 @@ impl<C: CompletionHandler> Qp<C> {
         let ret = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), &wr) };
         if ret != 0 {
             self.credits.remove_send(entry);
-            self.credits.untrack_marker(entry);
+            self.credits.untrack(entry);
             // SAFETY: The post failed: the QP does not own the marker.
             drop(unsafe { KBox::from_raw(leaked) });
         }
@@ -1967,14 +1985,12 @@ unsafe extern "C" fn send_done<C: CompletionHandler>(
     wc: *mut bindings::ib_wc,
 ) {
     let _mark = CallbackMark::enter();
-    // SAFETY: `wc` is valid during the callback.
-    let own = unsafe { (*wc).__bindgen_anon_1.wr_cqe };
     // SAFETY: By the safety requirements.
     let mut buf = unsafe { Buffer::from_wc(wc) };
     // SAFETY: As in `recv_done`.
     let handler = unsafe { handler_of::<C>(cq) };
-    if let (Some(credit), Some(own)) = (buf.credit.as_ref(), NonNull::new(own)) {
-        give_back_unsignaled_before(handler, &credit.credits, PostedCqe(own, WrQueue::Send));
+    if let Some(credit) = &buf.credit {
+        credit.give_back_unsignaled_before(handler);
     }
     buf.credit = None;
     // The destination's address handle is free to go once the send is done.
@@ -1982,30 +1998,6 @@ unsafe extern "C" fn send_done<C: CompletionHandler>(
     // SAFETY: `wc` is valid during the callback.
     let result = wc_result(unsafe { &*wc });
     handler.send_done(SendBuffer(buf), result);
-}
-
-/// For a completion of the send queue's request `own`: gives back, in post
-/// order and before the caller reports `own`, every unsignaled send posted
-/// before it, done with success (the send queue completes in order).
-fn give_back_unsignaled_before<C: CompletionHandler>(
-    handler: &C,
-    credits: &WrCredits,
-    own: PostedCqe,
-) {
-    while let Some(done) = credits.take_done_before(own) {
-        // Only sends go unsignaled (memory work and the shutdown's marker
-        // always ask for a completion), so `done` is the `cqe` of a
-        // `Buffer` that `post_send_to` leaked, its first field
-        // (`repr(C)`).  Taking it out of the order made this its only
-        // owner: a successful unsignaled send has no completion of its
-        // own, a failed one's would have taken it out of the order first,
-        // and a reclaim empties the order before it completes anything.
-        // SAFETY: By the above, the live object `KBox::into_raw` leaked.
-        let mut buf = unsafe { KBox::from_raw(done.0.as_ptr().cast::<Buffer>()) };
-        buf.credit = None;
-        buf.dest = None;
-        handler.send_done(SendBuffer(buf), Ok(()));
-    }
 }
 
 /// The marker a shutdown posts after unsignaled sends: its completion, which
@@ -2039,8 +2031,8 @@ unsafe extern "C" fn marker_done<C: CompletionHandler>(
     let handler = unsafe { handler_of::<C>(cq) };
     if let Some(own) = NonNull::new(own) {
         let entry = PostedCqe(own, WrQueue::Send);
-        give_back_unsignaled_before(handler, &marker.credits, entry);
-        marker.credits.untrack_marker(entry);
+        marker.credits.give_back_unsignaled_before(handler, entry);
+        marker.credits.untrack(entry);
     }
 }
 
@@ -2082,15 +2074,11 @@ unsafe extern "C" fn work_done<C: CompletionHandler>(
     wc: *mut bindings::ib_wc,
 ) {
     let _mark = CallbackMark::enter();
-    // SAFETY: `wc` is valid during the callback.
-    let own = unsafe { (*wc).__bindgen_anon_1.wr_cqe };
     // SAFETY: By the safety requirements.
     let work = unsafe { Work::from_wc(wc) };
     // SAFETY: The CQ is live during its callback and its context is a `Cq<C>`.
     let handler = unsafe { handler_of::<C>(cq) };
-    if let Some(own) = NonNull::new(own) {
-        give_back_unsignaled_before(handler, &work.credit.credits, PostedCqe(own, WrQueue::Send));
-    }
+    work.credit.give_back_unsignaled_before(handler);
     // SAFETY: `wc` is valid during the callback.
     let result = wc_result(unsafe { &*wc });
     let Work { done, cpu_sync, .. } = KBox::into_inner(work);

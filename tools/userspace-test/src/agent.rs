@@ -191,9 +191,6 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         let flood = req.num("flood", 0)? as usize;
         let mut disconnected = false;
         if flood > 0 {
-            if req.get("first") == Some("recv") {
-                let _ = write!(report, "first{n}={} ", hex(&conn.recv(T)?));
-            }
             let ok = conn.flood(flood, cm::MSG, |conn| {
                 let Some(ev) = ch.try_next() else {
                     return Ok(false);

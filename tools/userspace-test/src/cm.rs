@@ -818,10 +818,7 @@ impl<'ch> Conn<'ch> {
     /// One `IBV_WR_SEND`, waited for.
     pub fn send(&mut self, data: &[u8]) -> Result<()> {
         self.post_send(data)?;
-        let wc = self.send_completion()?;
-        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
-            bail!("send completion: work completion status {}", wc.status);
-        }
+        self.send_succeeded()?;
         Ok(())
     }
 
@@ -848,11 +845,18 @@ impl<'ch> Conn<'ch> {
     pub fn send_then_recv(&mut self, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
         self.post_send(data)?;
         let answer = self.recv(timeout)?;
+        self.send_succeeded()?;
+        Ok(answer)
+    }
+
+    /// The next completion of the send CQ, within 5 s, which must be a
+    /// success.
+    fn send_succeeded(&self) -> Result<()> {
         let wc = self.send_completion()?;
         if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
             bail!("send completion: work completion status {}", wc.status);
         }
-        Ok(answer)
+        Ok(())
     }
 
     /// The next completion of the send CQ, within 5 s, whatever its status.
