@@ -123,6 +123,16 @@ void rdma_cm_rs_flush_cq_work(struct ib_cq *cq)
 		;
 }
 
+/*
+ * Gives the CPU to another task if the scheduler asks for it: what a caller
+ * that polls a CQ in a loop (IB_POLL_DIRECT) needs between two polls, and a
+ * macro, out of bindgen's reach.
+ */
+void rdma_cm_rs_cond_resched(void)
+{
+	cond_resched();
+}
+
 /* The error state: the driver flushes every outstanding work request. */
 int rdma_cm_rs_modify_qp_err(struct ib_qp *qp)
 {

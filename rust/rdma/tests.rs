@@ -776,6 +776,8 @@ mod id_tests {
         assert_eq!(beyond, Some(EINVAL));
         assert_eq!(cq.comp_vector(), last);
         assert_eq!(cq.poll_context(), PollContext::UnboundWorkqueue);
+        // Its workqueue polls it: nobody else may.
+        assert_eq!(cq.poll(8), Err(EINVAL));
         drop(id);
         assert_eq!(cq.handler().0.load(Ordering::Acquire), 6);
         drop(qp);
@@ -1609,8 +1611,8 @@ mod sync_tests {
         net::NetNs,
         pd::Pd,
         verbs::{
-            CompletionHandler, Cq, Qp, QpCaps, QpEvent, RecvBuffer, SendBuffer, WorkDone, WorkOp,
-            FLUSH_TIMEOUT,
+            CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, SendBuffer,
+            WorkDone, WorkOp, FLUSH_TIMEOUT,
         },
     };
     use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -1854,6 +1856,8 @@ mod sync_tests {
         /// (0: none).
         received: AtomicU32,
         invalidated_rkey: AtomicU32,
+        /// Receives that came back flushed (`ECANCELED`).
+        recvs_flushed: AtomicU32,
         /// The last receive's length and [`digest`].
         last_len: AtomicU32,
         last_digest: AtomicU32,
@@ -1875,6 +1879,9 @@ mod sync_tests {
 
     impl CompletionHandler for Recording {
         fn recv_done(&self, buf: RecvBuffer, result: Result<usize>) {
+            if result == Err(ECANCELED) {
+                self.0.recvs_flushed.fetch_add(1, Ordering::AcqRel);
+            }
             if result.is_ok() {
                 let rkey = buf.invalidated_rkey().unwrap_or(0);
                 self.0.invalidated_rkey.store(rkey, Ordering::Release);
@@ -1917,9 +1924,12 @@ mod sync_tests {
     /// Bytes a send of a [`recording_qp`] may carry inline.
     const INLINE: usize = 64;
 
-    /// A QP with a [`Recording`] handler and four receives posted (which it
-    /// does not post again).
-    fn recording_qp(id: &CmId<Node>, seen: &Arc<QpSeen>) -> Result<Arc<Qp<Recording>>> {
+    /// A [`recording_qp`] and its CQ.
+    type RecordingQp = (Arc<Qp<Recording>>, Arc<Cq<Recording>>);
+
+    /// A QP with a [`Recording`] handler on a CQ polled from `poll`, and
+    /// four receives posted (which it does not post again).
+    fn recording_qp(id: &CmId<Node>, seen: &Arc<QpSeen>, poll: PollContext) -> Result<RecordingQp> {
         id.with_lock(|l| {
             let dev = l.device()?;
             let pd = Pd::alloc(&dev)?;
@@ -1928,13 +1938,13 @@ mod sync_tests {
                 max_recv_wr: 4,
                 max_inline_data: INLINE as u32,
             };
-            let cq = Cq::alloc(&dev, caps.cq_entries()?, Recording(seen.clone()))?;
+            let cq = Cq::alloc_with(&dev, caps.cq_entries()?, 0, poll, Recording(seen.clone()))?;
             let qp = l.create_qp(&pd, &cq, caps)?;
             for _ in 0..caps.max_recv_wr {
                 qp.post_recv(RecvBuffer::new(&pd, 64)?)
                     .map_err(|(e, _)| e)?;
             }
-            Ok(qp)
+            Ok((qp, cq))
         })
     }
 
@@ -1943,6 +1953,7 @@ mod sync_tests {
         /// Held: dropping an id destroys it and its QP.
         _client: CmId<Node>,
         client_qp: Arc<Qp<Recording>>,
+        client_cq: Arc<Cq<Recording>>,
         client_seen: Arc<QpSeen>,
         _server: Arc<CmId<Node>>,
         server_qp: Arc<Qp<Recording>>,
@@ -1953,6 +1964,11 @@ mod sync_tests {
     /// Connects a [`Pair`] through a listener on `port`; `None` (the test
     /// skipped) without rxe.
     fn connected_pair(ns: &NetNs, port: u16) -> Option<Pair> {
+        connected_pair_polled(ns, port, PollContext::Workqueue)
+    }
+
+    /// [`connected_pair`], the client's CQ polled from `client_poll`.
+    fn connected_pair_polled(ns: &NetNs, port: u16, client_poll: PollContext) -> Option<Pair> {
         let (world, listener, addr) = listening(ns, port)?;
         let client = CmId::new(
             Node::synchronous(&world).unwrap(),
@@ -1967,7 +1983,7 @@ mod sync_tests {
         assert!(client.resolve_route_sync(ms(2000), Some(ms(5000))).is_ok());
         let client_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
         let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
-        let client_qp = recording_qp(&client, &client_seen).unwrap();
+        let (client_qp, client_cq) = recording_qp(&client, &client_seen, client_poll).unwrap();
         let server_qp = Arc::pin_init(new_mutex!(None), GFP_KERNEL).unwrap();
 
         let (w, s_seen, s_qp) = (world.clone(), server_seen.clone(), server_qp.clone());
@@ -1978,7 +1994,8 @@ mod sync_tests {
                 None
             };
             let accepted = server.ok_or(ENOENT).and_then(|server| {
-                *s_qp.lock() = Some(recording_qp(&server, &s_seen)?);
+                let (qp, _) = recording_qp(&server, &s_seen, PollContext::Workqueue)?;
+                *s_qp.lock() = Some(qp);
                 server.accept_sync(None, Some(ms(5000)))
             });
             w.seen.lock().accepted = Some(accepted);
@@ -1994,6 +2011,7 @@ mod sync_tests {
         Some(Pair {
             _client: client,
             client_qp,
+            client_cq,
             client_seen,
             _server: server,
             server_qp,
@@ -2199,6 +2217,66 @@ mod sync_tests {
         assert_eq!(client.send_log.load(Ordering::Acquire), 7);
         assert_eq!(client.sends_failed.load(Ordering::Acquire), 0);
         // Well inside the flush's limit, which a reclaim waits out.
+        assert!(teardown.as_millis() < FLUSH_TIMEOUT.as_millis());
+    }
+
+    /// A `Direct` CQ runs its handler only when polled, in the poller's
+    /// task: a message that arrived stays in the CQ until `poll`, which
+    /// reports it; a send's completion comes back the same way.  `poll`
+    /// refuses an empty budget (and a CQ polled from a workqueue, see
+    /// `cq_on_the_last_vector_polled_unbound`).
+    #[test]
+    fn direct_cq_runs_handlers_only_when_polled() {
+        let Some(pair) = connected_pair_polled(&NetNs::init(), 7194, PollContext::Direct) else {
+            return;
+        };
+        let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
+        let sent = post_marked(&pair.server_qp, 5, false);
+        // Acknowledged: the message sits in the client's CQ.
+        let acked = wait_until(|| server.sends_back.load(Ordering::Acquire) == 1);
+        fsleep(Delta::from_millis(100));
+        let before_poll = client.received.load(Ordering::Acquire);
+        let polled = pair.client_cq.poll(16);
+        let after_poll = client.received.load(Ordering::Acquire);
+        let digest_ok = client.last_digest.load(Ordering::Acquire) == digest(&[5; 16]);
+        let answered = post_marked(&pair.client_qp, 6, false);
+        let answer_back = wait_until(|| {
+            let _ = pair.client_cq.poll(16);
+            client.sends_back.load(Ordering::Acquire) == 1
+        });
+        let server_got = wait_until(|| server.received.load(Ordering::Acquire) == 1);
+        let zero_budget = pair.client_cq.poll(0).err();
+        drop(pair);
+        assert!(sent && acked && answered);
+        assert_eq!(before_poll, 0);
+        assert_eq!(polled, Ok(1));
+        assert_eq!(after_poll, 1);
+        assert!(digest_ok);
+        assert!(answer_back && server_got);
+        assert_eq!(client.send_log.load(Ordering::Acquire), 6);
+        assert_eq!(zero_budget, Some(EINVAL));
+    }
+
+    /// The teardown of a QP on a `Direct` CQ nobody polls polls it itself:
+    /// the four receives come back flushed and an unsignaled send that
+    /// arrived comes back with success behind the shutdown's marker, well
+    /// inside the flush's limit (waiting it out and reclaiming would take
+    /// `FLUSH_TIMEOUT`).
+    #[test]
+    fn direct_cq_teardown_polls_for_the_flush() {
+        let Some(pair) = connected_pair_polled(&NetNs::init(), 7195, PollContext::Direct) else {
+            return;
+        };
+        let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
+        let posted = post_marked(&pair.client_qp, 9, true);
+        let arrived = wait_until(|| server.received.load(Ordering::Acquire) == 1);
+        let start = Instant::<Monotonic>::now();
+        drop(pair);
+        let teardown = start.elapsed();
+        assert!(posted && arrived);
+        assert_eq!(client.recvs_flushed.load(Ordering::Acquire), 4);
+        assert_eq!(client.sends_back.load(Ordering::Acquire), 1);
+        assert_eq!(client.sends_failed.load(Ordering::Acquire), 0);
         assert!(teardown.as_millis() < FLUSH_TIMEOUT.as_millis());
     }
 

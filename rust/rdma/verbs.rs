@@ -57,7 +57,7 @@
 use super::{
     ah::{Datagram, UdDest, GRH_SIZE},
     bindings,
-    callback::CallbackMark,
+    callback::{current_task, CallbackMark},
     device::Device,
     mr::{check_range, Mr, MrAccess, RemoteRegion},
     pd::Pd,
@@ -267,9 +267,9 @@ unsafe fn handler_of<'a, C: CompletionHandler>(cq: *mut bindings::ib_cq) -> &'a 
 }
 
 /// Where a CQ's completions run its handler (`enum ib_poll_context`).
-/// Both are process context, where a [`CompletionHandler`] may sleep; the
-/// atomic ones (`IB_POLL_SOFTIRQ`) and the caller-polled one
-/// (`IB_POLL_DIRECT`) are not offered (see the design notes).
+/// All three are process context, where a [`CompletionHandler`] may sleep;
+/// the atomic one (`IB_POLL_SOFTIRQ`) is not offered (see the design
+/// notes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollContext {
     /// `IB_POLL_WORKQUEUE`: `ib_comp_wq`, a per-CPU workqueue; the
@@ -279,6 +279,13 @@ pub enum PollContext {
     /// `IB_POLL_UNBOUND_WORKQUEUE`: `ib_comp_unbound_wq`, which runs them
     /// on any CPU, for handlers that work long.
     UnboundWorkqueue,
+    /// `IB_POLL_DIRECT`: only the CQ's owner polls it, with [`Cq::poll`],
+    /// and the handler runs in the poller's context.  The device never
+    /// interrupts for it: a ULP that busy-polls, as a user-space one does,
+    /// sees a completion the moment the driver writes it, without waking
+    /// a worker.  A QP's teardown polls it too, until its requests are
+    /// flushed.
+    Direct,
 }
 
 impl PollContext {
@@ -286,23 +293,31 @@ impl PollContext {
         match self {
             Self::Workqueue => bindings::ib_poll_context_IB_POLL_WORKQUEUE,
             Self::UnboundWorkqueue => bindings::ib_poll_context_IB_POLL_UNBOUND_WORKQUEUE,
+            Self::Direct => bindings::ib_poll_context_IB_POLL_DIRECT,
         }
     }
 }
 
-/// A completion queue (`ib_alloc_cq`, polled from a workqueue).
+/// A completion queue (`ib_alloc_cq`), polled from a workqueue or by its
+/// owner ([`PollContext`]).
 ///
 /// # Invariants
 ///
 /// Once allocated, `raw` is a live CQ of `entries` entries on `dev`, polled
-/// from a workqueue ([`PollContext`]), whose `cq_context` is this object;
-/// `committed` is the sum of the reservations of the QPs that complete on
-/// it, at most `entries`.
+/// as `poll` says, whose `cq_context` is this object; `committed` is the
+/// sum of the reservations of the QPs that complete on it, at most
+/// `entries`.  A [`PollContext::Direct`] CQ is never armed (no
+/// `ib_req_notify_cq`: the IB core warns of an unsolicited completion),
+/// and is processed only by the one task that set `poller`.
 pub struct Cq<C: CompletionHandler> {
     raw: AtomicPtr<bindings::ib_cq>,
     entries: u32,
     comp_vector: u32,
     poll: PollContext,
+    /// [`PollContext::Direct`]: the task processing the CQ, or null.
+    /// Completions run one at a time and in order, as from a workqueue:
+    /// what a QP's ordering of its send queue relies on.
+    poller: AtomicPtr<bindings::task_struct>,
     committed: AtomicU32,
     handler: C,
     dev: ARef<Device>,
@@ -341,6 +356,7 @@ impl<C: CompletionHandler> Cq<C> {
                 entries,
                 comp_vector,
                 poll,
+                poller: AtomicPtr::new(ptr::null_mut()),
                 committed: AtomicU32::new(0),
                 handler,
                 dev: dev.into(),
@@ -349,7 +365,7 @@ impl<C: CompletionHandler> Cq<C> {
         )?;
         let context: *const Self = &*cq;
         // SAFETY: `dev` is valid; `context` outlives the CQ (freed in `drop`);
-        // the vector is the device's (checked above), the poll a workqueue.
+        // the vector is the device's (checked above).
         let raw = unsafe {
             bindings::rdma_cm_rs_alloc_cq(
                 dev.as_ptr(),
@@ -390,6 +406,75 @@ impl<C: CompletionHandler> Cq<C> {
         self.entries - self.committed.load(Ordering::Acquire)
     }
 
+    /// Polls a [`PollContext::Direct`] CQ: runs the handler, in the
+    /// caller's context, for at most `budget` completions, and returns how
+    /// many ran.  Then gives the CPU away if the scheduler asks for it, so
+    /// the caller may poll in a loop.  Process context; the handler may
+    /// sleep, and runs under no lock of the layer.
+    ///
+    /// `EINVAL` for a CQ polled from a workqueue, or a budget of 0;
+    /// `EBUSY` while another poll of the CQ runs (another task's, or the
+    /// one whose handler is calling): its completions reach the handler
+    /// through that poll.
+    pub fn poll(&self, budget: u32) -> Result<u32> {
+        if self.poll != PollContext::Direct || budget == 0 {
+            return Err(EINVAL);
+        }
+        let budget = i32::try_from(budget).unwrap_or(i32::MAX);
+        let done = {
+            let Some(_polling) = DirectPoll::try_start(self) else {
+                return Err(EBUSY);
+            };
+            // SAFETY: The CQ is live (type invariants) and `IB_POLL_DIRECT`,
+            // so nothing else processes it: no work item, no softirq, and
+            // no other caller of `ib_process_cq_direct` (this object is the
+            // only one, and `_polling` excludes the others).  Every entry's
+            // `done` is one of this layer's, which takes ownership of its
+            // request.  The budget is positive.
+            unsafe { bindings::ib_process_cq_direct(self.as_ptr(), budget) }
+        };
+        // SAFETY: Process context (the function's contract), no spinlock
+        // held: the poll's guard is gone.
+        unsafe { bindings::rdma_cm_rs_cond_resched() };
+        // At most `budget`, never negative.
+        Ok(u32::try_from(done).unwrap_or(0))
+    }
+
+    /// For a QP's teardown: processes a [`PollContext::Direct`] CQ until
+    /// it is empty, unless another task is polling it (whose poll delivers
+    /// what it finds).  Nothing for a CQ polled from a workqueue.
+    fn poll_for_teardown(&self) {
+        if self.poll != PollContext::Direct {
+            return;
+        }
+        if let Some(polling) = DirectPoll::try_start(self) {
+            polling.drain();
+        }
+    }
+
+    /// Waits until every completion the driver queued before the call has
+    /// run its handler: the CQ's poll work is idle, or for a
+    /// [`PollContext::Direct`] CQ, a poll found it empty.  Not from a
+    /// handler of this CQ (the layer defers a QP's teardown out of every
+    /// callback), which the wait would be for.
+    fn flush_queued(&self) {
+        if self.poll != PollContext::Direct {
+            // SAFETY: The CQ is live and polled from a workqueue, whose
+            // poll work this waits for.
+            unsafe { bindings::rdma_cm_rs_flush_cq_work(self.as_ptr()) };
+            return;
+        }
+        loop {
+            if let Some(polling) = DirectPoll::try_start(self) {
+                polling.drain();
+                return;
+            }
+            // Another task's poll is running handlers; it finishes its
+            // budget and lets go.
+            fsleep(Delta::from_micros(100));
+        }
+    }
+
     fn as_ptr(&self) -> *mut bindings::ib_cq {
         self.raw.load(Ordering::Acquire)
     }
@@ -406,6 +491,42 @@ impl<C: CompletionHandler> Cq<C> {
 
     fn release(&self, n: u32) {
         self.committed.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
+/// The right to process a [`PollContext::Direct`] CQ, held by one task.
+struct DirectPoll<'a, C: CompletionHandler>(&'a Cq<C>);
+
+impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
+    fn try_start(cq: &'a Cq<C>) -> Option<Self> {
+        cq.poller
+            .compare_exchange(
+                ptr::null_mut(),
+                current_task(),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .ok()
+            .map(|_| Self(cq))
+    }
+
+    /// Processes the CQ until a batch finds it empty.
+    fn drain(&self) {
+        const BATCH: i32 = 16;
+        loop {
+            // SAFETY: As in `Cq::poll`: a live `IB_POLL_DIRECT` CQ processed
+            // by this task alone, whose entries' `done` are this layer's.
+            let done = unsafe { bindings::ib_process_cq_direct(self.0.as_ptr(), BATCH) };
+            if done < BATCH {
+                return;
+            }
+        }
+    }
+}
+
+impl<C: CompletionHandler> Drop for DirectPoll<'_, C> {
+    fn drop(&mut self) {
+        self.0.poller.store(ptr::null_mut(), Ordering::Release);
     }
 }
 
@@ -815,26 +936,36 @@ impl WrCredits {
     }
 
     /// Waits, at most `timeout`, until no request is outstanding.
-    fn wait_flushed(&self, timeout: Delta) {
+    ///
+    /// With `poll`, the QP has a CQ nothing else may process
+    /// ([`PollContext::Direct`]): `poll` runs before each check, with no
+    /// lock held, and the wait between checks is a millisecond.
+    fn wait_flushed(&self, timeout: Delta, poll: Option<&dyn Fn()>) {
         let start = Instant::<Monotonic>::now();
-        let mut posted = self.posted.lock();
-        while !posted.is_empty() {
+        loop {
+            if let Some(poll) = poll {
+                poll();
+            }
+            let mut posted = self.posted.lock();
+            if posted.is_empty() {
+                return;
+            }
             let left = timeout.as_millis() - start.elapsed().as_millis();
             let Ok(left) = u32::try_from(left) else {
-                break;
+                return;
             };
             if left == 0 {
-                break;
+                return;
             }
+            let slice = if poll.is_some() { left.min(1) } else { left };
             let woken = self
                 .flushed
-                .wait_interruptible_timeout(&mut posted, msecs_to_jiffies(left));
+                .wait_interruptible_timeout(&mut posted, msecs_to_jiffies(slice));
             if let CondVarTimeoutResult::Signal { .. } = woken {
                 // A pending signal (the task is being killed, say) ends
                 // every interruptible wait at once: poll instead.
                 drop(posted);
                 fsleep(Delta::from_millis(1));
-                posted = self.posted.lock();
             }
         }
     }
@@ -1791,14 +1922,22 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         let moved = unsafe { bindings::rdma_cm_rs_modify_qp_err(raw.as_ptr()) };
         if moved == 0 {
             // The driver now flushes every outstanding request through the
-            // CQ's workqueue.  The caller is not a completion of this CQ
+            // CQ's workqueue, or for a `Direct` CQ into the CQ, which this
+            // task then polls.  The caller is not a completion of this CQ
             // (the CM defers such destructions): the wait cannot be on
             // itself.  An unsignaled send that succeeded has no completion
             // to wait for: a marker behind it gives it back.
             if self.credits.has_unsignaled() {
                 self.post_drain_marker(raw);
             }
-            self.credits.wait_flushed(FLUSH_TIMEOUT);
+            let poll_direct = || {
+                self.send_cq.poll_for_teardown();
+                self.recv_cq.poll_for_teardown();
+            };
+            let direct = self.send_cq.poll == PollContext::Direct
+                || self.recv_cq.poll == PollContext::Direct;
+            self.credits
+                .wait_flushed(FLUSH_TIMEOUT, direct.then_some(&poll_direct as &dyn Fn()));
         }
         true
     }
@@ -1808,11 +1947,8 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         // their handlers first, and a handler still running returns (its
         // request stopped being tracked just before it was called); none
         // comes after.
-        for cq in [&self.send_cq, &self.recv_cq] {
-            // SAFETY: The CQ is live (the QP holds it) and polled from a
-            // workqueue (every `Cq` is), whose poll work this waits for.
-            unsafe { bindings::rdma_cm_rs_flush_cq_work(cq.as_ptr()) };
-        }
+        self.send_cq.flush_queued();
+        self.recv_cq.flush_queued();
         // Each request left is completed on its own below, an unsignaled
         // send that may have succeeded as flushed too: none gives back
         // another.
