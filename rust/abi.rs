@@ -75,6 +75,8 @@ pub const GRH_SIZE: usize = b::RDMA_CM_RS_GRH_SIZE as usize;
 pub const ACCEPT_REQUEST_PARAM: u32 = b::RDMA_CM_RS_ACCEPT_REQUEST_PARAM;
 /// `RDMA_CM_RS_ID_SYNC`: a synchronous id.
 pub const ID_SYNC: u32 = b::RDMA_CM_RS_ID_SYNC;
+/// `RDMA_CM_RS_ID_BUSY_POLL`: the id's connection is polled by its waiters.
+pub const ID_BUSY_POLL: u32 = b::RDMA_CM_RS_ID_BUSY_POLL;
 /// `RDMA_CM_RS_SYNC_EVENT`: a synchronous call returned its event.
 pub const SYNC_EVENT: u32 = b::RDMA_CM_RS_SYNC_EVENT;
 

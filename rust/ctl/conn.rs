@@ -6,7 +6,7 @@
 //! the peers the id knows: the one its SIDR lookup found, and every sender
 //! it received from.
 
-use super::wait::{wait_for, Wait};
+use super::wait::{wait_for, wait_polled, Wait};
 use crate::{
     abi,
     rdma::{
@@ -15,7 +15,8 @@ use crate::{
         mr::{Mr, MrAccess, RemoteRegion},
         pd::Pd,
         verbs::{
-            CompletionHandler, Cq, Qp, QpCaps, QpType, RecvBuffer, SendBuffer, WorkDone, WorkOp,
+            CompletionHandler, Cq, PollContext, Qp, QpCaps, QpType, RecvBuffer, SendBuffer,
+            WorkDone, WorkOp,
         },
     },
 };
@@ -23,7 +24,7 @@ use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     new_condvar, new_mutex,
     prelude::*,
-    sync::{Arc, CondVar, Mutex},
+    sync::{Arc, CondVar, Mutex, MutexGuard},
     uaccess::UserSliceWriter,
 };
 
@@ -162,6 +163,9 @@ pub(crate) struct DatagramInfo {
 #[pin_data]
 pub(crate) struct Conn {
     qp: Arc<Qp<ConnCompletions>>,
+    /// A busy-polling connection's CQ (`RDMA_CM_RS_ID_BUSY_POLL`), which
+    /// only its waiters process; `None` when a workqueue does.
+    polled_cq: Option<Arc<Cq<ConnCompletions>>>,
     pd: Arc<Pd>,
     shared: Arc<ConnShared>,
     #[pin]
@@ -178,6 +182,9 @@ pub(crate) struct Conn {
     peers: Mutex<PeerTable>,
 }
 
+/// Completions a busy-polling waiter takes from the CQ in one poll.
+const POLL_BUDGET: u32 = 16;
+
 /// Send and memory work timeout when the caller gives none.
 const DEFAULT_SEND_TIMEOUT_MS: u32 = 5000;
 
@@ -191,9 +198,10 @@ fn timeout_or_default(timeout_ms: u32) -> u32 {
 
 impl Conn {
     /// Creates PD, CQ and QP (of the id's type) on a locked id and posts
-    /// the receives.  On failure the caller destroys the QP, if one was
-    /// made.
-    pub(crate) fn setup(id: &LockedId<'_>) -> Result<Arc<Self>> {
+    /// the receives.  With `busy_poll` the CQ is polled by the waits of
+    /// the connection's calls, in their callers' tasks.  On failure the
+    /// caller destroys the QP, if one was made.
+    pub(crate) fn setup(id: &LockedId<'_>, busy_poll: bool) -> Result<Arc<Self>> {
         let dev = id.device()?;
         let qp_type = id.qp_type();
         let pd = Pd::alloc(&dev)?;
@@ -229,9 +237,16 @@ impl Conn {
             max_recv_wr: abi::RECV_DEPTH as u32,
             max_inline_data: 0,
         };
-        let cq = Cq::alloc(
+        let poll = if busy_poll {
+            PollContext::Direct
+        } else {
+            PollContext::Workqueue
+        };
+        let cq = Cq::alloc_with(
             &dev,
             caps.cq_entries()?,
+            0,
+            poll,
             ConnCompletions {
                 shared: shared.clone(),
             },
@@ -261,6 +276,7 @@ impl Conn {
         Arc::pin_init(
             pin_init!(Self {
                 qp,
+                polled_cq: busy_poll.then_some(cq),
                 pd,
                 shared,
                 mrs <- new_mutex!([const { None }; abi::MAX_MRS]),
@@ -355,7 +371,8 @@ impl Conn {
     ) -> Result {
         let wait = Wait::new(timeout_or_default(timeout_ms), false);
         let _waited = (!nowait).then(|| self.waited_sends.lock());
-        let mut tx = self.shared.tx.lock();
+        let shared = &self.shared;
+        let mut tx = shared.tx.lock();
         if let Some(e) = tx.unreported.take() {
             return Err(e);
         }
@@ -363,7 +380,11 @@ impl Conn {
             if let Some(buf) = tx.take_free(&self.pd)? {
                 break buf;
             }
-            wait_for(&self.shared.tx_done, &mut tx, wait, |t| !t.free.is_empty())?;
+            let waited = self.wait_until(&shared.tx, tx, &shared.tx_done, wait, |t| {
+                !t.free.is_empty()
+            });
+            tx = waited.0;
+            waited.1?;
         };
         if let Err(e) = buf.fill(data) {
             let _ = tx.free.push_within_capacity(buf);
@@ -386,7 +407,9 @@ impl Conn {
         if nowait {
             return Ok(());
         }
-        let r = wait_for(&self.shared.tx_done, &mut tx, wait, |t| t.completed >= seq);
+        let (mut tx, r) = self.wait_until(&shared.tx, tx, &shared.tx_done, wait, |t| {
+            t.completed >= seq
+        });
         tx.waited = None;
         r?;
         match tx.waited_result.take() {
@@ -455,11 +478,13 @@ impl Conn {
         inspect: impl FnOnce(&RecvBuffer) -> Result,
     ) -> Result<usize> {
         let buf = {
-            let mut rx = self.shared.rx.lock();
-            let closed = &self.shared.rx_closed;
-            wait_for(&self.shared.rx_ready, &mut rx, wait, |q| {
+            let shared = &self.shared;
+            let rx = shared.rx.lock();
+            let closed = &shared.rx_closed;
+            let (mut rx, r) = self.wait_until(&shared.rx, rx, &shared.rx_ready, wait, |q| {
                 !q.is_empty() || closed.load(Ordering::Acquire)
-            })?;
+            });
+            r?;
             if rx.is_empty() {
                 return Err(ENOTCONN);
             }
@@ -491,20 +516,46 @@ impl Conn {
     fn run_work<T>(&self, timeout_ms: u32, post: impl FnOnce(u64) -> Result<T>) -> Result<T> {
         let wait = Wait::new(timeout_or_default(timeout_ms), false);
         let _serial = self.work_ops.lock();
-        let mut work = self.shared.work.lock();
-        wait_for(&self.shared.work_done, &mut work, wait, |w| {
+        let shared = &self.shared;
+        let work = shared.work.lock();
+        let (mut work, r) = self.wait_until(&shared.work, work, &shared.work_done, wait, |w| {
             w.completed == w.posted
-        })?;
+        });
+        r?;
         let tag = work.posted + 1;
         // The completion may run at once on another CPU; it waits for this
         // lock, so `posted` is updated before it is compared.
         let value = post(tag)?;
         work.posted = tag;
-        wait_for(&self.shared.work_done, &mut work, wait, |w| {
+        let (mut work, r) = self.wait_until(&shared.work, work, &shared.work_done, wait, |w| {
             w.completed >= tag
-        })?;
+        });
+        r?;
         core::mem::replace(&mut work.result, Ok(()))?;
         Ok(value)
+    }
+
+    /// Waits until `ready` holds for the state `mutex` guards: until the
+    /// CQ's handler notifies `cv`, or on a busy-polling connection while
+    /// the caller polls the CQ itself.
+    fn wait_until<'a, T>(
+        &self,
+        mutex: &'a Mutex<T>,
+        mut guard: MutexGuard<'a, T>,
+        cv: &CondVar,
+        wait: Wait,
+        ready: impl Fn(&T) -> bool,
+    ) -> (MutexGuard<'a, T>, Result) {
+        let Some(cq) = &self.polled_cq else {
+            let r = wait_for(cv, &mut guard, wait, ready);
+            return (guard, r);
+        };
+        // `EBUSY`: another waiter is polling, and its poll runs the
+        // handler that changes the state this one checks.
+        let poll = || {
+            let _ = cq.poll(POLL_BUDGET);
+        };
+        wait_polled(mutex, guard, wait, poll, ready)
     }
 
     fn mr(&self, handle: u32) -> Result<Arc<Mr>> {

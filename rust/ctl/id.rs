@@ -114,6 +114,9 @@ pub(crate) struct IdShared {
     pub(crate) state: Mutex<IdState>,
     /// Created with `RDMA_CM_RS_ID_SYNC`.
     pub(crate) sync: bool,
+    /// Created with `RDMA_CM_RS_ID_BUSY_POLL`: its connection's waiters
+    /// poll its CQ.
+    pub(crate) busy_poll: bool,
     /// A synchronous id's events, for its blocking calls.
     #[pin]
     pub(crate) waiter: EventWaiter,
@@ -128,6 +131,7 @@ impl IdShared {
         qp_type: QpType,
         backlog_slot: Option<BacklogSlot>,
         sync: bool,
+        busy_poll: bool,
     ) -> Result<Arc<Self>> {
         Arc::pin_init(
             pin_init!(Self {
@@ -145,6 +149,7 @@ impl IdShared {
                     ud_established: None,
                 }),
                 sync,
+                busy_poll,
                 waiter <- EventWaiter::new(),
                 requests_ready <- new_condvar!("rdma_cm_rs requests"),
             }),
@@ -344,7 +349,13 @@ impl Handler for IdEvents {
         // listener's type).
         let qp_type = request.id().qp_type();
         let inserted = file.insert(|handle| {
-            let shared = IdShared::new(abi::state::CONNECT, qp_type, Some(slot), sync)?;
+            let shared = IdShared::new(
+                abi::state::CONNECT,
+                qp_type,
+                Some(slot),
+                sync,
+                self.shared.busy_poll,
+            )?;
             let id = request.adopt(IdEvents {
                 file: file.clone(),
                 handle,

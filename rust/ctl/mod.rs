@@ -442,8 +442,9 @@ impl CtlFile {
 
     fn create_id(&self, me: Arc<CtlFile>, arg: usize, nonblock: bool) -> Result {
         let mut c: abi::CreateId = read_arg(arg)?;
-        require_zero(&[c.id, c.flags & !abi::ID_SYNC])?;
+        require_zero(&[c.id, c.flags & !(abi::ID_SYNC | abi::ID_BUSY_POLL)])?;
         let sync = c.flags & abi::ID_SYNC != 0;
+        let busy_poll = c.flags & abi::ID_BUSY_POLL != 0;
         // A synchronous id's calls block: a non-blocking file cannot have one.
         if sync && nonblock {
             return Err(EINVAL);
@@ -458,7 +459,7 @@ impl CtlFile {
                 file: me,
                 handle,
                 context: c.context,
-                shared: IdShared::new(abi::state::IDLE, qp_type, None, sync)?,
+                shared: IdShared::new(abi::state::IDLE, qp_type, None, sync, busy_poll)?,
             };
             Ok(Arc::new(
                 CmId::new(events, &self.net, ps, qp_type)?,
@@ -626,7 +627,8 @@ impl CtlFile {
             // sent, and needs the data path (a UD id makes its peer
             // there): it is in place first.  The handler mutex held here
             // keeps the event from running before this returns.
-            let conn = Self::with_new_qp(l, |conn| l.connect(param).map(|()| conn))?;
+            let busy_poll = Self::shared(id).busy_poll;
+            let conn = Self::with_new_qp(l, busy_poll, |conn| l.connect(param).map(|()| conn))?;
             let mut st = Self::shared(id).state.lock();
             st.conn = Some(conn);
             st.state = abi::state::CONNECT;
@@ -640,6 +642,7 @@ impl CtlFile {
     /// once more (the CM checks the id's state only in `then`).
     fn with_new_qp(
         l: &LockedId<'_>,
+        busy_poll: bool,
         then: impl FnOnce(Arc<conn::Conn>) -> Result<Arc<conn::Conn>>,
     ) -> Result<Arc<conn::Conn>> {
         // A second CONNECT or ACCEPT: the QP in place carries the
@@ -647,7 +650,7 @@ impl CtlFile {
         if l.qp_num().is_some() {
             return Err(EBUSY);
         }
-        let result = conn::Conn::setup(l).and_then(then);
+        let result = conn::Conn::setup(l, busy_poll).and_then(then);
         if result.is_err() {
             // ENOENT when setup failed before the QP existed.
             let _ = l.destroy_qp();
@@ -709,7 +712,9 @@ impl CtlFile {
                 (QpType::Ud, p) => (p.unwrap_or_default(), PrivateDataUse::AcceptUd),
             };
             l.check_param(&param, usage)?;
-            let conn = Self::with_new_qp(l, |conn| l.accept(Some(&param)).map(|()| conn))?;
+            let busy_poll = Self::shared(id).busy_poll;
+            let conn =
+                Self::with_new_qp(l, busy_poll, |conn| l.accept(Some(&param)).map(|()| conn))?;
             let mut st = Self::shared(id).state.lock();
             st.conn = Some(conn);
             st.slot = None;

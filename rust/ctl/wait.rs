@@ -5,8 +5,8 @@
 use crate::abi;
 use kernel::{
     prelude::*,
-    sync::{CondVar, CondVarTimeoutResult, MutexGuard},
-    time::msecs_to_jiffies,
+    sync::{CondVar, CondVarTimeoutResult, Mutex, MutexGuard},
+    time::{msecs_to_jiffies, Instant, Monotonic},
 };
 
 /// How long a caller is willing to wait.
@@ -68,5 +68,45 @@ pub(crate) fn wait_for<T>(
                 left = jiffies;
             }
         }
+    }
+}
+
+/// Waits until `ready` holds for the state `mutex` guards, finding what
+/// changes it with `poll` (a busy-polling connection: nothing processes its
+/// CQ but its waiters) instead of sleeping until a completion handler
+/// elsewhere notifies.  `poll` runs with the lock released, since the
+/// handler it runs takes it, and yields the CPU when the scheduler asks.
+///
+/// Polls once before it gives up with `EAGAIN`; `ETIMEDOUT` and
+/// `ERESTARTSYS` as [`wait_for`].  The guard comes back in every case.
+pub(crate) fn wait_polled<'a, T>(
+    mutex: &'a Mutex<T>,
+    mut guard: MutexGuard<'a, T>,
+    wait: Wait,
+    poll: impl Fn(),
+    ready: impl Fn(&T) -> bool,
+) -> (MutexGuard<'a, T>, Result) {
+    let start = Instant::<Monotonic>::now();
+    let limit = i64::from(wait.timeout_ms);
+    let mut polled = false;
+    loop {
+        if ready(&guard) {
+            return (guard, Ok(()));
+        }
+        if polled {
+            if wait.nonblock || wait.timeout_ms == 0 {
+                return (guard, Err(EAGAIN));
+            }
+            if wait.timeout_ms != abi::TIMEOUT_INFINITE && start.elapsed().as_millis() >= limit {
+                return (guard, Err(ETIMEDOUT));
+            }
+            if kernel::current!().signal_pending() {
+                return (guard, Err(ERESTARTSYS));
+            }
+        }
+        drop(guard);
+        poll();
+        polled = true;
+        guard = mutex.lock();
     }
 }

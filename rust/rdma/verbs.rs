@@ -408,9 +408,10 @@ impl<C: CompletionHandler> Cq<C> {
 
     /// Polls a [`PollContext::Direct`] CQ: runs the handler, in the
     /// caller's context, for at most `budget` completions, and returns how
-    /// many ran.  Then gives the CPU away if the scheduler asks for it, so
-    /// the caller may poll in a loop.  Process context; the handler may
-    /// sleep, and runs under no lock of the layer.
+    /// many ran.  Then, polled or refused, gives the CPU away if the
+    /// scheduler asks for it, so the caller may poll in a loop.  Process
+    /// context; the handler may sleep, and runs under no lock of the
+    /// layer.
     ///
     /// `EINVAL` for a CQ polled from a workqueue, or a budget of 0;
     /// `EBUSY` while another poll of the CQ runs (another task's, or the
@@ -421,9 +422,9 @@ impl<C: CompletionHandler> Cq<C> {
             return Err(EINVAL);
         }
         let budget = i32::try_from(budget).unwrap_or(i32::MAX);
-        let done = {
+        let done = 'poll: {
             let Some(_polling) = DirectPoll::try_start(self) else {
-                return Err(EBUSY);
+                break 'poll Err(EBUSY);
             };
             // SAFETY: The CQ is live (type invariants) and `IB_POLL_DIRECT`,
             // so nothing else processes it: no work item, no softirq, and
@@ -431,13 +432,14 @@ impl<C: CompletionHandler> Cq<C> {
             // only one, and `_polling` excludes the others).  Every entry's
             // `done` is one of this layer's, which takes ownership of its
             // request.  The budget is positive.
-            unsafe { bindings::ib_process_cq_direct(self.as_ptr(), budget) }
+            let done = unsafe { bindings::ib_process_cq_direct(self.as_ptr(), budget) };
+            // At most `budget`, never negative.
+            Ok(u32::try_from(done).unwrap_or(0))
         };
         // SAFETY: Process context (the function's contract), no spinlock
         // held: the poll's guard is gone.
         unsafe { bindings::rdma_cm_rs_cond_resched() };
-        // At most `budget`, never negative.
-        Ok(u32::try_from(done).unwrap_or(0))
+        done
     }
 
     /// For a QP's teardown: processes a [`PollContext::Direct`] CQ until

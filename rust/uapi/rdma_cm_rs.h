@@ -20,7 +20,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define RDMA_CM_RS_ABI_VERSION 3
+#define RDMA_CM_RS_ABI_VERSION 4
 #define RDMA_CM_RS_DEVICE_NAME "rdma_cm_rs"
 
 /* Largest private data any CM message can carry (the IB CM's RTU: 224). */
@@ -117,6 +117,13 @@ struct rdma_cm_rs_info {
 
 /* RDMA_CM_RS_IOC_CREATE_ID */
 #define RDMA_CM_RS_ID_SYNC (1U << 0)	/* synchronous: its events never reach GET_EVENT */
+/*
+ * Busy-polling: the connection's completions are found by the calls that
+ * wait for them (RECV, SEND, the memory work), which poll its CQ in the
+ * caller's task instead of sleeping until a worker reports them.  The ids
+ * of a busy-polling listener's requests busy-poll too.
+ */
+#define RDMA_CM_RS_ID_BUSY_POLL (1U << 1)
 struct rdma_cm_rs_create_id {
 	__u64 context;			/* in: returned with every event of the id */
 	__u32 port_space;		/* in: RDMA_CM_RS_PS_* */

@@ -113,6 +113,7 @@ const TESTS: &[(&str, Test)] = &[
     ("conn_param_negotiation", conn_param_negotiation),
     ("messages_1_to_4096_bytes_both_ways", messages_all_sizes),
     ("send_window_nowait", send_window_nowait),
+    ("busy_poll_data_path", busy_poll_data_path),
     (
         "disconnect_under_incoming_sends",
         disconnect_under_incoming_sends,
@@ -982,6 +983,73 @@ fn disconnect_under_incoming_sends(ctx: &mut Ctx) -> Result<()> {
         "the peer's end: {report:?}"
     );
     dev.destroy(id)?;
+    Ok(())
+}
+
+/// Busy-polling ids (RDMA_CM_RS_ID_BUSY_POLL): the connection's CQ is
+/// one the module's calls poll (`rdma res show cq`: poll-ctx DIRECT); a
+/// RECV with nothing arrived polls and fails (EAGAIN at once, ETIMEDOUT
+/// after its limit); then the data-path scenarios again on such ids, made
+/// by the module's connect and by its listener (whose requests' ids
+/// busy-poll too), through its sends, windows, RDMA, errors and
+/// disconnects.
+fn busy_poll_data_path(ctx: &mut Ctx) -> Result<()> {
+    let _busy = BusyPollIds::on();
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let mut call = Call::start(
+        &ctx.agent,
+        &format!("serve addr={addr} count=1 accept=- echo=1 disc=self"),
+    )?;
+    call.ready()?;
+    // The whole REQ's private data, which IB pads to its 56 bytes.
+    let req_data = pattern(56, 5);
+    let id = resolve(&dev, addr)?;
+    dev.connect(id, &Param::with_data(&req_data))?;
+    wait(&dev, EventType::Established)?;
+    let cqs = diag::kernel_cqs("rdma_cm_rs").context("rdma res show cq")?;
+    // iproute2 up to at least 6.1 (Debian's) names the kernel's `enum
+    // ib_poll_context` one off ("DIRECT", "SOFTIRQ", "WORKQUEUE",
+    // "UNBOUND_WORKQUEUE" for 0-3, where the kernel has SOFTIRQ,
+    // WORKQUEUE, UNBOUND_WORKQUEUE, DIRECT): IB_POLL_DIRECT, 3, prints as
+    // "UNBOUND_WORKQUEUE" there, and the char device makes no unbound
+    // CQs.
+    ensure!(
+        cqs.iter().any(|cq| cq.contains("poll-ctx DIRECT ")
+            || cq.contains("poll-ctx UNBOUND_WORKQUEUE ")),
+        "no CQ of the module is polled directly: {cqs:?}"
+    );
+    expect_errno(
+        "RECV without waiting, nothing arrived",
+        dev.recv(id, 4096, 0),
+        libc::EAGAIN,
+    )?;
+    let start = Instant::now();
+    expect_errno(
+        "RECV of 50 ms, nothing arrived",
+        dev.recv(id, 4096, 50),
+        libc::ETIMEDOUT,
+    )?;
+    ensure!(
+        start.elapsed() >= Duration::from_millis(50),
+        "the RECV of 50 ms gave up after {:?}",
+        start.elapsed()
+    );
+    echo_then_peer_disconnects(&dev, id, call, &req_data, b"polled by the caller")?;
+    let scenarios: [(&str, Test); 6] = [
+        ("module_listens_librdmacm_connects", module_listens_v4),
+        ("messages_1_to_4096_bytes_both_ways", messages_all_sizes),
+        ("send_window_nowait", send_window_nowait),
+        ("rdma_read_write_both_ways", rdma_read_write),
+        ("rdma_bad_key_and_bad_requests", rdma_errors),
+        (
+            "disconnect_initiated_by_either_side",
+            disconnect_either_side,
+        ),
+    ];
+    for (name, scenario) in scenarios {
+        scenario(ctx).with_context(|| format!("{name} on busy-polling ids"))?;
+    }
     Ok(())
 }
 

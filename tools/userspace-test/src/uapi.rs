@@ -77,6 +77,27 @@ pub fn sync_mode() -> bool {
     SYNC_MODE.load(Ordering::Acquire)
 }
 
+/// Whether [`Device::create_id_ps`] makes busy-polling ids
+/// (RDMA_CM_RS_ID_BUSY_POLL): see [`BusyPollIds`].
+static BUSY_POLL_IDS: AtomicBool = AtomicBool::new(false);
+
+/// While it lives, ids are created busy-polling: their connections' waits
+/// poll the CQ in the caller's task.
+pub struct BusyPollIds(());
+
+impl BusyPollIds {
+    pub fn on() -> Self {
+        BUSY_POLL_IDS.store(true, Ordering::Release);
+        Self(())
+    }
+}
+
+impl Drop for BusyPollIds {
+    fn drop(&mut self) {
+        BUSY_POLL_IDS.store(false, Ordering::Release);
+    }
+}
+
 pub use crate::report::EventType;
 
 /// Names of `enum rdma_cm_rs_state` (QUERY).
@@ -391,11 +412,13 @@ impl Device {
     }
 
     pub fn create_id_ps(&self, context: u64, ps: u32, qpt: u32) -> Result<u32> {
-        let flags = if self.is_sync() {
-            RDMA_CM_RS_ID_SYNC
-        } else {
-            0
-        };
+        let mut flags = 0;
+        if self.is_sync() {
+            flags |= RDMA_CM_RS_ID_SYNC;
+        }
+        if BUSY_POLL_IDS.load(Ordering::Acquire) {
+            flags |= RDMA_CM_RS_ID_BUSY_POLL;
+        }
         self.create_id_flags(context, ps, qpt, flags)
     }
 
@@ -1003,8 +1026,9 @@ mod tests {
 
     #[test]
     fn constants_match_the_header() {
-        assert_eq!(RDMA_CM_RS_ABI_VERSION, 3);
+        assert_eq!(RDMA_CM_RS_ABI_VERSION, 4);
         assert_eq!(RDMA_CM_RS_ID_SYNC, 1);
+        assert_eq!(RDMA_CM_RS_ID_BUSY_POLL, 2);
         assert_eq!(RDMA_CM_RS_SYNC_EVENT, 1);
         assert_eq!(RDMA_CM_RS_MAX_PRIVATE_DATA, 256);
         assert_eq!(RDMA_CM_RS_MAX_MESSAGE, 4096);
