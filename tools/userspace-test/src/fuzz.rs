@@ -3093,12 +3093,14 @@ impl Worker {
                         port_space: v[1] as u32,
                         qp_type: v[2] as u32,
                         id: if res != 0 { 7 } else { 0 },
-                        // Unknown flags only: a synchronous id would block
-                        // the actor in its calls (the suite tests those).
+                        // Unknown flags, or busy-polling by the context's
+                        // low bit; never synchronous: a synchronous id would
+                        // block the actor in its calls (the suite tests
+                        // those).
                         flags: if res != 0 {
                             (res >> 32) as u32 | 0x8000_0000
                         } else {
-                            0
+                            (v[0] as u32 & 1) * RDMA_CM_RS_ID_BUSY_POLL
                         },
                     },
                     rdma_cm_rs_create_id

@@ -49,7 +49,7 @@ pub fn sync_ids_return_events_with_the_call(ctx: &mut Ctx) -> Result<()> {
     let dev = Device::open_sync()?;
     expect_errno(
         "CREATE_ID with an unknown flag",
-        dev.create_id_flags(0, RDMA_CM_RS_PS_TCP, RDMA_CM_RS_QPT_RC, 2),
+        dev.create_id_flags(0, RDMA_CM_RS_PS_TCP, RDMA_CM_RS_QPT_RC, 4),
         libc::EINVAL,
     )?;
     let nb = Device::open_nonblocking()?;
