@@ -133,6 +133,17 @@ void rdma_cm_rs_cond_resched(void)
 	cond_resched();
 }
 
+/*
+ * Lets every other runnable task of this CPU run first, as a user-space
+ * poller's sched_yield(): what a poll that found nothing does, so that the
+ * software device's own work (rxe's and siw's tasks), which makes the
+ * completions, is not kept waiting for the scheduler's tick.
+ */
+void rdma_cm_rs_yield(void)
+{
+	yield();
+}
+
 /* The error state: the driver flushes every outstanding work request. */
 int rdma_cm_rs_modify_qp_err(struct ib_qp *qp)
 {

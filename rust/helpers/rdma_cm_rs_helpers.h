@@ -41,6 +41,7 @@ struct ib_cq *rdma_cm_rs_alloc_cq(struct ib_device *dev, void *private,
 				  enum ib_poll_context poll_ctx);
 void rdma_cm_rs_flush_cq_work(struct ib_cq *cq);
 void rdma_cm_rs_cond_resched(void);
+void rdma_cm_rs_yield(void);
 int rdma_cm_rs_modify_qp_err(struct ib_qp *qp);
 int rdma_cm_rs_post_send(struct ib_qp *qp, const struct ib_send_wr *wr);
 int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr);

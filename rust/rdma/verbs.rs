@@ -408,10 +408,13 @@ impl<C: CompletionHandler> Cq<C> {
 
     /// Polls a [`PollContext::Direct`] CQ: runs the handler, in the
     /// caller's context, for at most `budget` completions, and returns how
-    /// many ran.  Then, polled or refused, gives the CPU away if the
-    /// scheduler asks for it, so the caller may poll in a loop.  Process
-    /// context; the handler may sleep, and runs under no lock of the
-    /// layer.
+    /// many ran.  Then, so that the caller may poll in a loop, gives the
+    /// CPU away: to every other runnable task when nothing was found or
+    /// the poll was refused (`yield`, a user-space poller's
+    /// `sched_yield`: a software device makes completions in tasks of its
+    /// own, which must not wait for the scheduler's tick), else if the
+    /// scheduler asks for it.  Process context; the handler may sleep,
+    /// and runs under no lock of the layer.
     ///
     /// `EINVAL` for a CQ polled from a workqueue, or a budget of 0;
     /// `EBUSY` while another poll of the CQ runs (another task's, or the
@@ -436,9 +439,14 @@ impl<C: CompletionHandler> Cq<C> {
             // At most `budget`, never negative.
             Ok(u32::try_from(done).unwrap_or(0))
         };
-        // SAFETY: Process context (the function's contract), no spinlock
-        // held: the poll's guard is gone.
-        unsafe { bindings::rdma_cm_rs_cond_resched() };
+        if matches!(done, Ok(0) | Err(_)) {
+            // SAFETY: Process context (the function's contract), no
+            // spinlock held: the poll's guard is gone.
+            unsafe { bindings::rdma_cm_rs_yield() };
+        } else {
+            // SAFETY: As above.
+            unsafe { bindings::rdma_cm_rs_cond_resched() };
+        }
         done
     }
 

@@ -58,7 +58,7 @@ pub struct Options {
     #[arg(long)]
     pub allow_coarse_clock: bool,
     /// Only these groups, comma-separated: active, sync, passive, data,
-    /// sample, scale.
+    /// data-sleeping, sample, scale.
     #[arg(long)]
     pub only: Option<String>,
     /// Only this side under test, kernel or user (profiling one of them;
@@ -67,7 +67,15 @@ pub struct Options {
     pub side: Option<String>,
 }
 
-const GROUPS: [&str; 6] = ["active", "sync", "passive", "data", "sample", "scale"];
+const GROUPS: [&str; 7] = [
+    "active",
+    "sync",
+    "passive",
+    "data",
+    "data-sleeping",
+    "sample",
+    "scale",
+];
 
 /// Ports of the benchmark: 9000-9099, a fresh one for every run of a side.
 const PORT_BASE: u16 = 9000;
@@ -155,8 +163,10 @@ struct Slot<'a> {
     role: &'static str,
     rep: usize,
     reps: usize,
-    /// For the module's synchronous ids: the user-space block compared.
-    compare_block: Option<&'a str>,
+    /// For a variant of the module's side (its synchronous ids, its
+    /// waits that sleep): the suffix its blocks' names carry; each is
+    /// compared with the user-space block of the name without it.
+    compare_suffix: Option<&'a str>,
 }
 
 fn unit_ops(b: &Block) -> &'static str {
@@ -193,8 +203,10 @@ fn record(res: &mut Results, what: &str, s: &Slot<'_>, r: Result<Vec<Block>>) {
             unit_ops(&b)
         );
         let compare = |name: &str| {
-            s.compare_block
-                .map(|base| format!("{base}{}", &name[b.name.len()..]))
+            s.compare_suffix.and_then(|suffix| {
+                let base = b.name.strip_suffix(suffix)?;
+                Some(format!("{base}{}", &name[b.name.len()..]))
+            })
         };
         for (step, v) in &b.dists {
             let name = if step.is_empty() {
@@ -423,7 +435,7 @@ pub fn run(o: Options) -> Result<()> {
             role,
             rep,
             reps,
-            compare_block: None,
+            compare_suffix: None,
         };
         if want("active") {
             for &side in &sides {
@@ -447,7 +459,7 @@ pub fn run(o: Options) -> Result<()> {
         if want("sync") {
             let what = "connect active (sync ids)";
             let s = Slot {
-                compare_block: Some("connect active"),
+                compare_suffix: Some(" (sync ids)"),
                 ..slot("kernel", "active")
             };
             let addr = ports.next(ip);
@@ -481,7 +493,7 @@ pub fn run(o: Options) -> Result<()> {
                 match peer::data_server(addr, REGION) {
                     Ok(srv) => {
                         let r = if side == "kernel" {
-                            data::kernel(addr, sizes)
+                            data::kernel(addr, sizes, true)
                         } else {
                             data::user(addr, sizes)
                         };
@@ -490,6 +502,33 @@ pub fn run(o: Options) -> Result<()> {
                     }
                     Err(e) => record(&mut res, what, &s, Err(e)),
                 }
+            }
+        }
+        if want("data-sleeping") && o.side.as_deref() != Some("user") {
+            // The module's waits sleeping until the CQ's worker reports
+            // a completion, as without RDMA_CM_RS_ID_BUSY_POLL.
+            let suffix = " (waits sleep)";
+            let s = Slot {
+                compare_suffix: Some(suffix),
+                ..slot("kernel", "active")
+            };
+            let addr = ports.next(ip);
+            let what = "data (waits sleep)";
+            match peer::data_server(addr, REGION) {
+                Ok(srv) => {
+                    let r = data::kernel(addr, sizes, false).map(|blocks| {
+                        blocks
+                            .into_iter()
+                            .map(|mut b| {
+                                b.name += suffix;
+                                b
+                            })
+                            .collect()
+                    });
+                    record(&mut res, what, &s, r);
+                    counterpart_end(&mut res, what, &s, srv);
+                }
+                Err(e) => record(&mut res, what, &s, Err(e)),
             }
         }
         if want("sample") {
@@ -559,7 +598,10 @@ fn notes(large: usize, groups: &[&str]) -> Vec<String> {
             REGION / 1024
         ),
         "the librdmacm side under test and the counterpart busy-poll their CQs (yielding between \
-         polls); the module's caller sleeps until the completion"
+         polls); so does the module's caller in the data group (a busy-polling id, \
+         RDMA_CM_RS_ID_BUSY_POLL: its RECV, SEND and RDMA poll the connection's CQ in the \
+         caller's task), while in the rows marked (waits sleep) it sleeps until the CQ's worker \
+         reports the completion; the connection groups' ids do not busy-poll"
             .into(),
         "CPU: the driving thread's getrusage(RUSAGE_THREAD) per operation (the module's work in \
          its ioctls included, not its work items or interrupts); guest: /proc/stat busy time of \

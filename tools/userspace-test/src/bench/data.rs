@@ -7,7 +7,10 @@
 //! `RDMA_CM_RS_SEND_NOWAIT` (up to `send_window`, 16, in flight), the
 //! librdmacm side with up to as many posted; in a round trip neither waits
 //! for the send's ACK before it waits for the answer.  The librdmacm side
-//! busy-polls its CQs (as perftest does).
+//! busy-polls its CQs (as perftest does), and so does the module's, on a
+//! busy-polling id (`RDMA_CM_RS_ID_BUSY_POLL`: its RECV, SEND and RDMA
+//! poll the CQ in the caller's task); the `data-sleeping` group measures
+//! the module's waits that sleep until the CQ's worker reports.
 
 use super::peer::{self, ACK, ECHO, QUIT, SINK, T};
 use super::stats::Cpu;
@@ -70,9 +73,16 @@ pub fn rdma_name(op: &str, len: usize) -> String {
 }
 
 /// The module's side: connects to the data server at `dst`.
-pub fn kernel(dst: SocketAddr, s: Sizes) -> Result<Vec<Block>> {
+pub fn kernel(dst: SocketAddr, s: Sizes, busy_poll: bool) -> Result<Vec<Block>> {
     let dev = Device::open_async().with_context(|| format!("open {}", uapi::DEVICE))?;
-    let id = dev.create_id(0).context("CREATE_ID")?;
+    let flags = if busy_poll {
+        uapi::RDMA_CM_RS_ID_BUSY_POLL
+    } else {
+        0
+    };
+    let id = dev
+        .create_id_flags(0, uapi::RDMA_CM_RS_PS_TCP, uapi::RDMA_CM_RS_QPT_RC, flags)
+        .context("CREATE_ID")?;
     dev.resolve_addr(id, &dst, 5000).context("RESOLVE_ADDR")?;
     super::conn::wait_for(&dev, id, EventType::AddrResolved)?;
     dev.resolve_route(id, 5000).context("RESOLVE_ROUTE")?;
