@@ -9,6 +9,11 @@
 //! back.  Connections end when the peer disconnects; unloading the module
 //! destroys whatever is left.
 //!
+//! With `busy_poll=1` each connection's CQ is polled by a loop of its own
+//! (`PollContext::Direct` and a `BusyPoller`) instead of a workqueue's
+//! worker woken by the device: an echo goes out without a wake-up, as
+//! from a user-space server that busy-polls.
+//!
 //! The sample is safe Rust only: the `unsafe_code` lint is denied for the
 //! whole crate except the abstraction layer it compiles in (`rust/rdma/`,
 //! which holds all of the project's raw bindings), used through safe calls.
@@ -30,7 +35,8 @@ use rdma::{
     event::{Event, EventType},
     net::NetNs,
     pd::Pd,
-    verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer},
+    poller::{BusyPoller, PollLoop},
+    verbs::{CompletionHandler, Cq, PollContext, Qp, QpCaps, RecvBuffer, SendBuffer},
 };
 
 module! {
@@ -43,6 +49,10 @@ module! {
         port: u16 {
             default: 7500,
             description: "Port to listen on (RDMA_PS_TCP)",
+        },
+        busy_poll: bool {
+            default: false,
+            description: "Poll each connection's CQ in a loop instead of waking a worker",
         },
     },
 }
@@ -60,6 +70,8 @@ struct Service {
     /// Open connections; a connection removes itself when it ends.
     #[pin]
     conns: Mutex<KVec<Arc<CmId<Echo>>>>,
+    /// With `busy_poll`: the connections' polling loops.
+    poller: Option<BusyPoller>,
 }
 
 /// A connection's data path.
@@ -72,6 +84,10 @@ struct Link {
     /// Send buffers not in flight.
     #[pin]
     free_sends: Mutex<KVec<SendBuffer>>,
+    /// With `busy_poll`: the loop polling the CQ, until the connection
+    /// ends.
+    #[pin]
+    poll_loop: Mutex<Option<PollLoop>>,
 }
 
 /// The completion handler: a reference to the connection's [`Link`].
@@ -123,7 +139,7 @@ impl Echo {
     ///
     /// The link learns its QP last, after everything that can fail: until
     /// then there is no QP -> CQ -> link -> QP cycle to break on an error.
-    fn build_link(id: &LockedId<'_>) -> Result<Arc<Link>> {
+    fn build_link(id: &LockedId<'_>, poller: Option<&BusyPoller>) -> Result<Arc<Link>> {
         let dev = id.device()?;
         let pd = Pd::alloc(&dev)?;
         let mut sends = KVec::with_capacity(DEPTH, GFP_KERNEL)?;
@@ -134,6 +150,7 @@ impl Echo {
             pin_init!(Link {
                 qp <- new_mutex!(None),
                 free_sends <- new_mutex!(sends),
+                poll_loop <- new_mutex!(None),
             }),
             GFP_KERNEL,
         )?;
@@ -142,11 +159,21 @@ impl Echo {
             max_recv_wr: DEPTH as u32,
             max_inline_data: 0,
         };
-        let cq = Cq::alloc(&dev, caps.cq_entries()?, LinkRef(link.clone()))?;
+        let poll = if poller.is_some() {
+            PollContext::Direct
+        } else {
+            PollContext::Workqueue
+        };
+        let cq = Cq::alloc_with(&dev, caps.cq_entries()?, 0, poll, LinkRef(link.clone()))?;
         let qp = id.create_qp(&pd, &cq, caps)?;
         for _ in 0..DEPTH {
             qp.post_recv(RecvBuffer::new(&pd, MESSAGE_SIZE)?)
                 .map_err(|(e, _)| e)?;
+        }
+        // The loop holds the CQ (and through its handler the link) until
+        // `end` stops it.
+        if let Some(poller) = poller {
+            *link.poll_loop.lock() = Some(poller.start(&cq)?);
         }
         // Nothing arrives before the accept below: the link needs its QP
         // only from then on.
@@ -155,14 +182,23 @@ impl Echo {
     }
 
     /// Accepts a request on its adopted id, echo-ready.
-    fn accept(id: &LockedId<'_>) -> Result<Arc<Link>> {
+    fn accept(id: &LockedId<'_>, poller: Option<&BusyPoller>) -> Result<Arc<Link>> {
         let param = id.request_accept_param()?.private_data(ACCEPT_DATA)?;
-        let link = Self::build_link(id)?;
+        let link = Self::build_link(id, poller)?;
         if let Err(e) = id.accept(Some(&param)) {
-            link.qp.lock().take();
+            link.stop();
             return Err(e);
         }
         Ok(link)
+    }
+}
+
+impl Link {
+    /// Breaks the link's reference cycles: QP -> CQ -> handler -> link ->
+    /// QP, and the polling loop's hold on the CQ.
+    fn stop(&self) {
+        self.qp.lock().take();
+        self.poll_loop.lock().take();
     }
 }
 
@@ -170,7 +206,7 @@ impl Echo {
 /// (destroyed now, or from the workqueue when inside its own callback).
 fn end(conn: Arc<CmId<Echo>>) {
     if let Some(link) = conn.handler().link.as_ref() {
-        link.qp.lock().take();
+        link.stop();
     }
     drop(conn);
 }
@@ -216,7 +252,8 @@ impl Handler for Echo {
             return;
         };
         // The CM holds the new id's handler mutex: `with_lock` runs inside it.
-        match id.with_lock(Echo::accept) {
+        let poller = self.service.poller.as_ref();
+        match id.with_lock(|l| Echo::accept(l, poller)) {
             Ok(link) => {
                 let _ = id.handler().link.populate(link);
                 if let Err(e) = self.service.conns.lock().push(id.clone(), GFP_KERNEL) {
@@ -240,9 +277,15 @@ struct EchoModule {
 impl kernel::Module for EchoModule {
     fn init(_module: &'static ThisModule) -> Result<Self> {
         let destroy_queue = DestroyQueue::new()?;
+        let poller = if module_parameters::busy_poll.value() {
+            Some(BusyPoller::new()?)
+        } else {
+            None
+        };
         let service = Arc::pin_init(
             pin_init!(Service {
                 conns <- new_mutex!(KVec::new()),
+                poller,
             }),
             GFP_KERNEL,
         )?;

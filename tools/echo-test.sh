@@ -4,7 +4,7 @@
 # Kernel-to-kernel test, run inside the test VM on rxe0 and on siw0: the
 # sample echo module listens, rdma_cm_rs.ko connects to it through
 # /dev/rdma_cm_rs (driven by the userspace tool) and checks that messages
-# come back unchanged.
+# come back unchanged; once as it is, once busy-polling (busy_poll=1).
 # Prints KTAP; exits non-zero on failure.
 set -uo pipefail
 . "$(dirname "$0")/lib/help.sh"
@@ -17,19 +17,25 @@ transports="rxe=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1} siw=${RDMA_CM_RS_SIW_IP:-203.0
 port=7500
 . tools/lib/ktap.sh
 
-insmod "$built"/rdma_cm_rs_echo.ko port=$port
-result $? "echo: insmod rdma_cm_rs_echo"
-for t in $transports; do
-	ip=${t#*=}
-	for msg in x "hello, echo" "$(head -c 4000 /dev/zero | tr '\0' 'e')"; do
-		out=$($tool ctl connect "$ip:$port" --message "$msg" 2>&1)
-		rc=$?
-		echo "$out" | sed 's/^/# /' | cut -c1-200
-		reply=$(echo "$out" | sed -n 's/^module: reply(\([0-9]*\))=.*/\1/p' | tail -n1)
-		[ $rc -eq 0 ] && [ "$reply" = "${#msg}" ]
-		result $? "echo: ${t%%=*}: kernel client <-> kernel echo service, ${#msg}-byte message"
+# Twice: the completions run by a workqueue's worker, then polled by a
+# loop of each connection's own (busy_poll=1).
+for mode in workqueue busy_poll; do
+	params=
+	[ $mode = busy_poll ] && params=busy_poll=1
+	insmod "$built"/rdma_cm_rs_echo.ko port=$port $params
+	result $? "echo: $mode: insmod rdma_cm_rs_echo $params"
+	for t in $transports; do
+		ip=${t#*=}
+		for msg in x "hello, echo" "$(head -c 4000 /dev/zero | tr '\0' 'e')"; do
+			out=$($tool ctl connect "$ip:$port" --message "$msg" 2>&1)
+			rc=$?
+			echo "$out" | sed 's/^/# /' | cut -c1-200
+			reply=$(echo "$out" | sed -n 's/^module: reply(\([0-9]*\))=.*/\1/p' | tail -n1)
+			[ $rc -eq 0 ] && [ "$reply" = "${#msg}" ]
+			result $? "echo: $mode: ${t%%=*}: kernel client <-> kernel echo service, ${#msg}-byte message"
+		done
 	done
+	rmmod rdma_cm_rs_echo
+	result $? "echo: $mode: rmmod with connections ended"
 done
-rmmod rdma_cm_rs_echo
-result $? "echo: rmmod with connections ended"
 ktap_end

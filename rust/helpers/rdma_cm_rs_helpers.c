@@ -73,6 +73,12 @@ struct workqueue_struct *rdma_cm_rs_alloc_destroy_wq(void)
 	return alloc_workqueue("%s_destroy", WQ_UNBOUND, 0, KBUILD_MODNAME);
 }
 
+/* The busy-polling loops' queue: unbound, every loop active at once. */
+struct workqueue_struct *rdma_cm_rs_alloc_poll_wq(int max_active)
+{
+	return alloc_workqueue("%s_poll", WQ_UNBOUND, max_active, KBUILD_MODNAME);
+}
+
 void rdma_cm_rs_flush_wq(struct workqueue_struct *wq)
 {
 	flush_workqueue(wq);

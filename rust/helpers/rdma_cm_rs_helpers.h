@@ -30,6 +30,7 @@ void rdma_cm_rs_kunit_skip(const char *reason);
 bool rdma_cm_rs_device_try_get(struct ib_device *dev);
 void rdma_cm_rs_device_get(struct ib_device *dev);
 struct workqueue_struct *rdma_cm_rs_alloc_destroy_wq(void);
+struct workqueue_struct *rdma_cm_rs_alloc_poll_wq(int max_active);
 void rdma_cm_rs_flush_wq(struct workqueue_struct *wq);
 void rdma_cm_rs_drain_wq(struct workqueue_struct *wq);
 void rdma_cm_rs_pin_module(void);

@@ -357,6 +357,7 @@ mod id_tests {
         mr::{Mr, MrAccess},
         net::NetNs,
         pd::Pd,
+        poller::BusyPoller,
         verbs::{CompletionHandler, Cq, PollContext, Qp, QpCaps, RecvBuffer, SendBuffer},
     };
     use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -776,8 +777,13 @@ mod id_tests {
         assert_eq!(beyond, Some(EINVAL));
         assert_eq!(cq.comp_vector(), last);
         assert_eq!(cq.poll_context(), PollContext::UnboundWorkqueue);
-        // Its workqueue polls it: nobody else may.
+        // Its workqueue polls it: nobody else may, nor may a loop.
         assert_eq!(cq.poll(8), Err(EINVAL));
+        let poller = BusyPoller::new();
+        assert!(poller.is_ok());
+        if let Ok(poller) = poller {
+            assert_eq!(poller.start(&cq).err(), Some(EINVAL));
+        }
         drop(id);
         assert_eq!(cq.handler().0.load(Ordering::Acquire), 6);
         drop(qp);
@@ -1610,6 +1616,7 @@ mod sync_tests {
         mr::{Mr, MrAccess, RemoteRegion},
         net::NetNs,
         pd::Pd,
+        poller::BusyPoller,
         verbs::{
             CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, SendBuffer,
             WorkDone, WorkOp, FLUSH_TIMEOUT,
@@ -2255,6 +2262,43 @@ mod sync_tests {
         assert!(answer_back && server_got);
         assert_eq!(client.send_log.load(Ordering::Acquire), 6);
         assert_eq!(zero_budget, Some(EINVAL));
+    }
+
+    /// A `BusyPoller` loop delivers a `Direct` CQ's completions with nobody
+    /// calling `poll`, and stops when its `PollLoop` goes: a message that
+    /// arrives after that waits in the CQ for a poll.  A CQ a workqueue
+    /// polls gets no loop.  Dropping the poller with a loop running waits
+    /// for the loop.
+    #[test]
+    fn busy_poller_loops_until_stopped() {
+        let Some(pair) = connected_pair_polled(&NetNs::init(), 7196, PollContext::Direct) else {
+            return;
+        };
+        let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
+        let poller = BusyPoller::new().unwrap();
+        let polling = poller.start(&pair.client_cq);
+        let first = post_marked(&pair.server_qp, 1, false);
+        let looped = wait_until(|| client.received.load(Ordering::Acquire) == 1);
+        drop(polling);
+        // The loop sees its stop flag within one poll.
+        fsleep(Delta::from_millis(50));
+        let second = post_marked(&pair.server_qp, 2, false);
+        let acked = wait_until(|| server.sends_back.load(Ordering::Acquire) == 2);
+        fsleep(Delta::from_millis(100));
+        let after_stop = client.received.load(Ordering::Acquire);
+        let polled = pair.client_cq.poll(16);
+        // A second loop, still running when the poller goes.
+        let again = poller.start(&pair.client_cq);
+        let third = post_marked(&pair.server_qp, 3, false);
+        let looped_again = wait_until(|| client.received.load(Ordering::Acquire) == 3);
+        drop(poller);
+        drop(again);
+        drop(pair);
+        assert!(first && second && third && acked);
+        assert!(looped);
+        assert_eq!(after_stop, 1);
+        assert_eq!(polled, Ok(1));
+        assert!(looped_again);
     }
 
     /// The teardown of a QP on a `Direct` CQ nobody polls polls it itself:

@@ -98,6 +98,10 @@ impl QpType {
 /// requests before it reclaims them after destroying the QP.
 pub const FLUSH_TIMEOUT: Delta = Delta::from_millis(5000);
 
+/// How long a QP's shutdown polls its [`PollContext::Direct`] CQs without
+/// sleeping while it waits for the flush.
+const FLUSH_SPIN: Delta = Delta::from_millis(20);
+
 /// The kinds of memory work requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WorkOp {
@@ -949,7 +953,10 @@ impl WrCredits {
     ///
     /// With `poll`, the QP has a CQ nothing else may process
     /// ([`PollContext::Direct`]): `poll` runs before each check, with no
-    /// lock held, and the wait between checks is a millisecond.
+    /// lock held.  For the first [`FLUSH_SPIN`] it polls again at once (a
+    /// poll that finds nothing yields the CPU, to the driver's flushing
+    /// among others), then waits a tick between checks: a driver flushes
+    /// within microseconds, and a tick is 4 ms at HZ=250.
     fn wait_flushed(&self, timeout: Delta, poll: Option<&dyn Fn()>) {
         let start = Instant::<Monotonic>::now();
         loop {
@@ -966,6 +973,9 @@ impl WrCredits {
             };
             if left == 0 {
                 return;
+            }
+            if poll.is_some() && start.elapsed().as_nanos() < FLUSH_SPIN.as_nanos() {
+                continue;
             }
             let slice = if poll.is_some() { left.min(1) } else { left };
             let woken = self

@@ -58,7 +58,7 @@ pub struct Options {
     #[arg(long)]
     pub allow_coarse_clock: bool,
     /// Only these groups, comma-separated: active, sync, passive, data,
-    /// data-sleeping, sample, scale.
+    /// data-sleeping, sample, sample-sleeping, scale.
     #[arg(long)]
     pub only: Option<String>,
     /// Only this side under test, kernel or user (profiling one of them;
@@ -67,13 +67,14 @@ pub struct Options {
     pub side: Option<String>,
 }
 
-const GROUPS: [&str; 7] = [
+const GROUPS: [&str; 8] = [
     "active",
     "sync",
     "passive",
     "data",
     "data-sleeping",
     "sample",
+    "sample-sleeping",
     "scale",
 ];
 
@@ -333,6 +334,17 @@ fn counterpart_end(res: &mut Results, what: &str, s: &Slot<'_>, mut p: peer::Pee
     }
 }
 
+/// `blocks`, each name with `suffix` (a variant of the module's side).
+fn with_suffix(blocks: Vec<Block>, suffix: &str) -> Vec<Block> {
+    blocks
+        .into_iter()
+        .map(|mut b| {
+            b.name += suffix;
+            b
+        })
+        .collect()
+}
+
 fn named(mut b: Block, name: &str) -> Vec<Block> {
     b.name = name.into();
     vec![b]
@@ -516,15 +528,7 @@ pub fn run(o: Options) -> Result<()> {
             let what = "data (waits sleep)";
             match peer::data_server(addr, REGION) {
                 Ok(srv) => {
-                    let r = data::kernel(addr, sizes, false).map(|blocks| {
-                        blocks
-                            .into_iter()
-                            .map(|mut b| {
-                                b.name += suffix;
-                                b
-                            })
-                            .collect()
-                    });
+                    let r = data::kernel(addr, sizes, false).map(|b| with_suffix(b, suffix));
                     record(&mut res, what, &s, r);
                     counterpart_end(&mut res, what, &s, srv);
                 }
@@ -536,12 +540,23 @@ pub fn run(o: Options) -> Result<()> {
                 let s = slot(side, "passive");
                 let addr = ports.next(ip);
                 let r = if side == "kernel" {
-                    sample::kernel(addr, cycles, sizes)
+                    sample::kernel(addr, cycles, sizes, true)
                 } else {
                     sample::user(addr, cycles, sizes)
                 };
                 record(&mut res, sample::NAME, &s, r);
             }
+        }
+        if want("sample-sleeping") && o.side.as_deref() != Some("user") {
+            let suffix = " (waits sleep)";
+            let s = Slot {
+                compare_suffix: Some(suffix),
+                ..slot("kernel", "passive")
+            };
+            let addr = ports.next(ip);
+            let r = sample::kernel(addr, cycles, sizes, false)
+                .map(|blocks| with_suffix(blocks, suffix));
+            record(&mut res, "echo service (waits sleep)", &s, r);
         }
         for &n in &scale_counts {
             for &side in &sides {
@@ -616,7 +631,8 @@ fn notes(large: usize, groups: &[&str]) -> Vec<String> {
         format!(
             "{}: the side under test is an echo service, passive, with no ioctl in its loop: \
              the sample rdma_cm_rs_echo.ko (accepts in its request callback, echoes from its \
-             completion handler) against the same service in user space (librdmacm, one thread \
+             completion handler, run by a loop that busy-polls each connection's CQ, \
+             busy_poll=1; in the rows marked (waits sleep) by the CQ's workqueue) against the same service in user space (librdmacm, one thread \
              busy-polling); the counterpart is the driving thread, a busy-polling librdmacm \
              client, so the CPU of the driving thread is the counterpart's (the guest's busy \
              time includes the server's)",

@@ -8,14 +8,25 @@ use std::{path::PathBuf, process::Command};
 
 /// `insmod $RDMA_CM_RS_OUT/NAME.ko port=PORT`.
 pub fn load(name: &str, port: u16) -> Result<()> {
+    load_with(name, port, &[])
+}
+
+/// `insmod $RDMA_CM_RS_OUT/NAME.ko port=PORT PARAMS...`.
+pub fn load_with(name: &str, port: u16, params: &[&str]) -> Result<()> {
     let dir = std::env::var("RDMA_CM_RS_OUT").unwrap_or_else(|_| ".".into());
     let ko = PathBuf::from(dir).join(format!("{name}.ko"));
     let st = Command::new("insmod")
         .arg(&ko)
         .arg(format!("port={port}"))
+        .args(params)
         .status()
         .context("insmod")?;
-    ensure!(st.success(), "insmod {} port={port}: {st}", ko.display());
+    ensure!(
+        st.success(),
+        "insmod {} port={port} {}: {st}",
+        ko.display(),
+        params.join(" ")
+    );
     Ok(())
 }
 

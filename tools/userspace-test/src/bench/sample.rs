@@ -8,7 +8,10 @@
 //! counterpart, a librdmacm client in the driving thread that
 //! busy-polls: connection cycles timed per step, and round trips.  What
 //! differs between the two sides is only the server's work: answering a
-//! request, and turning a message around.
+//! request, and turning a message around.  The sample busy-polls too
+//! (`busy_poll=1`: a loop of each connection's own polls its CQ); the
+//! `sample-sleeping` group measures it with its completions run by a
+//! workqueue's worker, woken for each.
 
 use super::conn::{self, ACTIVE};
 use super::data::{self, BusyPoll, Sizes};
@@ -31,8 +34,9 @@ const MODULE: &str = "rdma_cm_rs_echo";
 struct Loaded;
 
 impl Loaded {
-    fn insmod(port: u16) -> Result<Self> {
-        crate::sample_module::load(MODULE, port)?;
+    fn insmod(port: u16, busy_poll: bool) -> Result<Self> {
+        let params: &[&str] = if busy_poll { &["busy_poll=1"] } else { &[] };
+        crate::sample_module::load_with(MODULE, port, params)?;
         Ok(Self)
     }
 }
@@ -45,9 +49,10 @@ impl Drop for Loaded {
     }
 }
 
-/// The sample serves at `addr` (it listens on every address at its port).
-pub fn kernel(addr: SocketAddr, cycles: usize, s: Sizes) -> Result<Vec<Block>> {
-    let _loaded = Loaded::insmod(addr.port())?;
+/// The sample serves at `addr` (it listens on every address at its port),
+/// busy-polling or not.
+pub fn kernel(addr: SocketAddr, cycles: usize, s: Sizes, busy_poll: bool) -> Result<Vec<Block>> {
+    let _loaded = Loaded::insmod(addr.port(), busy_poll)?;
     client(addr, cycles, s)
 }
 
