@@ -371,6 +371,9 @@ impl Conn {
     ) -> Result {
         let wait = Wait::new(timeout_or_default(timeout_ms), false);
         let _waited = (!nowait).then(|| self.waited_sends.lock());
+        // What came meanwhile first: buffers back, and on iWARP's passive
+        // side the peer's first message, which lets sends go.
+        self.poll_now();
         let shared = &self.shared;
         let mut tx = shared.tx.lock();
         if let Some(e) = tx.unreported.take() {
@@ -516,6 +519,8 @@ impl Conn {
     fn run_work<T>(&self, timeout_ms: u32, post: impl FnOnce(u64) -> Result<T>) -> Result<T> {
         let wait = Wait::new(timeout_or_default(timeout_ms), false);
         let _serial = self.work_ops.lock();
+        // As in `send_with`: before the post, what arrived.
+        self.poll_now();
         let shared = &self.shared;
         let work = shared.work.lock();
         let (mut work, r) = self.wait_until(&shared.work, work, &shared.work_done, wait, |w| {
@@ -533,6 +538,15 @@ impl Conn {
         r?;
         core::mem::replace(&mut work.result, Ok(()))?;
         Ok(value)
+    }
+
+    /// On a busy-polling connection, runs the handler for what its CQ holds
+    /// (nothing to do on another: its worker does).
+    fn poll_now(&self) {
+        if let Some(cq) = &self.polled_cq {
+            // `EBUSY`: another caller polls, and delivers.
+            let _ = cq.poll(POLL_BUDGET);
+        }
     }
 
     /// Waits until `ready` holds for the state `mutex` guards: until the

@@ -6,7 +6,7 @@ use crate::abi;
 use kernel::{
     prelude::*,
     sync::{CondVar, CondVarTimeoutResult, Mutex, MutexGuard},
-    time::{msecs_to_jiffies, Instant, Monotonic},
+    time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
 };
 
 /// How long a caller is willing to wait.
@@ -71,11 +71,20 @@ pub(crate) fn wait_for<T>(
     }
 }
 
+/// How long [`wait_polled`] polls without sleeping.
+const SPIN: Delta = Delta::from_millis(2);
+/// Its sleep between two polls after that.
+const NAP: Delta = Delta::from_micros(50);
+
 /// Waits until `ready` holds for the state `mutex` guards, finding what
 /// changes it with `poll` (a busy-polling connection: nothing processes its
 /// CQ but its waiters) instead of sleeping until a completion handler
 /// elsewhere notifies.  `poll` runs with the lock released, since the
-/// handler it runs takes it, and yields the CPU when the scheduler asks.
+/// handler it runs takes it, and yields the CPU after finding nothing.
+/// After [`SPIN`] the wait sleeps [`NAP`] between polls: a yield does not
+/// let a task of a lower scheduling class run (a real-time caller would
+/// keep the device's own tasks, which make the completions, off its CPU),
+/// and a long wait needs no microseconds.
 ///
 /// Polls once before it gives up with `EAGAIN`; `ETIMEDOUT` and
 /// `ERESTARTSYS` as [`wait_for`].  The guard comes back in every case.
@@ -105,6 +114,9 @@ pub(crate) fn wait_polled<'a, T>(
             }
         }
         drop(guard);
+        if polled && start.elapsed().as_nanos() > SPIN.as_nanos() {
+            fsleep(NAP);
+        }
         poll();
         polled = true;
         guard = mutex.lock();

@@ -73,20 +73,21 @@ struct workqueue_struct *rdma_cm_rs_alloc_destroy_wq(void)
 	return alloc_workqueue("%s_destroy", WQ_UNBOUND, 0, KBUILD_MODNAME);
 }
 
-/* The busy-polling loops' queue: unbound, every loop active at once. */
-struct workqueue_struct *rdma_cm_rs_alloc_poll_wq(int max_active)
+/*
+ * The busy-polling loops' queue: unbound, with the most active work items
+ * a queue may have.  An unbound queue shares them out over the NUMA nodes
+ * by their CPUs (workqueue_set_min_active(), which would raise a node's
+ * floor, is not exported), so only a single-node machine runs every loop
+ * the poller admits for sure: see poller.rs.
+ */
+struct workqueue_struct *rdma_cm_rs_alloc_poll_wq(void)
 {
-	return alloc_workqueue("%s_poll", WQ_UNBOUND, max_active, KBUILD_MODNAME);
+	return alloc_workqueue("%s_poll", WQ_UNBOUND, WQ_MAX_ACTIVE, KBUILD_MODNAME);
 }
 
 void rdma_cm_rs_flush_wq(struct workqueue_struct *wq)
 {
 	flush_workqueue(wq);
-}
-
-void rdma_cm_rs_drain_wq(struct workqueue_struct *wq)
-{
-	drain_workqueue(wq);
 }
 
 /* For a leak that leaves module code reachable: the module never goes. */

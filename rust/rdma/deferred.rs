@@ -7,8 +7,9 @@
 //! instead.  The work item runs the module's code, so the module must not
 //! be unloaded while one is queued or running: the queue is owned by a
 //! [`DestroyQueue`] that the module keeps for as long as it has ids, and
-//! whose drop drains and destroys the queue (`destroy_workqueue`), as
-//! nvmet-rdma does with its release work.  No timeout, and nothing for a
+//! whose drop waits for every destruction, those queued meanwhile
+//! included, and destroys the queue (`destroy_workqueue`), as nvmet-rdma
+//! does with its release work.  No timeout, and nothing for a
 //! consumer to call by hand.
 
 use super::{
@@ -32,6 +33,8 @@ static QUEUE: AtomicPtr<bindings::workqueue_struct> = AtomicPtr::new(ptr::null_m
 /// Enqueuers between reading [`QUEUE`] and enqueueing: the queue is not
 /// destroyed under them.
 static ENQUEUERS: AtomicUsize = AtomicUsize::new(0);
+/// Destructions queued and not yet finished.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
 
 /// The module's queue of deferred destructions.
 ///
@@ -75,23 +78,44 @@ impl DestroyQueue {
     }
 }
 
+/// Flushes `wq` until no destruction is pending.
+///
+/// Not `drain_workqueue`: while a drain runs, only the queue's own work
+/// items may queue more, and a destruction may also be deferred from
+/// elsewhere meanwhile (a busy-polling loop that drops the last reference
+/// to an id as it ends, while a poller's deferred destruction, which
+/// waits for that loop, runs here).  Such a destruction is counted before
+/// it is queued, and a flush waits for it.
+fn flush_until_idle(wq: *mut bindings::workqueue_struct) {
+    loop {
+        // SAFETY: `wq` is the live queue of the `DestroyQueue` being
+        // dropped (the caller's).
+        unsafe { bindings::rdma_cm_rs_flush_wq(wq) };
+        if PENDING.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+    }
+}
+
 impl Drop for DestroyQueue {
     fn drop(&mut self) {
         let wq = QUEUE.load(Ordering::SeqCst);
         // Still published: a destruction that defers another one (dropping
-        // the last reference to an id's owner) queues it as chained work,
-        // which `drain_workqueue` waits for too.
-        // SAFETY: `wq` is the live queue this object owns.
-        unsafe { bindings::rdma_cm_rs_drain_wq(wq) };
+        // the last reference to an id's owner) queues it here, and the
+        // flushes wait for it too.
+        flush_until_idle(wq);
         QUEUE.store(ptr::null_mut(), Ordering::SeqCst);
         // An enqueuer that read the queue before it was unpublished is
-        // counted (it increments before reading): let it finish.
+        // counted (it increments before reading): let it finish, then wait
+        // for what it queued.
         while ENQUEUERS.load(Ordering::SeqCst) != 0 {
             // An enqueue takes no time; a flush may take a while.
             kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
         }
+        flush_until_idle(wq);
         // SAFETY: `wq` is the queue this object owned; nothing can reach it
-        // any more.  `destroy_workqueue` drains it once more before freeing.
+        // any more, and nothing is pending on it.  `destroy_workqueue`
+        // drains it before freeing, so the last work item has returned.
         unsafe { bindings::rdma_cm_rs_destroy_wq(wq) };
     }
 }
@@ -148,6 +172,9 @@ impl workqueue::WorkItem for DestroyWork {
         // rather than flushing or destroying on this queue's own worker.
         let _mark = CallbackMark::enter();
         this.victim.destroy();
+        // Counted out after the destruction and what it queued in turn
+        // (counted in before this): the queue's drop waits for both.
+        PENDING.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -175,6 +202,7 @@ pub(crate) fn spawn(
         // SAFETY: `wq` stays live until `ENQUEUERS` drops back (see
         // `DestroyQueue::drop`).
         let queue = unsafe { workqueue::Queue::from_raw(wq) };
+        PENDING.fetch_add(1, Ordering::SeqCst);
         // A fresh box cannot be queued already: enqueueing cannot fail.
         queue.enqueue(work);
         Ok(())

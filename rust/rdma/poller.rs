@@ -33,7 +33,11 @@ const LOOP_BUDGET: u32 = 16;
 
 /// Loops of one poller at most: each holds one of its queue's active work
 /// items for as long as it runs, and a loop past the queue's limit would
-/// wait, unpolled, for another to end.
+/// wait, unpolled, for another to end.  The queue has `WQ_MAX_ACTIVE`
+/// (2048), shared out over the NUMA nodes by their CPUs: on one node every
+/// admitted loop runs; on several, the loops started from one node's CPUs
+/// get that node's share (1024 of each of two equal nodes), and a loop
+/// past it waits until another ends.
 pub const MAX_LOOPS: usize = 1024;
 
 /// What a loop polls: a [`PollContext::Direct`] CQ of any handler type (the
@@ -54,7 +58,7 @@ impl<C: CompletionHandler> Polled for Cq<C> {
 /// # Invariants
 ///
 /// `wq` is a live workqueue, allocated by [`BusyPoller::new`] with room for
-/// [`MAX_LOOPS`] active work items, and destroyed by
+/// `WQ_MAX_ACTIVE` active work items, and destroyed by
 /// [`DeferredDestroy::destroy`] only, called once.
 struct PollQueue {
     wq: NonNull<bindings::workqueue_struct>,
@@ -97,11 +101,8 @@ impl BusyPoller {
     pub fn new() -> Result<Self> {
         let stopping = Arc::new(AtomicBool::new(false), GFP_KERNEL)?;
         let loops = Arc::new(AtomicUsize::new(0), GFP_KERNEL)?;
-        // Every loop may be active at once (each holds its slot for good);
-        // a constant far below `WQ_MAX_ACTIVE`.
-        let max_active = MAX_LOOPS as i32;
         // SAFETY: Allocates a workqueue named after the module.
-        let wq = unsafe { bindings::rdma_cm_rs_alloc_poll_wq(max_active) };
+        let wq = unsafe { bindings::rdma_cm_rs_alloc_poll_wq() };
         let wq = NonNull::new(wq).ok_or(ENOMEM)?;
         // INVARIANT: Just allocated with room for every loop; only
         // `destroy` frees it.

@@ -57,7 +57,7 @@
 use super::{
     ah::{Datagram, UdDest, GRH_SIZE},
     bindings,
-    callback::{current_task, CallbackMark},
+    callback::CallbackMark,
     device::Device,
     mr::{check_range, Mr, MrAccess, RemoteRegion},
     pd::Pd,
@@ -131,10 +131,13 @@ pub struct WorkDone {
 /// its receive CQ's handler, of its sends and memory work requests on its
 /// send CQ's handler.
 ///
-/// Runs on the CQ's workqueue (its [`PollContext`], process context);
-/// requests the driver never flushed are completed as flushed by the task
-/// that destroys their QP (see the module's Teardown), which may hold the
-/// id's handler mutex: both are callbacks of the layer, where
+/// Runs in process context: on the CQ's workqueue, or for a
+/// [`PollContext::Direct`] CQ in the task that polls it ([`Cq::poll`],
+/// a [`super::poller::BusyPoller`] loop, a QP's teardown), under whatever
+/// that task holds: a poller that holds a lock its handler takes
+/// deadlocks.  Requests the driver never flushed are completed as flushed
+/// by the task that destroys their QP (see the module's Teardown), which
+/// may hold the id's handler mutex: both are callbacks of the layer, where
 /// `CmId::with_lock` on another id refuses.  A CM id dropped here is
 /// destroyed from a workqueue: its QP's shutdown could otherwise wait for
 /// this very context.
@@ -312,16 +315,17 @@ impl PollContext {
 /// sum of the reservations of the QPs that complete on it, at most
 /// `entries`.  A [`PollContext::Direct`] CQ is never armed (no
 /// `ib_req_notify_cq`: the IB core warns of an unsolicited completion),
-/// and is processed only by the one task that set `poller`.
+/// and its completions run only in the task that set `polling`, while it
+/// is set (a poll, or a QP's reclaim).
 pub struct Cq<C: CompletionHandler> {
     raw: AtomicPtr<bindings::ib_cq>,
     entries: u32,
     comp_vector: u32,
     poll: PollContext,
-    /// [`PollContext::Direct`]: the task processing the CQ, or null.
-    /// Completions run one at a time and in order, as from a workqueue:
-    /// what a QP's ordering of its send queue relies on.
-    poller: AtomicPtr<bindings::task_struct>,
+    /// [`PollContext::Direct`]: a task processes the CQ.  Completions run
+    /// one at a time and in order, as from a workqueue: what a QP's
+    /// ordering of its send queue relies on.
+    polling: AtomicBool,
     committed: AtomicU32,
     handler: C,
     dev: ARef<Device>,
@@ -360,7 +364,7 @@ impl<C: CompletionHandler> Cq<C> {
                 entries,
                 comp_vector,
                 poll,
-                poller: AtomicPtr::new(ptr::null_mut()),
+                polling: AtomicBool::new(false),
                 committed: AtomicU32::new(0),
                 handler,
                 dev: dev.into(),
@@ -443,45 +447,40 @@ impl<C: CompletionHandler> Cq<C> {
             // At most `budget`, never negative.
             Ok(u32::try_from(done).unwrap_or(0))
         };
-        if matches!(done, Ok(0) | Err(_)) {
-            // SAFETY: Process context (the function's contract), no
-            // spinlock held: the poll's guard is gone.
-            unsafe { bindings::rdma_cm_rs_yield() };
-        } else {
-            // SAFETY: As above.
-            unsafe { bindings::rdma_cm_rs_cond_resched() };
-        }
+        give_way(matches!(done, Ok(n) if n > 0));
         done
     }
 
     /// For a QP's teardown: processes a [`PollContext::Direct`] CQ until
     /// it is empty, unless another task is polling it (whose poll delivers
     /// what it finds).  Nothing for a CQ polled from a workqueue.
+    /// Gives the CPU away as [`Self::poll`] does: the caller polls again.
     fn poll_for_teardown(&self) {
         if self.poll != PollContext::Direct {
             return;
         }
-        if let Some(polling) = DirectPoll::try_start(self) {
-            polling.drain();
-        }
+        let found = DirectPoll::try_start(self).is_some_and(|polling| polling.drain() > 0);
+        give_way(found);
     }
 
-    /// Waits until every completion the driver queued before the call has
-    /// run its handler: the CQ's poll work is idle, or for a
-    /// [`PollContext::Direct`] CQ, a poll found it empty.  Not from a
-    /// handler of this CQ (the layer defers a QP's teardown out of every
-    /// callback), which the wait would be for.
-    fn flush_queued(&self) {
+    /// For a QP's reclaim: for a [`PollContext::Direct`] CQ, the right to
+    /// process it, once every completion queued before has run (a poll
+    /// found it empty); the reclaim completes the QP's leftovers under it,
+    /// so that they too run one at a time with the CQ's others.  For a CQ
+    /// polled from a workqueue, waits until its poll work is idle, and
+    /// `None`.  Not from a handler of this CQ (the layer defers a QP's
+    /// teardown out of every callback), which the wait would be for.
+    fn quiesce(&self) -> Option<DirectPoll<'_, C>> {
         if self.poll != PollContext::Direct {
             // SAFETY: The CQ is live and polled from a workqueue, whose
             // poll work this waits for.
             unsafe { bindings::rdma_cm_rs_flush_cq_work(self.as_ptr()) };
-            return;
+            return None;
         }
         loop {
             if let Some(polling) = DirectPoll::try_start(self) {
                 polling.drain();
-                return;
+                return Some(polling);
             }
             // Another task's poll is running handlers; it finishes its
             // budget and lets go.
@@ -513,34 +512,52 @@ struct DirectPoll<'a, C: CompletionHandler>(&'a Cq<C>);
 
 impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
     fn try_start(cq: &'a Cq<C>) -> Option<Self> {
-        cq.poller
-            .compare_exchange(
-                ptr::null_mut(),
-                current_task(),
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            )
+        cq.polling
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .ok()
             .map(|_| Self(cq))
     }
 
-    /// Processes the CQ until a batch finds it empty.
-    fn drain(&self) {
+    /// Processes the CQ until a batch finds it empty; how many completions
+    /// ran.
+    fn drain(&self) -> usize {
         const BATCH: i32 = 16;
+        let mut total = 0;
         loop {
             // SAFETY: As in `Cq::poll`: a live `IB_POLL_DIRECT` CQ processed
             // by this task alone, whose entries' `done` are this layer's.
             let done = unsafe { bindings::ib_process_cq_direct(self.0.as_ptr(), BATCH) };
+            // Between 0 and `BATCH`.
+            total += usize::try_from(done).unwrap_or(0);
             if done < BATCH {
-                return;
+                return total;
             }
+            // A CQ shared by busy QPs may keep this going.
+            give_way(true);
         }
+    }
+}
+
+/// After a poll of a [`PollContext::Direct`] CQ, before the caller polls
+/// again: when it `found` nothing, every other runnable task of the CPU
+/// runs first (`yield`, a user-space poller's `sched_yield`: a software
+/// device makes completions in tasks of its own, which must not wait for
+/// the scheduler's tick); otherwise the CPU goes only if the scheduler
+/// asks for it.  Process context, no spinlock held.
+fn give_way(found: bool) {
+    if found {
+        // SAFETY: Process context with no spinlock held (the function's
+        // contract), where `cond_resched` may sleep.
+        unsafe { bindings::rdma_cm_rs_cond_resched() };
+    } else {
+        // SAFETY: As above, for `yield`.
+        unsafe { bindings::rdma_cm_rs_yield() };
     }
 }
 
 impl<C: CompletionHandler> Drop for DirectPoll<'_, C> {
     fn drop(&mut self) {
-        self.0.poller.store(ptr::null_mut(), Ordering::Release);
+        self.0.polling.store(false, Ordering::Release);
     }
 }
 
@@ -549,7 +566,10 @@ impl<C: CompletionHandler> Drop for Cq<C> {
         let raw = self.as_ptr();
         if !raw.is_null() {
             // SAFETY: Live CQ; its QPs are gone (each QP holds the CQ
-            // alive); `ib_free_cq` waits for a running poll.
+            // alive), and no poll runs: a poll work item holds no
+            // reference, but `ib_free_cq` cancels it (workqueue CQs); a
+            // `Cq::poll` borrows the object, which is being dropped
+            // (direct CQs, for which `ib_free_cq` waits for nothing).
             unsafe { bindings::ib_free_cq(raw) };
         }
     }
@@ -1966,9 +1986,15 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         // Completions the driver queued before the QP was destroyed reach
         // their handlers first, and a handler still running returns (its
         // request stopped being tracked just before it was called); none
-        // comes after.
-        self.send_cq.flush_queued();
-        self.recv_cq.flush_queued();
+        // comes after.  A direct CQ stays held until the leftovers are
+        // done (one hold when both queues share it: a second would wait
+        // for the first).
+        let _send_hold = self.send_cq.quiesce();
+        let _recv_hold = if Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
+            None
+        } else {
+            self.recv_cq.quiesce()
+        };
         // Each request left is completed on its own below, an unsignaled
         // send that may have succeeded as flushed too: none gives back
         // another.
