@@ -992,7 +992,8 @@ fn disconnect_under_incoming_sends(ctx: &mut Ctx) -> Result<()> {
 /// after its limit); then the data-path scenarios again on such ids, made
 /// by the module's connect and by its listener (whose requests' ids
 /// busy-poll too), through its sends, windows, RDMA, errors and
-/// disconnects.
+/// disconnects; on iWARP, the passive side's first SEND once the peer's
+/// first message came, unread.
 fn busy_poll_data_path(ctx: &mut Ctx) -> Result<()> {
     let _busy = BusyPollIds::on();
     let dev = Device::open()?;
@@ -1050,6 +1051,51 @@ fn busy_poll_data_path(ctx: &mut Ctx) -> Result<()> {
     for (name, scenario) in scenarios {
         scenario(ctx).with_context(|| format!("{name} on busy-polling ids"))?;
     }
+    if ctx.iwarp() {
+        passive_sends_once_the_first_message_came(ctx)
+            .context("iWARP, passive, busy-polling: SEND after the peer's first message")?;
+    }
+    Ok(())
+}
+
+/// iWARP, the module passive on a busy-polling id: its sends wait for the
+/// peer's first message (EAGAIN before), which only a poll of the CQ sees;
+/// once it came, a SEND goes without a RECV first (the SEND polls before
+/// it posts), and the message is still there to read.
+fn passive_sends_once_the_first_message_came(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    let listener = listen(&dev, addr, 4, 0)?;
+    let first = b"first, from the active side".to_vec();
+    let call = Call::start(
+        &ctx.agent,
+        &format!(
+            "connect addr={addr} data=00 msg={} delay=500 disc=self",
+            hex(&first)
+        ),
+    )?;
+    let req = wait(&dev, EventType::ConnectRequest)?;
+    dev.accept(req.new_id, None)?;
+    wait(&dev, EventType::Established)?;
+    expect_errno(
+        "module SEND before the peer's first message",
+        dev.send(req.new_id, b"too early"),
+        libc::EAGAIN,
+    )?;
+    // The peer sends 500 ms after its ESTABLISHED; nothing polls meanwhile.
+    std::thread::sleep(Duration::from_millis(1500));
+    dev.send(req.new_id, b"answer")
+        .context("module SEND, the first message unread")?;
+    verify(
+        "module: the first message",
+        &first,
+        &dev.recv(req.new_id, 4096, T).context("module recv")?,
+    )?;
+    wait(&dev, EventType::Disconnected)?;
+    let r = call.result()?;
+    ensure!(unhex(field(&r, "reply")?)? == b"answer", "peer: {r:?}");
+    dev.destroy(req.new_id)?;
+    dev.destroy(listener)?;
     Ok(())
 }
 
