@@ -2210,21 +2210,34 @@ mod sync_tests {
     /// coming back from the reclaim as flushed.
     #[test]
     fn unsignaled_send_comes_back_at_shutdown() {
-        let Some(pair) = connected_pair(&NetNs::init(), 7193) else {
+        let Some(client) = unsignaled_send_then_teardown(7193, PollContext::Workqueue, 7) else {
             return;
         };
+        assert_eq!(client.send_log.load(Ordering::Acquire), 7);
+    }
+
+    /// Posts an unsignaled send marked `byte` from the client of a pair
+    /// whose client CQ is polled from `poll`, waits until it arrived, and
+    /// tears the pair down; checks that the send came back once, with
+    /// success, well inside the flush's limit (which a reclaim waits out).
+    /// The client's record; `None` (skipped) without rxe.
+    fn unsignaled_send_then_teardown(
+        port: u16,
+        poll: PollContext,
+        byte: u8,
+    ) -> Option<Arc<QpSeen>> {
+        let pair = connected_pair_polled(&NetNs::init(), port, poll)?;
         let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
-        let posted = post_marked(&pair.client_qp, 7, true);
+        let posted = post_marked(&pair.client_qp, byte, true);
         let arrived = wait_until(|| server.received.load(Ordering::Acquire) == 1);
         let start = Instant::<Monotonic>::now();
         drop(pair);
         let teardown = start.elapsed();
         assert!(posted && arrived);
         assert_eq!(client.sends_back.load(Ordering::Acquire), 1);
-        assert_eq!(client.send_log.load(Ordering::Acquire), 7);
         assert_eq!(client.sends_failed.load(Ordering::Acquire), 0);
-        // Well inside the flush's limit, which a reclaim waits out.
         assert!(teardown.as_millis() < FLUSH_TIMEOUT.as_millis());
+        Some(client)
     }
 
     /// A `Direct` CQ runs its handler only when polled, in the poller's
@@ -2308,20 +2321,11 @@ mod sync_tests {
     /// `FLUSH_TIMEOUT`).
     #[test]
     fn direct_cq_teardown_polls_for_the_flush() {
-        let Some(pair) = connected_pair_polled(&NetNs::init(), 7195, PollContext::Direct) else {
+        let Some(client) = unsignaled_send_then_teardown(7195, PollContext::Direct, 9) else {
             return;
         };
-        let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
-        let posted = post_marked(&pair.client_qp, 9, true);
-        let arrived = wait_until(|| server.received.load(Ordering::Acquire) == 1);
-        let start = Instant::<Monotonic>::now();
-        drop(pair);
-        let teardown = start.elapsed();
-        assert!(posted && arrived);
         assert_eq!(client.recvs_flushed.load(Ordering::Acquire), 4);
-        assert_eq!(client.sends_back.load(Ordering::Acquire), 1);
-        assert_eq!(client.sends_failed.load(Ordering::Acquire), 0);
-        assert!(teardown.as_millis() < FLUSH_TIMEOUT.as_millis());
+        assert_eq!(client.send_log.load(Ordering::Acquire), 9);
     }
 
     /// A blocking call past its limit fails with `ETIMEDOUT` and leaves

@@ -659,34 +659,55 @@ fn iwarp_ud_refused(ctx: &mut Ctx) -> Result<()> {
 /// message arrived (held back 1 s here); then it answers.
 fn iwarp_active_side_sends_first(ctx: &mut Ctx) -> Result<()> {
     let dev = Device::open()?;
+    let (_, id, call) = iwarp_passive_connection(ctx, &dev, 1000)?;
+    verify(
+        "module: the first message",
+        IWARP_FIRST,
+        &dev.recv(id, 4096, T).context("module recv")?,
+    )?;
+    dev.send(id, b"answer")
+        .context("module SEND after the first message")?;
+    iwarp_passive_answered(&dev, call)
+}
+
+/// The active side's first message in the iWARP scenarios.
+const IWARP_FIRST: &[u8] = b"first, from the active side";
+
+/// iWARP, the module passive: a listener, the peer connecting to it and
+/// sending [`IWARP_FIRST`] `delay_ms` after its ESTABLISHED, the request
+/// accepted, and the module's SEND before that message refused with
+/// EAGAIN (the active side sends first, rdma_connect(3)).  The listener,
+/// the connection's id and the peer's call.
+fn iwarp_passive_connection(
+    ctx: &mut Ctx,
+    dev: &Device,
+    delay_ms: u32,
+) -> Result<(u32, u32, Call)> {
     let addr = SocketAddr::new(ctx.local4, ctx.port());
-    listen(&dev, addr, 4, 0)?;
-    let first = b"first, from the active side".to_vec();
+    let listener = listen(dev, addr, 4, 0)?;
     let call = Call::start(
         &ctx.agent,
         &format!(
-            "connect addr={addr} data=00 msg={} delay=1000 disc=self",
-            hex(&first)
+            "connect addr={addr} data=00 msg={} delay={delay_ms} disc=self",
+            hex(IWARP_FIRST)
         ),
     )?;
-    let req = wait(&dev, EventType::ConnectRequest)?;
+    let req = wait(dev, EventType::ConnectRequest)?;
     dev.accept(req.new_id, None)?;
-    wait(&dev, EventType::Established)?;
+    wait(dev, EventType::Established)?;
     expect_errno(
         "module SEND before the peer's first message",
         dev.send(req.new_id, b"too early"),
         libc::EAGAIN,
     )?;
-    verify(
-        "module: the first message",
-        &first,
-        &dev.recv(req.new_id, 4096, T).context("module recv")?,
-    )?;
-    dev.send(req.new_id, b"answer")
-        .context("module SEND after the first message")?;
-    wait(&dev, EventType::Disconnected)?;
+    Ok((listener, req.new_id, call))
+}
+
+/// The end of [`iwarp_passive_connection`] once the module sent "answer":
+/// the peer disconnects, having got the answer and nothing before it.
+fn iwarp_passive_answered(dev: &Device, call: Call) -> Result<()> {
+    wait(dev, EventType::Disconnected)?;
     let r = call.result()?;
-    // The peer got the answer, and nothing before it.
     ensure!(unhex(field(&r, "reply")?)? == b"answer", "peer: {r:?}");
     Ok(())
 }
@@ -1064,37 +1085,18 @@ fn busy_poll_data_path(ctx: &mut Ctx) -> Result<()> {
 /// it posts), and the message is still there to read.
 fn passive_sends_once_the_first_message_came(ctx: &mut Ctx) -> Result<()> {
     let dev = Device::open()?;
-    let addr = SocketAddr::new(ctx.local4, ctx.port());
-    let listener = listen(&dev, addr, 4, 0)?;
-    let first = b"first, from the active side".to_vec();
-    let call = Call::start(
-        &ctx.agent,
-        &format!(
-            "connect addr={addr} data=00 msg={} delay=500 disc=self",
-            hex(&first)
-        ),
-    )?;
-    let req = wait(&dev, EventType::ConnectRequest)?;
-    dev.accept(req.new_id, None)?;
-    wait(&dev, EventType::Established)?;
-    expect_errno(
-        "module SEND before the peer's first message",
-        dev.send(req.new_id, b"too early"),
-        libc::EAGAIN,
-    )?;
+    let (listener, id, call) = iwarp_passive_connection(ctx, &dev, 500)?;
     // The peer sends 500 ms after its ESTABLISHED; nothing polls meanwhile.
     std::thread::sleep(Duration::from_millis(1500));
-    dev.send(req.new_id, b"answer")
+    dev.send(id, b"answer")
         .context("module SEND, the first message unread")?;
     verify(
         "module: the first message",
-        &first,
-        &dev.recv(req.new_id, 4096, T).context("module recv")?,
+        IWARP_FIRST,
+        &dev.recv(id, 4096, T).context("module recv")?,
     )?;
-    wait(&dev, EventType::Disconnected)?;
-    let r = call.result()?;
-    ensure!(unhex(field(&r, "reply")?)? == b"answer", "peer: {r:?}");
-    dev.destroy(req.new_id)?;
+    iwarp_passive_answered(&dev, call)?;
+    dev.destroy(id)?;
     dev.destroy(listener)?;
     Ok(())
 }
