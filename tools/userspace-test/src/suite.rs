@@ -2636,7 +2636,7 @@ fn note(line: &str) {
 /// testing.rst) leaves the devices' view of every QP and rxe's counters in
 /// the output ([`diag::rdma_state`]), with the module's QP number, for the
 /// next time.
-fn send_or_show_qps(dev: &Device, id: u32, data: &[u8], what: &str) -> Result<()> {
+pub(super) fn send_or_show_qps(dev: &Device, id: u32, data: &[u8], what: &str) -> Result<()> {
     let Err(e) = dev.send(id, data) else {
         return Ok(());
     };

@@ -623,8 +623,8 @@ fn module_client_against_ucmatose(
         let answer = pattern(run.size, 0x64);
         for &id in &conns {
             for i in 0..run.messages {
-                dev.send(id, &answer)
-                    .with_context(|| format!("module: id {id}: answer {i}"))?;
+                let what = format!("module: id {id}: answer {i}");
+                super::send_or_show_qps(&dev, id, &answer, &what)?;
             }
         }
         // The server disconnects once it has every answer.
