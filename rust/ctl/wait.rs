@@ -72,7 +72,7 @@ pub(crate) fn wait_for<T>(
 }
 
 /// How long [`wait_polled`] polls without sleeping.
-const SPIN: Delta = Delta::from_millis(2);
+const SPIN: Delta = Delta::from_millis(1);
 /// Its sleep between two polls after that.
 const NAP: Delta = Delta::from_micros(50);
 
