@@ -970,18 +970,33 @@ fn messages_all_sizes(ctx: &mut Ctx) -> Result<()> {
 /// `tools/kernel-patches/0008`).  Every send of the peer's completes
 /// (delivered, or flushed once it saw DISCONNECTED and disconnected too),
 /// and both ends see DISCONNECTED.
+/// The peer serves (`serve addr=... SERVE_ARGS`) on a fresh port; the
+/// module connects to it with `data` and sees ESTABLISHED.  The peer's
+/// call and the module's id.
+fn connect_to_serving_peer(
+    ctx: &mut Ctx,
+    dev: &Device,
+    serve_args: &str,
+    data: &[u8],
+) -> Result<(Call, u32)> {
+    let addr = SocketAddr::new(ctx.peer4, ctx.port());
+    let mut call = Call::start(&ctx.agent, &format!("serve addr={addr} {serve_args}"))?;
+    call.ready()?;
+    let id = resolve(dev, addr)?;
+    dev.connect(id, &Param::with_data(data))?;
+    wait(dev, EventType::Established)?;
+    Ok((call, id))
+}
+
 fn disconnect_under_incoming_sends(ctx: &mut Ctx) -> Result<()> {
     const BURST: usize = 20;
     let dev = Device::open()?;
-    let addr = SocketAddr::new(ctx.peer4, ctx.port());
-    let mut call = Call::start(
-        &ctx.agent,
-        &format!("serve addr={addr} count=1 accept=- flood={BURST}"),
+    let (call, id) = connect_to_serving_peer(
+        ctx,
+        &dev,
+        &format!("count=1 accept=- flood={BURST}"),
+        b"flood",
     )?;
-    call.ready()?;
-    let id = resolve(&dev, addr)?;
-    dev.connect(id, &Param::with_data(b"flood"))?;
-    wait(&dev, EventType::Established)?;
     let message = dev.recv(id, 4096, T).context("the burst's first message")?;
     ensure!(
         message.len() == 4096,
@@ -1016,22 +1031,16 @@ fn disconnect_under_incoming_sends(ctx: &mut Ctx) -> Result<()> {
 /// RECV with nothing arrived polls and fails (EAGAIN at once, ETIMEDOUT
 /// after its limit); then four data-path scenarios again on such ids, made
 /// by the module's connect and by its listener (whose requests' ids
-/// busy-poll too), through its sends, windows, RDMA and disconnects; on iWARP, the passive side's first SEND once the peer's
-/// first message came, unread.
+/// busy-poll too), through its sends, windows, RDMA and disconnects; on
+/// iWARP, the passive side's first SEND once the peer's first message
+/// came, unread.
 fn busy_poll_data_path(ctx: &mut Ctx) -> Result<()> {
     let _busy = BusyPollIds::on();
     let dev = Device::open()?;
-    let addr = SocketAddr::new(ctx.peer4, ctx.port());
-    let mut call = Call::start(
-        &ctx.agent,
-        &format!("serve addr={addr} count=1 accept=- echo=1 disc=self"),
-    )?;
-    call.ready()?;
     // The whole REQ's private data, which IB pads to its 56 bytes.
     let req_data = pattern(56, 5);
-    let id = resolve(&dev, addr)?;
-    dev.connect(id, &Param::with_data(&req_data))?;
-    wait(&dev, EventType::Established)?;
+    let (call, id) =
+        connect_to_serving_peer(ctx, &dev, "count=1 accept=- echo=1 disc=self", &req_data)?;
     let cqs = diag::kernel_cqs("rdma_cm_rs").context("rdma res show cq")?;
     // iproute2 up to at least 6.1 (Debian's) names the kernel's `enum
     // ib_poll_context` one off ("DIRECT", "SOFTIRQ", "WORKQUEUE",
