@@ -544,7 +544,8 @@ impl Conn {
     /// (nothing to do on another: its worker does).
     fn poll_now(&self) {
         if let Some(cq) = &self.polled_cq {
-            // `EBUSY`: another caller polls, and delivers.
+            // `EBUSY`: another caller polls, and its poll runs the handler
+            // that changes what this one checks.
             let _ = cq.poll(POLL_BUDGET);
         }
     }
@@ -560,16 +561,11 @@ impl Conn {
         wait: Wait,
         ready: impl Fn(&T) -> bool,
     ) -> (MutexGuard<'a, T>, Result) {
-        let Some(cq) = &self.polled_cq else {
+        if self.polled_cq.is_none() {
             let r = wait_for(cv, &mut guard, wait, ready);
             return (guard, r);
-        };
-        // `EBUSY`: another waiter is polling, and its poll runs the
-        // handler that changes the state this one checks.
-        let poll = || {
-            let _ = cq.poll(POLL_BUDGET);
-        };
-        wait_polled(mutex, guard, wait, poll, ready)
+        }
+        wait_polled(mutex, guard, wait, || self.poll_now(), ready)
     }
 
     fn mr(&self, handle: u32) -> Result<Arc<Mr>> {

@@ -437,12 +437,12 @@ impl<C: CompletionHandler> Cq<C> {
             let Some(_polling) = DirectPoll::try_start(self) else {
                 break 'poll Err(EBUSY);
             };
-            // SAFETY: The CQ is live (type invariants) and `IB_POLL_DIRECT`,
-            // so nothing else processes it: no work item, no softirq, and
-            // no other caller of `ib_process_cq_direct` (this object is the
-            // only one, and `_polling` excludes the others).  Every entry's
-            // `done` is one of this layer's, which takes ownership of its
-            // request.  The budget is positive.
+            // An `IB_POLL_DIRECT` CQ has no work item or softirq, and this
+            // object is its only caller of `ib_process_cq_direct`, which
+            // `_polling` makes one task at a time.
+            // SAFETY: Live CQ (type invariants) processed by this task
+            // alone; every entry's `done` is this layer's, which takes
+            // ownership of its request; the budget is positive.
             let done = unsafe { bindings::ib_process_cq_direct(self.as_ptr(), budget) };
             // At most `budget`, never negative.
             Ok(u32::try_from(done).unwrap_or(0))
@@ -565,11 +565,11 @@ impl<C: CompletionHandler> Drop for Cq<C> {
     fn drop(&mut self) {
         let raw = self.as_ptr();
         if !raw.is_null() {
-            // SAFETY: Live CQ; its QPs are gone (each QP holds the CQ
-            // alive), and no poll runs: a poll work item holds no
-            // reference, but `ib_free_cq` cancels it (workqueue CQs); a
-            // `Cq::poll` borrows the object, which is being dropped
-            // (direct CQs, for which `ib_free_cq` waits for nothing).
+            // No poll runs: `ib_free_cq` cancels a workqueue CQ's poll
+            // work, and a `Cq::poll` of a direct CQ (for which
+            // `ib_free_cq` waits for nothing) borrows this object.
+            // SAFETY: Live CQ whose QPs are gone (each QP holds the CQ
+            // alive), polled by nothing.
             unsafe { bindings::ib_free_cq(raw) };
         }
     }

@@ -334,12 +334,15 @@ fn counterpart_end(res: &mut Results, what: &str, s: &Slot<'_>, mut p: peer::Pee
     }
 }
 
-/// `blocks`, each name with `suffix` (a variant of the module's side).
-fn with_suffix(blocks: Vec<Block>, suffix: &str) -> Vec<Block> {
+/// The suffix of the rows of the module's side with sleeping waits.
+const WAITS_SLEEP: &str = " (waits sleep)";
+
+/// `blocks`, each name with [`WAITS_SLEEP`].
+fn with_waits_sleep(blocks: Vec<Block>) -> Vec<Block> {
     blocks
         .into_iter()
         .map(|mut b| {
-            b.name += suffix;
+            b.name += WAITS_SLEEP;
             b
         })
         .collect()
@@ -516,19 +519,21 @@ pub fn run(o: Options) -> Result<()> {
                 }
             }
         }
-        if want("data-sleeping") && o.side.as_deref() != Some("user") {
-            // The module's waits sleeping until the CQ's worker reports
-            // a completion, as without RDMA_CM_RS_ID_BUSY_POLL.
-            let suffix = " (waits sleep)";
-            let s = Slot {
-                compare_suffix: Some(suffix),
-                ..slot("kernel", "active")
-            };
+        // The module's side with its waits sleeping until the CQ's worker
+        // reports a completion (no RDMA_CM_RS_ID_BUSY_POLL, no busy_poll=1),
+        // compared with the same user-space rows.
+        let sleeping = |role| Slot {
+            compare_suffix: Some(WAITS_SLEEP),
+            ..slot("kernel", role)
+        };
+        let sleeping_wanted = |g| want(g) && o.side.as_deref() != Some("user");
+        if sleeping_wanted("data-sleeping") {
+            let s = sleeping("active");
             let addr = ports.next(ip);
             let what = "data (waits sleep)";
             match peer::data_server(addr, REGION) {
                 Ok(srv) => {
-                    let r = data::kernel(addr, sizes, false).map(|b| with_suffix(b, suffix));
+                    let r = data::kernel(addr, sizes, false).map(with_waits_sleep);
                     record(&mut res, what, &s, r);
                     counterpart_end(&mut res, what, &s, srv);
                 }
@@ -547,15 +552,10 @@ pub fn run(o: Options) -> Result<()> {
                 record(&mut res, sample::NAME, &s, r);
             }
         }
-        if want("sample-sleeping") && o.side.as_deref() != Some("user") {
-            let suffix = " (waits sleep)";
-            let s = Slot {
-                compare_suffix: Some(suffix),
-                ..slot("kernel", "passive")
-            };
+        if sleeping_wanted("sample-sleeping") {
+            let s = sleeping("passive");
             let addr = ports.next(ip);
-            let r = sample::kernel(addr, cycles, sizes, false)
-                .map(|blocks| with_suffix(blocks, suffix));
+            let r = sample::kernel(addr, cycles, sizes, false).map(with_waits_sleep);
             record(&mut res, "echo service (waits sleep)", &s, r);
         }
         for &n in &scale_counts {
