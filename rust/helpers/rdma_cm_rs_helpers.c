@@ -169,6 +169,32 @@ int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr)
 	return ib_post_recv(qp, wr, NULL);
 }
 
+/*
+ * A basic shared receive queue of @max_wr one-SGE receives on @pd, reporting
+ * no events (every driver checks for a handler first); ERR_PTR(-EOPNOTSUPP)
+ * on a device without SRQs.
+ */
+struct ib_srq *rdma_cm_rs_create_srq(struct ib_pd *pd, u32 max_wr)
+{
+	struct ib_srq_init_attr attr = {
+		.srq_type = IB_SRQT_BASIC,
+		.attr = { .max_wr = max_wr, .max_sge = 1 },
+	};
+
+	return ib_create_srq(pd, &attr);
+}
+
+/* Unlike ib_destroy_srq(), returns the error instead of warning. */
+int rdma_cm_rs_destroy_srq(struct ib_srq *srq)
+{
+	return ib_destroy_srq_user(srq, NULL);
+}
+
+int rdma_cm_rs_post_srq_recv(struct ib_srq *srq, const struct ib_recv_wr *wr)
+{
+	return ib_post_srq_recv(srq, wr, NULL);
+}
+
 int rdma_cm_rs_dma_map_single(struct ib_device *dev, void *cpu_addr,
 			      size_t size, enum dma_data_direction dir,
 			      u64 *dma_addr)

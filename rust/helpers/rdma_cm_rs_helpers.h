@@ -45,6 +45,9 @@ void rdma_cm_rs_yield(void);
 int rdma_cm_rs_modify_qp_err(struct ib_qp *qp);
 int rdma_cm_rs_post_send(struct ib_qp *qp, const struct ib_send_wr *wr);
 int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr);
+struct ib_srq *rdma_cm_rs_create_srq(struct ib_pd *pd, u32 max_wr);
+int rdma_cm_rs_destroy_srq(struct ib_srq *srq);
+int rdma_cm_rs_post_srq_recv(struct ib_srq *srq, const struct ib_recv_wr *wr);
 int rdma_cm_rs_dma_map_single(struct ib_device *dev, void *cpu_addr,
 			      size_t size, enum dma_data_direction dir,
 			      u64 *dma_addr);

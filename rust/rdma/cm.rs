@@ -63,7 +63,7 @@ use super::{
     event::{Event, EventType},
     net::NetNs,
     pd::Pd,
-    verbs::{CommEstNotify, CompletionHandler, Cq, Qp, QpCaps, QpShutdown},
+    verbs::{CommEstNotify, CompletionHandler, Cq, Qp, QpCaps, QpQueues, QpShutdown, Srq},
 };
 use core::{
     marker::PhantomData,
@@ -1061,6 +1061,35 @@ impl LockedId<'_> {
         recv_cq: &Arc<Cq<C>>,
         caps: QpCaps,
     ) -> Result<Arc<Qp<C>>> {
+        self.create_qp_inner(pd, send_cq, recv_cq, caps, None)
+    }
+
+    /// As [`Self::create_qp_with_cqs`], for an RC QP that takes its
+    /// receives from `srq` (see [`Srq`]): its own receive queue is empty
+    /// (`EINVAL` unless `caps.max_recv_wr` is 0, or for an SRQ of another
+    /// PD; `EXDEV` of another device; `EOPNOTSUPP` on a UD id), and
+    /// `recv_cq` takes the completions of the SRQ's receives this QP takes
+    /// (`ENOSPC` unless it has room for all of the SRQ's, the first time a
+    /// QP on `srq` receives on it).  The QP holds `srq`.
+    pub fn create_qp_on_srq<C: CompletionHandler>(
+        &self,
+        pd: &Arc<Pd>,
+        send_cq: &Arc<Cq<C>>,
+        recv_cq: &Arc<Cq<C>>,
+        srq: &Arc<Srq<C>>,
+        caps: QpCaps,
+    ) -> Result<Arc<Qp<C>>> {
+        self.create_qp_inner(pd, send_cq, recv_cq, caps, Some(srq))
+    }
+
+    fn create_qp_inner<C: CompletionHandler>(
+        &self,
+        pd: &Arc<Pd>,
+        send_cq: &Arc<Cq<C>>,
+        recv_cq: &Arc<Cq<C>>,
+        caps: QpCaps,
+        srq: Option<&Arc<Srq<C>>>,
+    ) -> Result<Arc<Qp<C>>> {
         let slot = self.qp_slot.ok_or(EINVAL)?;
         let dev = self.device()?;
         let iwarp = dev.transport() == Transport::Iwarp;
@@ -1085,7 +1114,12 @@ impl LockedId<'_> {
             // CM id outlive every QP event (above).
             unsafe { CommEstNotify::new(notify_comm_est, self.as_ptr().cast()) }
         });
-        let (qp, mut attr) = Qp::prepare(&dev, pd, send_cq, recv_cq, caps, self.qp_type, comm_est)?;
+        let queues = QpQueues {
+            send_cq,
+            recv_cq,
+            srq,
+        };
+        let (qp, mut attr) = Qp::prepare(&dev, pd, queues, caps, self.qp_type, comm_est)?;
         if iwarp && self.request_param.is_some() {
             qp.hold_sends_until_first_message();
         }

@@ -1618,7 +1618,7 @@ mod sync_tests {
         pd::Pd,
         poller::BusyPoller,
         verbs::{
-            CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, SendBuffer,
+            CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, SendBuffer, Srq,
             WorkDone, WorkOp, FLUSH_TIMEOUT,
         },
     };
@@ -1725,6 +1725,19 @@ mod sync_tests {
     /// A world and a listener of it (no waiter) on rxe at `port`; `None`
     /// (the test skipped) without the device.
     fn listening(ns: &NetNs, port: u16) -> Option<(Arc<World>, CmId<Node>, SocketAddr)> {
+        listening_at(ns, RXE_IP, port)
+    }
+
+    /// The address of the test VM's rxe device, and of its siw device.
+    const RXE_IP: [u8; 4] = [192, 0, 2, 1];
+    const SIW_IP: [u8; 4] = [203, 0, 113, 1];
+
+    /// [`listening`] on the device at `ip`.
+    fn listening_at(
+        ns: &NetNs,
+        ip: [u8; 4],
+        port: u16,
+    ) -> Option<(Arc<World>, CmId<Node>, SocketAddr)> {
         let world = Arc::pin_init(
             pin_init!(World {
                 seen <- new_mutex!(Seen::default()),
@@ -1732,10 +1745,7 @@ mod sync_tests {
             GFP_KERNEL,
         )
         .unwrap();
-        let addr = SocketAddr::V4 {
-            ip: [192, 0, 2, 1],
-            port,
-        };
+        let addr = SocketAddr::V4 { ip, port };
         let node = Node {
             world: world.clone(),
             waiter: None,
@@ -1868,6 +1878,8 @@ mod sync_tests {
         /// The last receive's length and [`digest`].
         last_len: AtomicU32,
         last_digest: AtomicU32,
+        /// The QP the last receive arrived on.
+        last_qp_num: AtomicU32,
         /// Send buffers given back, failed ones, and the first byte of
         /// the last eight given back (the latest in the low byte).
         sends_back: AtomicU32,
@@ -1897,6 +1909,8 @@ mod sync_tests {
                 self.0
                     .last_digest
                     .store(digest(buf.data()), Ordering::Release);
+                let qp_num = buf.qp_num().unwrap_or(0);
+                self.0.last_qp_num.store(qp_num, Ordering::Release);
                 self.0.received.fetch_add(1, Ordering::AcqRel);
             }
         }
@@ -1977,23 +1991,59 @@ mod sync_tests {
     /// [`connected_pair`], the client's CQ polled from `client_poll`.
     fn connected_pair_polled(ns: &NetNs, port: u16, client_poll: PollContext) -> Option<Pair> {
         let (world, listener, addr) = listening(ns, port)?;
+        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let s_seen = server_seen.clone();
+        let (client, (client_qp, client_cq), client_seen, server, server_qp) =
+            connect_client(&world, ns, &addr, client_poll, move |server| {
+                recording_qp(server, &s_seen, PollContext::Workqueue).map(|(qp, _)| qp)
+            });
+        Some(Pair {
+            _client: client,
+            client_qp,
+            client_cq,
+            client_seen,
+            _server: server,
+            server_qp,
+            server_seen,
+            _listener: listener,
+        })
+    }
+
+    /// A connected client of `world`, what it is made of, and its server.
+    type Connected = (
+        CmId<Node>,
+        RecordingQp,
+        Arc<QpSeen>,
+        Arc<CmId<Node>>,
+        Arc<Qp<Recording>>,
+    );
+
+    /// Connects a new client with a [`recording_qp`] polled from
+    /// `client_poll` to the listener of `world` at `addr`; the server's id
+    /// gets its QP from `server_qp`, in the work that accepts it.
+    fn connect_client(
+        world: &Arc<World>,
+        ns: &NetNs,
+        addr: &SocketAddr,
+        client_poll: PollContext,
+        server_qp: impl FnOnce(&CmId<Node>) -> Result<Arc<Qp<Recording>>> + Send + 'static,
+    ) -> Connected {
         let client = CmId::new(
-            Node::synchronous(&world).unwrap(),
+            Node::synchronous(world).unwrap(),
             ns,
             PortSpace::Tcp,
             QpType::Rc,
         )
         .unwrap();
         assert!(client
-            .resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)))
+            .resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))
             .is_ok());
         assert!(client.resolve_route_sync(ms(2000), Some(ms(5000))).is_ok());
         let client_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
-        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
-        let (client_qp, client_cq) = recording_qp(&client, &client_seen, client_poll).unwrap();
-        let server_qp = Arc::pin_init(new_mutex!(None), GFP_KERNEL).unwrap();
+        let client_qp = recording_qp(&client, &client_seen, client_poll).unwrap();
+        let made = Arc::pin_init(new_mutex!(None), GFP_KERNEL).unwrap();
 
-        let (w, s_seen, s_qp) = (world.clone(), server_seen.clone(), server_qp.clone());
+        let (w, s_qp) = (world.clone(), made.clone());
         let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
             let server = if wait_until(|| w.seen.lock().server.is_some()) {
                 w.seen.lock().server.clone()
@@ -2001,8 +2051,7 @@ mod sync_tests {
                 None
             };
             let accepted = server.ok_or(ENOENT).and_then(|server| {
-                let (qp, _) = recording_qp(&server, &s_seen, PollContext::Workqueue)?;
-                *s_qp.lock() = Some(qp);
+                *s_qp.lock() = Some(server_qp(&server)?);
                 server.accept_sync(None, Some(ms(5000)))
             });
             w.seen.lock().accepted = Some(accepted);
@@ -2014,17 +2063,8 @@ mod sync_tests {
         assert!(matches!(accepted, Some(Ok(_))));
         assert!(connected.is_ok());
         let server = world.seen.lock().server.take().unwrap();
-        let server_qp = server_qp.lock().take().unwrap();
-        Some(Pair {
-            _client: client,
-            client_qp,
-            client_cq,
-            client_seen,
-            _server: server,
-            server_qp,
-            server_seen,
-            _listener: listener,
-        })
+        let server_qp = made.lock().take().unwrap();
+        (client, client_qp, client_seen, server, server_qp)
     }
 
     /// An RDMA WRITE with a key the server never gave out: the server's QP
@@ -2326,6 +2366,151 @@ mod sync_tests {
         };
         assert_eq!(client.recvs_flushed.load(Ordering::Acquire), 4);
         assert_eq!(client.send_log.load(Ordering::Acquire), 9);
+    }
+
+    /// A shared receive queue feeds the QPs of two connections, which share
+    /// one receive CQ: each message takes the SRQ's next buffer and names
+    /// the QP it arrived on.  The SRQ takes no more than its depth
+    /// (`ENOSPC`) and only buffers of its PD; a QP on it has no receives of
+    /// its own (`EINVAL` at its creation, `EOPNOTSUPP` at a post) and is of
+    /// the SRQ's PD.  The CQ carries the SRQ's room once for both QPs, and
+    /// gets it back after the last; the QPs' teardown leaves the SRQ's
+    /// buffers posted, and its drop frees them (kmemleak would see them).
+    #[test]
+    fn srq_feeds_every_connection_and_outlives_them() {
+        srq_feeds_two_connections(RXE_IP, 7197);
+    }
+
+    /// The same on siw (iWARP), where the passive side may send only once
+    /// the active side's first message arrived: a message taken from the
+    /// SRQ releases the hold of the QP it arrived on, and of no other.
+    #[test]
+    fn srq_on_iwarp_releases_each_qps_first_message_hold() {
+        srq_feeds_two_connections(SIW_IP, 7198);
+    }
+
+    fn srq_feeds_two_connections(ip: [u8; 4], port: u16) {
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening_at(&ns, ip, port) else {
+            return;
+        };
+        let iwarp = ip == SIW_IP;
+        let dev = listener.with_lock(|l| l.device()).unwrap();
+        let pd = Pd::alloc(&dev).unwrap();
+        let other_pd = Pd::alloc(&dev).unwrap();
+        let too_deep = Srq::<Recording>::new(&pd, dev.caps().max_srq_wr + 1).err();
+        let empty = Srq::<Recording>::new(&pd, 0).err();
+        const DEPTH: u32 = 4;
+        let srq = Srq::<Recording>::new(&pd, DEPTH).unwrap();
+        let mut posted = 0;
+        for _ in 0..DEPTH {
+            posted += u32::from(srq.post_recv(RecvBuffer::new(&pd, 64).unwrap()).is_ok());
+        }
+        let beyond_depth = srq.post_recv(RecvBuffer::new(&pd, 64).unwrap());
+        let beyond_depth = beyond_depth.err().map(|(e, _)| e);
+        let foreign = srq.post_recv(RecvBuffer::new(&other_pd, 64).unwrap());
+        let foreign = foreign.err().map(|(e, _)| e);
+
+        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let caps = QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 0,
+            max_inline_data: 0,
+        };
+        let per_qp = caps.send_cq_entries().unwrap();
+        let entries = DEPTH + 2 * per_qp;
+        let cq = Cq::alloc(&dev, entries, Recording(server_seen.clone())).unwrap();
+
+        // Refused on an id with a device and no QP yet.
+        let probe = CmId::new(
+            Node::synchronous(&world).unwrap(),
+            &ns,
+            PortSpace::Tcp,
+            QpType::Rc,
+        )
+        .unwrap();
+        assert!(probe
+            .resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)))
+            .is_ok());
+        let own_recvs = QpCaps {
+            max_recv_wr: 1,
+            ..caps
+        };
+        let with_own_recvs = probe
+            .with_lock(|l| {
+                l.create_qp_on_srq(&pd, &cq, &cq, &srq, own_recvs)
+                    .map(|_| ())
+            })
+            .err();
+        let of_other_pd = probe
+            .with_lock(|l| {
+                l.create_qp_on_srq(&other_pd, &cq, &cq, &srq, caps)
+                    .map(|_| ())
+            })
+            .err();
+        drop(probe);
+        let untouched = cq.free_entries();
+
+        let on_srq = || {
+            let (pd, cq, srq) = (pd.clone(), cq.clone(), srq.clone());
+            move |server: &CmId<Node>| {
+                server.with_lock(|l| l.create_qp_on_srq(&pd, &cq, &cq, &srq, caps))
+            }
+        };
+        let first = connect_client(&world, &ns, &addr, PollContext::Workqueue, on_srq());
+        let after_first = cq.free_entries();
+        let second = connect_client(&world, &ns, &addr, PollContext::Workqueue, on_srq());
+        let after_second = cq.free_entries();
+        let (first_qp, second_qp) = (first.4.qp_num(), second.4.qp_num());
+
+        let own_post = first.4.post_recv(RecvBuffer::new(&pd, 64).unwrap());
+        let own_post = own_post.err().map(|(e, _)| e);
+        let held_before = first.4.awaits_first_message();
+        let sent_first = post_marked(&first.1 .0, 1, false);
+        let got_first = wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);
+        let first_from = server_seen.last_qp_num.load(Ordering::Acquire);
+        let first_held_after = first.4.awaits_first_message();
+        let second_held_meanwhile = second.4.awaits_first_message();
+        let answered = post_marked(&first.4, 3, false);
+        let first_digest = server_seen.last_digest.load(Ordering::Acquire);
+        let sent_second = post_marked(&second.1 .0, 2, false);
+        let got_second = wait_until(|| server_seen.received.load(Ordering::Acquire) == 2);
+        let second_from = server_seen.last_qp_num.load(Ordering::Acquire);
+        let left_posted = srq.posted();
+
+        drop(first);
+        let after_first_gone = cq.free_entries();
+        drop(second);
+        let after_both_gone = cq.free_entries();
+        let still_posted = srq.posted();
+        let flushed = server_seen.recvs_flushed.load(Ordering::Acquire);
+        drop((srq, cq, listener));
+
+        assert_eq!(too_deep, Some(EINVAL));
+        assert_eq!(empty, Some(EINVAL));
+        assert_eq!(posted, DEPTH);
+        assert_eq!(beyond_depth, Some(ENOSPC));
+        assert_eq!(foreign, Some(EINVAL));
+        assert_eq!(with_own_recvs, Some(EINVAL));
+        assert_eq!(of_other_pd, Some(EINVAL));
+        assert_eq!(untouched, entries);
+        assert_eq!(after_first, entries - DEPTH - per_qp);
+        assert_eq!(after_second, entries - DEPTH - 2 * per_qp);
+        assert_eq!(own_post, Some(EOPNOTSUPP));
+        assert_eq!(held_before, iwarp);
+        assert!(!first_held_after);
+        assert_eq!(second_held_meanwhile, iwarp);
+        assert!(answered);
+        assert!(sent_first && got_first && sent_second && got_second);
+        assert_ne!(first_qp, second_qp);
+        assert_eq!(first_from, first_qp);
+        assert_eq!(first_digest, digest(&[1; 16]));
+        assert_eq!(second_from, second_qp);
+        assert_eq!(left_posted, DEPTH - 2);
+        assert_eq!(after_first_gone, entries - DEPTH - per_qp);
+        assert_eq!(after_both_gone, entries);
+        assert_eq!(still_posted, DEPTH - 2);
+        assert_eq!(flushed, 0);
     }
 
     /// A blocking call past its limit fails with `ETIMEDOUT` and leaves

@@ -64,11 +64,12 @@ use super::{
 };
 use core::{
     ptr::{self, NonNull},
-    sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering},
+    sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering},
 };
 use kernel::{
     new_condvar, new_mutex, new_spinlock,
     prelude::*,
+    rbtree::{RBTree, RBTreeNode},
     sync::{aref::ARef, Arc, CondVar, CondVarTimeoutResult, Mutex, SpinLock},
     time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
 };
@@ -598,6 +599,8 @@ struct Buffer {
     invalidate: Option<u32>,
     /// Receives on a UD QP: the sender of the last completion.
     datagram: Option<Datagram>,
+    /// Receives: the QP the last completion arrived on.
+    qp_num: Option<u32>,
     /// Receives: posted on a UD QP, whose completions start with the GRH.
     on_ud: bool,
     /// Sends: posted inline (`IB_SEND_INLINE`).
@@ -654,6 +657,7 @@ impl Buffer {
                 imm: None,
                 invalidate: None,
                 datagram: None,
+                qp_num: None,
                 on_ud: false,
                 inline: false,
                 unsignaled: false,
@@ -774,6 +778,15 @@ impl RecvBuffer {
     /// The sender of the last completion, on a UD QP.
     pub fn datagram(&self) -> Option<&Datagram> {
         self.0.datagram.as_ref()
+    }
+
+    /// The number of the QP the last completion arrived on: for a buffer
+    /// posted to a [`Srq`], which of the QPs sharing it took the message
+    /// (how a ULP finds the connection a request came from).  `None`
+    /// before any completion, and for an SRQ's completion that reached its
+    /// handler after its QP had left the SRQ (dropped).
+    pub fn qp_num(&self) -> Option<u32> {
+        self.0.qp_num
     }
 }
 
@@ -944,10 +957,28 @@ struct WrCredits {
     /// Requests that reach the peer wait for the peer's first message
     /// (see [`Qp::hold_sends_until_first_message`]).
     awaiting_first_message: AtomicBool,
+    /// The credits of a [`Srq`], whose receives complete on the QPs
+    /// attached to it, rather than of a QP.
+    shared: bool,
+    /// A QP's: its number, once created.
+    qp_num: AtomicU32,
+    /// A [`Srq`]'s: the QPs attached to it, by the address of their
+    /// `ib_qp`, which is how a completion names its QP.
+    #[pin]
+    members: SpinLock<RBTree<usize, SrqMember>>,
+}
+
+/// A QP attached to a [`Srq`], as the SRQ's completions find it.
+struct SrqMember {
+    qp_num: u32,
+    /// The QP's credits, for its hold until the peer's first message.
+    credits: Arc<WrCredits>,
 }
 
 impl WrCredits {
-    fn new(caps: QpCaps) -> Result<Arc<Self>> {
+    /// Credits for a QP of `caps`, or with `shared` for a [`Srq`] (whose
+    /// `caps` have only receives).
+    fn new(caps: QpCaps, shared: bool) -> Result<Arc<Self>> {
         let total = caps
             .max_send_wr
             .checked_add(caps.max_recv_wr)
@@ -964,9 +995,59 @@ impl WrCredits {
                 send_order <- new_spinlock!(send_order),
                 flushed <- new_condvar!(),
                 awaiting_first_message: AtomicBool::new(false),
+                shared,
+                qp_num: AtomicU32::new(0),
+                members <- new_spinlock!(RBTree::new()),
             }),
             GFP_KERNEL,
         )
+    }
+
+    /// For a receive of these credits that completed on the QP whose
+    /// `ib_qp` is at `qp` (with a message if `arrived`): that QP's number,
+    /// and its requests held until the peer's first message may go (before
+    /// the handler sees the message and answers it).  `qp` is only
+    /// compared, never followed: the QP may be destroyed already (its
+    /// reclaim delivers what its CQ held).  `None` for a [`Srq`]'s receive
+    /// on a QP that left it.
+    fn received_on(&self, qp: *const bindings::ib_qp, arrived: bool) -> Option<u32> {
+        if !self.shared {
+            if arrived {
+                self.awaiting_first_message.store(false, Ordering::Release);
+            }
+            return Some(self.qp_num.load(Ordering::Acquire));
+        }
+        let members = self.members.lock();
+        let member = members.get(&(qp as usize))?;
+        if arrived {
+            member
+                .credits
+                .awaiting_first_message
+                .store(false, Ordering::Release);
+        }
+        Some(member.qp_num)
+    }
+
+    /// A [`Srq`]'s: records the QP numbered `qp_num`, whose `ib_qp` is at
+    /// `key` and whose credits are `credits`, as attached.  A QP gone since
+    /// from that address is forgotten.
+    fn join(&self, key: usize, qp_num: u32, credits: Arc<WrCredits>) -> Result {
+        let node = RBTreeNode::new(key, SrqMember { qp_num, credits }, GFP_KERNEL)?;
+        let gone = self.members.lock().insert(node);
+        drop(gone);
+        Ok(())
+    }
+
+    /// A [`Srq`]'s: forgets the QP of `credits` recorded at `key` (unless
+    /// another QP took its place).
+    fn leave(&self, key: usize, credits: &Arc<WrCredits>) {
+        let mut members = self.members.lock();
+        let ours = members
+            .get(&key)
+            .is_some_and(|m| Arc::ptr_eq(&m.credits, credits));
+        let left = if ours { members.remove(&key) } else { None };
+        drop(members);
+        drop(left);
     }
 
     /// Waits, at most `timeout`, until no request is outstanding.
@@ -1210,6 +1291,17 @@ pub(crate) trait QpShutdown: Send + Sync {
     fn qp_num(&self) -> u32;
 }
 
+/// Where a QP's completions go and its receives come from (see
+/// [`Qp::prepare`]).
+pub(crate) struct QpQueues<'a, C: CompletionHandler> {
+    /// The CQ of the send queue's completions (and of the QP's events).
+    pub(crate) send_cq: &'a Arc<Cq<C>>,
+    /// The CQ of the receives' completions (also of those from `srq`).
+    pub(crate) recv_cq: &'a Arc<Cq<C>>,
+    /// The shared receive queue the QP takes its receives from, if any.
+    pub(crate) srq: Option<&'a Arc<Srq<C>>>,
+}
+
 /// A queue pair: reliable connected or unreliable datagram.
 ///
 /// # Invariants
@@ -1219,6 +1311,9 @@ pub(crate) trait QpShutdown: Send + Sync {
 ///   `send_cq` and `recv_cq` (which may be one CQ), of type `qp_type`.
 /// * The object owns a reservation of `send_room` entries on `send_cq` and
 ///   of `recv_room` on `recv_cq`.
+/// * With `srq`, the QP takes its receives from it (and has no receive
+///   queue of its own), and the object holds one of the SRQ's attachments
+///   of `recv_cq` ([`Srq::attach_cq`]).
 #[pin_data(PinnedDrop)]
 pub struct Qp<C: CompletionHandler> {
     #[pin]
@@ -1237,6 +1332,11 @@ pub struct Qp<C: CompletionHandler> {
     recv_cq: Arc<Cq<C>>,
     /// The owner's part in [`QpEvent::CommEstablished`].
     comm_est: Option<CommEstNotify>,
+    /// The shared receive queue the QP takes its receives from.
+    srq: Option<Arc<Srq<C>>>,
+    /// With `srq`: the address of the `ib_qp` the SRQ knows the QP by (0
+    /// until created).
+    srq_key: AtomicUsize,
 }
 
 // SAFETY: Posting is serialised by `raw`'s mutex; the pointer is only used
@@ -1250,7 +1350,11 @@ impl<C: CompletionHandler> Qp<C> {
     /// CQs have room for `caps` and the spare entries (`ENOSPC`): one CQ
     /// for both queues needs [`QpCaps::cq_entries`], a send CQ apart
     /// [`QpCaps::send_cq_entries`] and a receive CQ apart
-    /// [`QpCaps::recv_cq_entries`].  Reserves that room, and returns a QP
+    /// [`QpCaps::recv_cq_entries`].  With `srq`, the QP takes its
+    /// receives from it: an RC QP (`EOPNOTSUPP`) of the SRQ's PD
+    /// (`EINVAL`, `EXDEV`) with no receives of its own in `caps`
+    /// (`EINVAL`), whose receive CQ has room for the SRQ's
+    /// ([`Srq::attach_cq`]).  Reserves that room, and returns a QP
     /// object not created yet with the attributes to create it with
     /// (`qp_type`, one SGE a request, one spare slot a queue, completions
     /// only for the requests that ask for one, and the
@@ -1260,18 +1364,38 @@ impl<C: CompletionHandler> Qp<C> {
     pub(crate) fn prepare(
         dev: &Device,
         pd: &Arc<Pd>,
-        send_cq: &Arc<Cq<C>>,
-        recv_cq: &Arc<Cq<C>>,
+        queues: QpQueues<'_, C>,
         caps: QpCaps,
         qp_type: QpType,
         comm_est: Option<CommEstNotify>,
     ) -> Result<(Arc<Self>, bindings::ib_qp_init_attr)> {
+        let QpQueues {
+            send_cq,
+            recv_cq,
+            srq,
+        } = queues;
         dev.check_same(pd.device())?;
         dev.check_same(send_cq.device())?;
         dev.check_same(recv_cq.device())?;
+        if let Some(srq) = srq {
+            dev.check_same(srq.pd.device())?;
+            if qp_type != QpType::Rc {
+                return Err(EOPNOTSUPP);
+            }
+            if !Arc::ptr_eq(&srq.pd, pd) || caps.max_recv_wr != 0 {
+                return Err(EINVAL);
+            }
+        }
         // Each queue's room on its CQ; one CQ for both takes the sum,
-        // `cq_entries`.
-        let (send_room, recv_room) = (caps.send_cq_entries()?, caps.recv_cq_entries()?);
+        // `cq_entries`.  A QP on an SRQ has no receive queue of its own:
+        // the SRQ reserves room for its receives on each CQ it completes
+        // on, once.
+        let send_room = caps.send_cq_entries()?;
+        let recv_room = if srq.is_some() {
+            0
+        } else {
+            caps.recv_cq_entries()?
+        };
         let mut attr: bindings::ib_qp_init_attr = pin_init::zeroed();
         attr.send_cq = send_cq.as_ptr();
         attr.recv_cq = recv_cq.as_ptr();
@@ -1280,16 +1404,34 @@ impl<C: CompletionHandler> Qp<C> {
         // layer posts does, except the sends the caller made unsignaled.
         attr.sq_sig_type = bindings::ib_sig_type_IB_SIGNAL_REQ_WR;
         attr.cap.max_send_wr = caps.max_send_wr.checked_add(1).ok_or(EINVAL)?;
-        attr.cap.max_recv_wr = caps.max_recv_wr.checked_add(1).ok_or(EINVAL)?;
         attr.cap.max_send_sge = 1;
-        attr.cap.max_recv_sge = 1;
         attr.cap.max_inline_data = caps.max_inline_data;
-        let credits = WrCredits::new(caps)?;
+        if let Some(srq) = srq {
+            attr.srq = srq.as_ptr();
+        } else {
+            attr.cap.max_recv_wr = caps.max_recv_wr.checked_add(1).ok_or(EINVAL)?;
+            attr.cap.max_recv_sge = 1;
+        }
+        let credits = WrCredits::new(caps, false)?;
         send_cq.reserve(send_room)?;
         if let Err(e) = recv_cq.reserve(recv_room) {
             send_cq.release(send_room);
             return Err(e);
         }
+        if let Some(srq) = srq {
+            if let Err(e) = srq.attach_cq(recv_cq) {
+                send_cq.release(send_room);
+                recv_cq.release(recv_room);
+                return Err(e);
+            }
+        }
+        let release = || {
+            send_cq.release(send_room);
+            recv_cq.release(recv_room);
+            if let Some(srq) = srq {
+                srq.detach_cq(recv_cq);
+            }
+        };
         // INVARIANT: Not created yet; the reservations are owned from here.
         let qp = Arc::pin_init(
             pin_init!(Self {
@@ -1306,6 +1448,8 @@ impl<C: CompletionHandler> Qp<C> {
                 send_cq: send_cq.clone(),
                 recv_cq: recv_cq.clone(),
                 comm_est,
+                srq: srq.cloned(),
+                srq_key: AtomicUsize::new(0),
             }),
             GFP_KERNEL,
         );
@@ -1316,8 +1460,7 @@ impl<C: CompletionHandler> Qp<C> {
                 Ok((qp, attr))
             }
             Err(e) => {
-                send_cq.release(send_room);
-                recv_cq.release(recv_room);
+                release();
                 Err(e)
             }
         }
@@ -1339,6 +1482,14 @@ impl<C: CompletionHandler> Qp<C> {
         // SAFETY: `raw` is live by the safety requirements.
         let num = unsafe { (*raw.as_ptr()).qp_num };
         self.qp_num.store(num, Ordering::Release);
+        self.credits.qp_num.store(num, Ordering::Release);
+        if let Some(srq) = &self.srq {
+            // Before anything can arrive: the CM moves the QP to RTR only
+            // once its owner has it.
+            let key = raw.as_ptr() as usize;
+            srq.credits.join(key, num, self.credits.clone())?;
+            self.srq_key.store(key, Ordering::Release);
+        }
         if self.qp_type == QpType::Ud {
             let (mut qkey, mut port_num) = (0u32, 0u32);
             // SAFETY: `raw` is live; both outputs are writable for the call
@@ -1563,8 +1714,12 @@ impl<C: CompletionHandler> Qp<C> {
     /// Posts a receive of the buffer's full capacity.  On failure the buffer
     /// comes back with the error: `EXDEV`/`EINVAL` for a buffer of another
     /// device or PD, `ENOSPC` with `max_recv_wr` receives in flight,
-    /// `ENOTCONN` once the QP is shut down.
+    /// `ENOTCONN` once the QP is shut down, `EOPNOTSUPP` on a QP that takes
+    /// its receives from a [`Srq`] (post them there).
     pub fn post_recv(&self, buf: RecvBuffer) -> core::result::Result<(), (Error, RecvBuffer)> {
+        if self.srq.is_some() {
+            return Err((EOPNOTSUPP, buf));
+        }
         if let Err(e) = self.check_pd(&buf.0.pd) {
             return Err((e, buf));
         }
@@ -1572,49 +1727,18 @@ impl<C: CompletionHandler> Qp<C> {
         let Some(raw) = *guard else {
             return Err((ENOTCONN, buf));
         };
-        let credit = match self.credits.take(WrQueue::Recv) {
-            Ok(credit) => credit,
-            Err(e) => return Err((e, buf)),
-        };
-        let mut inner = buf.0;
-        inner.credit = Some(credit);
-        inner.on_ud = self.qp_type == QpType::Ud;
-        if inner.on_ud && inner.data.len() <= GRH_SIZE {
-            let credit = inner.credit.take();
-            drop(credit);
-            return Err((EINVAL, RecvBuffer(inner)));
+        let on_ud = self.qp_type == QpType::Ud;
+        if on_ud && buf.0.data.len() <= GRH_SIZE {
+            return Err((EINVAL, buf));
         }
-        // The CPU may have read the buffer since its last use: give it back
-        // to the device before the device writes it.
-        inner.sync_for_device(inner.data.len());
-        inner.cqe.done = Some(recv_done::<C>);
-        let mut sge = inner.sge(inner.data.len());
-        let leaked = KBox::into_raw(inner);
-        // SAFETY: `leaked` is live until its completion or the failure below.
-        let cqe = unsafe { &raw mut (*leaked).cqe };
         // Tracked under the QP's lock, before the post (the completion may
-        // run before it returns); a failure below untracks it, still under
-        // the lock, when the credit goes.
-        // SAFETY: As above; the credit is a field apart from `cqe`.
-        if let Some(credit) = unsafe { (*leaked).credit.as_mut() } {
-            // SAFETY: `cqe` points into the live object.
-            credit.track(unsafe { NonNull::new_unchecked(cqe) });
-        }
-        let mut wr: bindings::ib_recv_wr = pin_init::zeroed();
-        wr.__bindgen_anon_1.wr_cqe = cqe;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        // SAFETY: `raw` is live under the lock; `wr` and `sge` live across
-        // the call; the buffer stays allocated and mapped until its
-        // completion recovers it.
-        let ret = unsafe { bindings::rdma_cm_rs_post_recv(raw.as_ptr(), &wr) };
-        if ret != 0 {
-            // SAFETY: The post failed: the QP does not own the buffer.
-            let mut inner = unsafe { KBox::from_raw(leaked) };
-            inner.credit = None;
-            return Err((Error::from_errno(ret), RecvBuffer(inner)));
-        }
-        Ok(())
+        // run before it returns); a failure untracks it, still under the
+        // lock: a shutdown never reclaims a receive that was not posted.
+        post_recv_buffer::<C>(buf, &self.credits, on_ud, |wr| {
+            // SAFETY: `raw` is live under the lock; the request and its SGE
+            // live across the call.
+            unsafe { bindings::rdma_cm_rs_post_recv(raw.as_ptr(), wr) }
+        })
     }
 
     /// Posts a SEND (or SEND_WITH_IMM, see [`SendBuffer::set_imm`], or
@@ -2051,6 +2175,199 @@ impl<C: CompletionHandler> PinnedDrop for Qp<C> {
         // room goes with this object.
         self.send_cq.release(self.send_room);
         self.recv_cq.release(self.recv_room);
+        if let Some(srq) = &self.srq {
+            let key = self.srq_key.load(Ordering::Acquire);
+            if key != 0 {
+                srq.credits.leave(key, &self.credits);
+            }
+            srq.detach_cq(&self.recv_cq);
+        }
+    }
+}
+
+/// A shared receive queue (`ib_create_srq`, basic): receive buffers posted
+/// once for every RC QP attached to it, each message taking the next one
+/// whichever QP it arrives on, so that a server sizes its receives by its
+/// load rather than by its connections.
+///
+/// A QP is attached at its creation (`CmId::create_qp_on_srq`), and holds
+/// the SRQ: the SRQ outlives every QP on it.  A receive completes on the
+/// receive CQ of the QP that took it, to that CQ's handler (of the same
+/// `C`, which the types make sure of), and [`RecvBuffer::qp_num`] names
+/// the QP.  The SRQ reserves room for all its receives on each CQ its QPs
+/// receive on, once however many QPs share that CQ: no CQ can overflow
+/// with them.
+///
+/// A posted buffer is the SRQ's until its completion hands it to a
+/// handler.  A QP's shutdown flushes only its own queue: the receives
+/// still posted stay with the SRQ for the other QPs, and one that a QP had
+/// begun to fill when it failed may never complete (rxe drops it).  The
+/// SRQ's destruction, after its last QP's, frees the buffers still posted
+/// without a completion: nothing can reach them any more.
+///
+/// # Invariants
+///
+/// * `raw` is a live SRQ on `pd`, of at least `max_wr` one-SGE receives,
+///   until the object is dropped.
+/// * `credits` (shared) counts and tracks every buffer posted to it whose
+///   completion has not run, at most `max_wr`, and records the QPs
+///   created on it that still exist.
+/// * `recv_cqs` holds each CQ that a QP on the SRQ receives on, with the
+///   number of such QPs; the object owns a reservation of `max_wr` entries
+///   on each.
+#[pin_data(PinnedDrop)]
+pub struct Srq<C: CompletionHandler> {
+    raw: NonNull<bindings::ib_srq>,
+    max_wr: u32,
+    credits: Arc<WrCredits>,
+    pd: Arc<Pd>,
+    #[pin]
+    recv_cqs: Mutex<KVec<(Arc<Cq<C>>, u32)>>,
+}
+
+// SAFETY: Drivers serialise posts to an SRQ themselves (rxe's producer
+// lock, siw's SRQ lock), from any thread; the rest is immutable or locked.
+unsafe impl<C: CompletionHandler> Send for Srq<C> {}
+// SAFETY: As above.
+unsafe impl<C: CompletionHandler> Sync for Srq<C> {}
+
+impl<C: CompletionHandler> Srq<C> {
+    /// Creates an SRQ for `max_wr` receives in flight on `pd`.  `EINVAL`
+    /// for 0 or more than the device's `max_srq_wr`
+    /// ([`super::device::DeviceCaps`]), `EOPNOTSUPP` on a device without
+    /// SRQs.
+    pub fn new(pd: &Arc<Pd>, max_wr: u32) -> Result<Arc<Self>> {
+        let caps = pd.device().caps();
+        if caps.max_srq == 0 {
+            return Err(EOPNOTSUPP);
+        }
+        if max_wr == 0 || max_wr > caps.max_srq_wr {
+            return Err(EINVAL);
+        }
+        let credits = WrCredits::new(
+            QpCaps {
+                max_recv_wr: max_wr,
+                ..QpCaps::default()
+            },
+            true,
+        )?;
+        // SAFETY: `pd` is live (held); `ib_create_srq` sleeps, as this may.
+        let raw = unsafe { bindings::rdma_cm_rs_create_srq(pd.as_ptr(), max_wr) };
+        let raw = NonNull::new(kernel::error::from_err_ptr(raw)?).ok_or(ENOMEM)?;
+        // INVARIANT: Just created on `pd` for `max_wr`; nothing posted or
+        // attached yet.
+        let srq = Arc::pin_init(
+            pin_init!(Self {
+                raw,
+                max_wr,
+                credits,
+                pd: pd.clone(),
+                recv_cqs <- new_mutex!(KVec::new()),
+            }),
+            GFP_KERNEL,
+        );
+        if srq.is_err() {
+            // SAFETY: Created above; nothing knows it.
+            let _ = unsafe { bindings::rdma_cm_rs_destroy_srq(raw.as_ptr()) };
+        }
+        srq
+    }
+
+    /// Posts a receive of the buffer's full capacity, for whichever QP on
+    /// the SRQ takes the next message.  On failure the buffer comes back
+    /// with the error: `EXDEV`/`EINVAL` for a buffer of another device or
+    /// PD, `ENOSPC` with `max_wr` receives posted.
+    pub fn post_recv(&self, buf: RecvBuffer) -> core::result::Result<(), (Error, RecvBuffer)> {
+        if let Err(e) = self.pd.device().check_same(buf.0.pd.device()) {
+            return Err((e, buf));
+        }
+        if !Arc::ptr_eq(&self.pd, &buf.0.pd) {
+            return Err((EINVAL, buf));
+        }
+        post_recv_buffer::<C>(buf, &self.credits, false, |wr| {
+            // SAFETY: Live SRQ (type invariants); the request and its SGE
+            // live across the call; drivers serialise concurrent posts.
+            unsafe { bindings::rdma_cm_rs_post_srq_recv(self.raw.as_ptr(), wr) }
+        })
+    }
+
+    /// Receives the SRQ takes at once.
+    pub fn max_wr(&self) -> u32 {
+        self.max_wr
+    }
+
+    /// Receives posted whose completion has not reached a handler.
+    pub fn posted(&self) -> u32 {
+        self.credits.recv.load(Ordering::Acquire)
+    }
+
+    /// The SRQ's PD: its buffers and its QPs' must be of this one.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    fn as_ptr(&self) -> *mut bindings::ib_srq {
+        self.raw.as_ptr()
+    }
+
+    /// For a QP created on the SRQ that receives on `cq`: room on `cq` for
+    /// every receive of the SRQ (`ENOSPC`), reserved by the first such QP
+    /// and released after the last ([`Self::detach_cq`]).
+    fn attach_cq(&self, cq: &Arc<Cq<C>>) -> Result {
+        let mut cqs = self.recv_cqs.lock();
+        if let Some(entry) = cqs.iter_mut().find(|(c, _)| Arc::ptr_eq(c, cq)) {
+            entry.1 += 1;
+            return Ok(());
+        }
+        cqs.reserve(1, GFP_KERNEL)?;
+        cq.reserve(self.max_wr)?;
+        // INVARIANT: Reserved just above.  Cannot fail: room reserved.
+        Ok(cqs.push((cq.clone(), 1), GFP_KERNEL)?)
+    }
+
+    /// Undoes one [`Self::attach_cq`] of `cq`.
+    fn detach_cq(&self, cq: &Arc<Cq<C>>) {
+        let mut cqs = self.recv_cqs.lock();
+        let Some(i) = cqs.iter().position(|(c, _)| Arc::ptr_eq(c, cq)) else {
+            return;
+        };
+        cqs[i].1 -= 1;
+        if cqs[i].1 == 0 {
+            // INVARIANT: The reservation goes with the entry.
+            cq.release(self.max_wr);
+            // In bounds: just found.
+            let _ = cqs.remove(i);
+        }
+    }
+}
+
+#[pinned_drop]
+impl<C: CompletionHandler> PinnedDrop for Srq<C> {
+    fn drop(self: Pin<&mut Self>) {
+        // Every QP on the SRQ is gone (each holds it), and dropped after
+        // its reclaim delivered what its CQ held of it.
+        // SAFETY: Live SRQ (type invariants) that no QP uses any more;
+        // destroyed once, here.
+        let ret = unsafe { bindings::rdma_cm_rs_destroy_srq(self.raw.as_ptr()) };
+        if ret != 0 {
+            // The device may still reach the buffers: they stay allocated
+            // and mapped for good.
+            pr_err!(
+                "SRQ destruction failed ({}): {} receive buffers leaked\n",
+                ret,
+                self.posted()
+            );
+            return;
+        }
+        while let Some(entry) = self.credits.pop_posted() {
+            // `entry` is the `cqe` of a `Buffer` that `post_recv_buffer`
+            // leaked, its first field (`repr(C)`), whose completion never
+            // ran (it would have untracked it) and never will: the SRQ and
+            // its QPs are destroyed and their CQs hold nothing of them.
+            // Popping it made this its only owner.
+            // SAFETY: By the above, the live object `KBox::into_raw` leaked.
+            drop(unsafe { KBox::from_raw(entry.0.as_ptr().cast::<Buffer>()) });
+        }
     }
 }
 
@@ -2081,6 +2398,54 @@ unsafe extern "C" fn qp_event_callback<C: CompletionHandler>(
     qp.send_cq.handler().qp_event(qp.qp_num(), event);
 }
 
+/// Posts `buf` as a receive of its full capacity, counted and tracked by
+/// `credits` (`ENOSPC` when they are all taken), with `post`, which hands
+/// the request to the driver and returns its status; the buffer's
+/// completion runs [`recv_done`] on the CQ of `C` it completes on.  On
+/// failure the buffer comes back with the error.
+fn post_recv_buffer<C: CompletionHandler>(
+    buf: RecvBuffer,
+    credits: &Arc<WrCredits>,
+    on_ud: bool,
+    post: impl FnOnce(&bindings::ib_recv_wr) -> i32,
+) -> core::result::Result<(), (Error, RecvBuffer)> {
+    let credit = match credits.take(WrQueue::Recv) {
+        Ok(credit) => credit,
+        Err(e) => return Err((e, buf)),
+    };
+    let mut inner = buf.0;
+    inner.credit = Some(credit);
+    inner.on_ud = on_ud;
+    // The CPU may have read the buffer since its last use: give it back to
+    // the device before the device writes it.
+    inner.sync_for_device(inner.data.len());
+    inner.cqe.done = Some(recv_done::<C>);
+    let mut sge = inner.sge(inner.data.len());
+    let leaked = KBox::into_raw(inner);
+    // SAFETY: `leaked` is live until its completion or the failure below.
+    let cqe = unsafe { &raw mut (*leaked).cqe };
+    // Tracked before the post (the completion may run before it returns);
+    // a failure below untracks it when the credit goes.
+    // SAFETY: As above; the credit is a field apart from `cqe`.
+    if let Some(credit) = unsafe { (*leaked).credit.as_mut() } {
+        // SAFETY: `cqe` points into the live object.
+        credit.track(unsafe { NonNull::new_unchecked(cqe) });
+    }
+    let mut wr: bindings::ib_recv_wr = pin_init::zeroed();
+    wr.__bindgen_anon_1.wr_cqe = cqe;
+    wr.sg_list = &mut sge;
+    wr.num_sge = 1;
+    // The buffer stays allocated and mapped until its completion recovers it.
+    let ret = post(&wr);
+    if ret != 0 {
+        // SAFETY: The post failed: nothing else owns the buffer.
+        let mut inner = unsafe { KBox::from_raw(leaked) };
+        inner.credit = None;
+        return Err((Error::from_errno(ret), RecvBuffer(inner)));
+    }
+    Ok(())
+}
+
 /// A work completion's status as a result.
 fn wc_result(wc: &bindings::ib_wc) -> Result {
     match wc.status {
@@ -2096,7 +2461,8 @@ fn wc_result(wc: &bindings::ib_wc) -> Result {
 /// # Safety
 ///
 /// Called by the CQ for a receive posted by [`Qp::post_recv`] on a QP whose
-/// CQ is a `Cq<C>`.
+/// CQ is a `Cq<C>`, or by [`Srq::post_recv`] on a `Srq<C>` (whose QPs'
+/// receive CQs are `Cq<C>`s).
 unsafe extern "C" fn recv_done<C: CompletionHandler>(
     cq: *mut bindings::ib_cq,
     wc: *mut bindings::ib_wc,
@@ -2116,6 +2482,7 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
     buf.imm = None;
     buf.invalidate = None;
     buf.datagram = None;
+    buf.qp_num = None;
     let result = wc_result(wc).and_then(|()| {
         let total = (wc.byte_len as usize).min(buf.data.len());
         buf.sync_for_cpu(total);
@@ -2146,14 +2513,8 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
         Ok(buf.len)
     });
     if let Some(credit) = credit {
-        if result.is_ok() {
-            // The peer has spoken: held sends may go (before the handler
-            // sees the message and answers it).
-            credit
-                .credits
-                .awaiting_first_message
-                .store(false, Ordering::Release);
-        }
+        // On success the peer has spoken: held sends may go.
+        buf.qp_num = credit.credits.received_on(wc.qp, result.is_ok());
     }
     handler.recv_done(RecvBuffer(buf), result);
 }
