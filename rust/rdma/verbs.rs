@@ -39,6 +39,12 @@
 //!   room on its CQs for all of them plus a spare entry for each queue,
 //!   and one spare slot in each queue (what `ib_drain_qp` needs).  No
 //!   completion can be lost to a full CQ.
+//! * A [`Srq`] shares its receive buffers among the RC QPs created on it
+//!   (of its PD and handler type); each QP holds it, so it outlives them,
+//!   and it reserves room for all its receives once on each CQ they
+//!   complete on.  Its buffers are its own until a completion hands one to
+//!   the handler of the QP that took it; those left at its destruction
+//!   are freed then.
 //!
 //! # Teardown
 //!
