@@ -158,6 +158,7 @@ impl Echo {
             max_send_wr: DEPTH as u32,
             max_recv_wr: DEPTH as u32,
             max_inline_data: 0,
+            ..QpCaps::default()
         };
         let poll = if poller.is_some() {
             PollContext::Direct

@@ -361,6 +361,7 @@ impl Rping {
             max_send_wr: 8,
             max_recv_wr: RECV_DEPTH as u32,
             max_inline_data: 0,
+            ..QpCaps::default()
         };
         let cq = Cq::alloc(&dev, caps.cq_entries()?, SessionRef(session.clone()))?;
         let qp = id.create_qp(&pd, &cq, caps)?;

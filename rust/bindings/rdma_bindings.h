@@ -11,4 +11,5 @@
 #include <rdma/ib_verbs.h>
 #include <rdma/ib_cm.h>
 #include <rdma/rdma_cm.h>
+#include <rdma/rw.h>
 #include "rdma_cm_rs_helpers.h"

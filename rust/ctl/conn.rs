@@ -236,6 +236,7 @@ impl Conn {
             max_send_wr: abi::SEND_WINDOW as u32 + 8,
             max_recv_wr: abi::RECV_DEPTH as u32,
             max_inline_data: 0,
+            ..QpCaps::default()
         };
         let poll = if busy_poll {
             PollContext::Direct

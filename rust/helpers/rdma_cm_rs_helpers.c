@@ -159,14 +159,24 @@ int rdma_cm_rs_modify_qp_err(struct ib_qp *qp)
 	return ib_modify_qp(qp, &attr, IB_QP_STATE);
 }
 
-int rdma_cm_rs_post_send(struct ib_qp *qp, const struct ib_send_wr *wr)
+/*
+ * The posts report in @bad the request the driver refused (it took none of
+ * the chain from there on), or leave it NULL when a driver failed without
+ * saying which: siw returns an error from starting its send queue after it
+ * queued every request.
+ */
+int rdma_cm_rs_post_send(struct ib_qp *qp, const struct ib_send_wr *wr,
+			 const struct ib_send_wr **bad)
 {
-	return ib_post_send(qp, wr, NULL);
+	*bad = NULL;
+	return ib_post_send(qp, wr, bad);
 }
 
-int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr)
+int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr,
+			 const struct ib_recv_wr **bad)
 {
-	return ib_post_recv(qp, wr, NULL);
+	*bad = NULL;
+	return ib_post_recv(qp, wr, bad);
 }
 
 /*
@@ -190,9 +200,22 @@ int rdma_cm_rs_destroy_srq(struct ib_srq *srq)
 	return ib_destroy_srq_user(srq, NULL);
 }
 
-int rdma_cm_rs_post_srq_recv(struct ib_srq *srq, const struct ib_recv_wr *wr)
+int rdma_cm_rs_post_srq_recv(struct ib_srq *srq, const struct ib_recv_wr *wr,
+			     const struct ib_recv_wr **bad)
 {
-	return ib_post_srq_recv(srq, wr, NULL);
+	*bad = NULL;
+	return ib_post_srq_recv(srq, wr, bad);
+}
+
+/* rdma_rw_ctx_post(), with the request the driver refused in @bad. */
+int rdma_cm_rs_rw_ctx_post(struct rdma_rw_ctx *ctx, struct ib_qp *qp,
+			   u32 port_num, struct ib_cqe *cqe,
+			   const struct ib_send_wr **first,
+			   const struct ib_send_wr **bad)
+{
+	*first = rdma_rw_ctx_wrs(ctx, qp, port_num, cqe, NULL);
+	*bad = NULL;
+	return ib_post_send(qp, *first, bad);
 }
 
 int rdma_cm_rs_dma_map_single(struct ib_device *dev, void *cpu_addr,
@@ -345,4 +368,30 @@ struct ib_ah *rdma_cm_rs_create_ah(struct ib_pd *pd,
 	struct rdma_ah_attr copy = *ah_attr;
 
 	return rdma_create_ah(pd, &copy, RDMA_CREATE_AH_SLEEPABLE);
+}
+
+/*
+ * A scatterlist over the first @len bytes of @n_pages pages (physically
+ * adjacent pages merged into one entry), in a table of its own.
+ */
+struct sg_table *rdma_cm_rs_sg_table_from_pages(struct page **pages,
+						unsigned int n_pages, size_t len)
+{
+	struct sg_table *sgt = kzalloc(sizeof(*sgt), GFP_KERNEL);
+	int ret;
+
+	if (!sgt)
+		return ERR_PTR(-ENOMEM);
+	ret = sg_alloc_table_from_pages(sgt, pages, n_pages, 0, len, GFP_KERNEL);
+	if (ret) {
+		kfree(sgt);
+		return ERR_PTR(ret);
+	}
+	return sgt;
+}
+
+void rdma_cm_rs_sg_table_free(struct sg_table *sgt)
+{
+	sg_free_table(sgt);
+	kfree(sgt);
 }

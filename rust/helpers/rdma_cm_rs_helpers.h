@@ -14,6 +14,7 @@
 #include <linux/workqueue.h>
 #include <rdma/ib_verbs.h>
 #include <rdma/rdma_cm.h>
+#include <rdma/rw.h>
 
 struct rdma_cm_id *rdma_cm_rs_create_id(struct net *net,
 					rdma_cm_event_handler event_handler,
@@ -43,11 +44,21 @@ void rdma_cm_rs_flush_cq_work(struct ib_cq *cq);
 void rdma_cm_rs_cond_resched(void);
 void rdma_cm_rs_yield(void);
 int rdma_cm_rs_modify_qp_err(struct ib_qp *qp);
-int rdma_cm_rs_post_send(struct ib_qp *qp, const struct ib_send_wr *wr);
-int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr);
+int rdma_cm_rs_post_send(struct ib_qp *qp, const struct ib_send_wr *wr,
+			 const struct ib_send_wr **bad);
+int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr,
+			 const struct ib_recv_wr **bad);
 struct ib_srq *rdma_cm_rs_create_srq(struct ib_pd *pd, u32 max_wr);
 int rdma_cm_rs_destroy_srq(struct ib_srq *srq);
-int rdma_cm_rs_post_srq_recv(struct ib_srq *srq, const struct ib_recv_wr *wr);
+int rdma_cm_rs_post_srq_recv(struct ib_srq *srq, const struct ib_recv_wr *wr,
+			     const struct ib_recv_wr **bad);
+int rdma_cm_rs_rw_ctx_post(struct rdma_rw_ctx *ctx, struct ib_qp *qp,
+			   u32 port_num, struct ib_cqe *cqe,
+			   const struct ib_send_wr **first,
+			   const struct ib_send_wr **bad);
+struct sg_table *rdma_cm_rs_sg_table_from_pages(struct page **pages,
+						unsigned int n_pages, size_t len);
+void rdma_cm_rs_sg_table_free(struct sg_table *sgt);
 int rdma_cm_rs_dma_map_single(struct ib_device *dev, void *cpu_addr,
 			      size_t size, enum dma_data_direction dir,
 			      u64 *dma_addr);

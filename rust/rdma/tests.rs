@@ -548,6 +548,7 @@ mod id_tests {
                 max_send_wr: 2,
                 max_recv_wr: 2,
                 max_inline_data: 0,
+                ..QpCaps::default()
             };
             let (pd, cq) = pd_and_cq_on_rxe(l, caps, Nop)?;
             let qp = l.create_qp(&pd, &cq, caps)?;
@@ -599,6 +600,7 @@ mod id_tests {
                 max_send_wr: 4,
                 max_recv_wr: 4,
                 max_inline_data: 0,
+                ..QpCaps::default()
             };
             // 8 requests in flight need 10 entries.
             let small = Cq::alloc(&dev, 9, Nop)?;
@@ -649,6 +651,7 @@ mod id_tests {
             max_send_wr: 4,
             max_recv_wr: 6,
             max_inline_data: 0,
+            ..QpCaps::default()
         };
         let made = id.with_lock(|l| {
             l.bind(&rxe_addr())?;
@@ -718,6 +721,7 @@ mod id_tests {
                 max_send_wr: 2,
                 max_recv_wr: 6,
                 max_inline_data: 0,
+                ..QpCaps::default()
             };
             let (pd, cq) = pd_and_cq_on_rxe(l, caps, CountFlushed(AtomicU32::new(0)))?;
             let qp = l.create_qp(&pd, &cq, caps)?;
@@ -755,6 +759,7 @@ mod id_tests {
                 max_send_wr: 2,
                 max_recv_wr: 6,
                 max_inline_data: 0,
+                ..QpCaps::default()
             };
             let counter = CountFlushed(AtomicU32::new(0));
             let unbound = PollContext::UnboundWorkqueue;
@@ -820,6 +825,7 @@ mod id_tests {
             max_send_wr: 2,
             max_recv_wr: 2,
             max_inline_data: 0,
+            ..QpCaps::default()
         };
         let made = id.with_lock(|l| {
             l.bind(&rxe_addr())?;
@@ -895,6 +901,7 @@ mod id_tests {
                     max_send_wr: 2,
                     max_recv_wr: 2,
                     max_inline_data: 0,
+                    ..QpCaps::default()
                 };
                 let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
                 id.create_qp(&pd, &cq, caps)
@@ -1180,6 +1187,7 @@ mod ud_tests {
             max_send_wr: 4,
             max_recv_wr: 4,
             max_inline_data: 0,
+            ..QpCaps::default()
         };
         let qp = if split {
             let handler = |takes| InboxRef(inbox.clone(), takes);
@@ -1553,6 +1561,7 @@ mod mr_tests {
                 max_send_wr: 4,
                 max_recv_wr: 4,
                 max_inline_data: 0,
+                ..QpCaps::default()
             };
             let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
             let qp = l.create_qp(&pd, &cq, caps)?;
@@ -1617,9 +1626,10 @@ mod sync_tests {
         net::NetNs,
         pd::Pd,
         poller::BusyPoller,
+        sg::SgBuffer,
         verbs::{
-            CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, SendBuffer, Srq,
-            WorkDone, WorkOp, FLUSH_TIMEOUT,
+            CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, RwDone, RwOp,
+            SendBuffer, Srq, WorkDone, WorkOp, FLUSH_TIMEOUT,
         },
     };
     use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -1702,6 +1712,7 @@ mod sync_tests {
                 max_send_wr: 2,
                 max_recv_wr: 2,
                 max_inline_data: 0,
+                ..QpCaps::default()
             };
             let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
             l.create_qp(&pd, &cq, caps).map(|_| ())
@@ -1880,6 +1891,14 @@ mod sync_tests {
         last_digest: AtomicU32,
         /// The QP the last receive arrived on.
         last_qp_num: AtomicU32,
+        /// Memory work that succeeded, and that was flushed.
+        work_ok: AtomicU32,
+        work_flushed: AtomicU32,
+        /// R/W transfers given back, the successful ones, and the
+        /// [`digest`] of the last successful one's buffer.
+        rw_back: AtomicU32,
+        rw_ok: AtomicU32,
+        rw_digest: AtomicU32,
         /// Send buffers given back, failed ones, and the first byte of
         /// the last eight given back (the latest in the low byte).
         sends_back: AtomicU32,
@@ -1931,6 +1950,24 @@ mod sync_tests {
             if result == Err(EACCES) {
                 self.0.refused_work.fetch_add(1, Ordering::AcqRel);
             }
+            if result.is_ok() {
+                self.0.work_ok.fetch_add(1, Ordering::AcqRel);
+            }
+            if result == Err(ECANCELED) {
+                self.0.work_flushed.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        fn rw_done(&self, done: RwDone, result: Result) {
+            if result.is_ok() {
+                let mut bytes = KVec::new();
+                if bytes.resize(done.buf.len(), 0, GFP_KERNEL).is_ok()
+                    && done.buf.read(0, &mut bytes).is_ok()
+                {
+                    self.0.rw_digest.store(digest(&bytes), Ordering::Release);
+                }
+                self.0.rw_ok.fetch_add(1, Ordering::AcqRel);
+            }
+            self.0.rw_back.fetch_add(1, Ordering::AcqRel);
         }
         fn qp_event(&self, _qp_num: u32, event: QpEvent) {
             // Atomic context: counters only.
@@ -1958,6 +1995,8 @@ mod sync_tests {
                 max_send_wr: 4,
                 max_recv_wr: 4,
                 max_inline_data: INLINE as u32,
+                max_send_sge: 4,
+                max_rdma_ctxs: 2,
             };
             let cq = Cq::alloc_with(&dev, caps.cq_entries()?, 0, poll, Recording(seen.clone()))?;
             let qp = l.create_qp(&pd, &cq, caps)?;
@@ -2028,6 +2067,24 @@ mod sync_tests {
         client_poll: PollContext,
         server_qp: impl FnOnce(&CmId<Node>) -> Result<Arc<Qp<Recording>>> + Send + 'static,
     ) -> Connected {
+        connect_client_with(world, ns, addr, client_poll, 0, server_qp)
+    }
+
+    /// [`connect_client`], both sides offering `read_depth` RDMA READs in
+    /// flight each way.
+    fn connect_client_with(
+        world: &Arc<World>,
+        ns: &NetNs,
+        addr: &SocketAddr,
+        client_poll: PollContext,
+        read_depth: u8,
+        server_qp: impl FnOnce(&CmId<Node>) -> Result<Arc<Qp<Recording>>> + Send + 'static,
+    ) -> Connected {
+        let param = ConnParam::new()
+            .initiator_depth(read_depth)
+            .responder_resources(read_depth);
+        // Without reads, the server answers with the CM's defaults.
+        let server_param = (read_depth > 0).then_some(param);
         let client = CmId::new(
             Node::synchronous(world).unwrap(),
             ns,
@@ -2052,12 +2109,12 @@ mod sync_tests {
             };
             let accepted = server.ok_or(ENOENT).and_then(|server| {
                 *s_qp.lock() = Some(server_qp(&server)?);
-                server.accept_sync(None, Some(ms(5000)))
+                server.accept_sync(server_param.as_ref(), Some(ms(5000)))
             });
             w.seen.lock().accepted = Some(accepted);
         });
         assert!(spawned.is_ok());
-        let connected = client.connect_sync(&ConnParam::new(), Some(ms(5000)));
+        let connected = client.connect_sync(&param, Some(ms(5000)));
         assert!(wait_until(|| world.seen.lock().accepted.is_some()));
         let accepted = world.seen.lock().accepted.take();
         assert!(matches!(accepted, Some(Ok(_))));
@@ -2416,6 +2473,7 @@ mod sync_tests {
             max_send_wr: 4,
             max_recv_wr: 0,
             max_inline_data: 0,
+            ..QpCaps::default()
         };
         let per_qp = caps.send_cq_entries().unwrap();
         let entries = DEPTH + 2 * per_qp;
@@ -2511,6 +2569,136 @@ mod sync_tests {
         assert_eq!(after_both_gone, entries);
         assert_eq!(still_posted, DEPTH - 2);
         assert_eq!(flushed, 0);
+    }
+
+    /// The R/W API moves a buffer of pages (four of them, the last one
+    /// partly) into the server's region with an RDMA WRITE and back with a
+    /// READ, every byte checked, on rxe (plain requests) and on siw (where
+    /// a READ registers its sink from the QP's pool and invalidates it).
+    /// A region of another length is refused (`EINVAL`), the transfers in
+    /// flight are bounded (`ENOSPC`: the slots on rxe, the pool's
+    /// registrations on siw), and those still in flight at the teardown
+    /// come back, each once.
+    #[test]
+    fn rw_api_moves_pages_both_ways() {
+        rw_moves_pages(RXE_IP, 7199);
+    }
+
+    /// [`rw_api_moves_pages_both_ways`] on siw.
+    #[test]
+    fn rw_api_on_iwarp_registers_read_sinks() {
+        rw_moves_pages(SIW_IP, 7200);
+    }
+
+    fn rw_moves_pages(ip: [u8; 4], port: u16) {
+        const PAGE: usize = kernel::page::PAGE_SIZE;
+        const LEN: usize = 3 * PAGE + 100;
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening_at(&ns, ip, port) else {
+            return;
+        };
+        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let s_seen = server_seen.clone();
+        let (client, (client_qp, client_cq), client_seen, server, server_qp) =
+            connect_client_with(&world, &ns, &addr, PollContext::Direct, 4, move |server| {
+                recording_qp(server, &s_seen, PollContext::Workqueue).map(|(qp, _)| qp)
+            });
+        let poll_until = |done: &dyn Fn() -> bool| {
+            wait_until(|| {
+                let _ = client_cq.poll(16);
+                done()
+            })
+        };
+        let region = Mr::new(server_qp.pd(), 4 * PAGE + 200).unwrap();
+        let access = MrAccess {
+            remote_read: true,
+            remote_write: true,
+        };
+        let remote = server_qp.register(&region, access, 1).unwrap();
+        let registered = wait_until(|| server_seen.work_ok.load(Ordering::Acquire) == 1);
+        let target = remote.slice(100, LEN as u32).unwrap();
+        let mut pattern = KVec::new();
+        for i in 0..LEN {
+            pattern.push((i * 7 + 3) as u8, GFP_KERNEL).unwrap();
+        }
+        let mut out = SgBuffer::new(LEN).unwrap();
+        out.write(0, &pattern).unwrap();
+
+        let short = client_qp.rdma_rw(RwOp::Write, SgBuffer::new(LEN - 1).unwrap(), target, 1);
+        let short = short.err().map(|(e, buf)| (e, buf.len()));
+        let written = client_qp.rdma_rw(RwOp::Write, out, target, 2).is_ok();
+        let write_done = poll_until(&|| client_seen.rw_ok.load(Ordering::Acquire) == 1);
+        let mut landed = KVec::new();
+        landed.resize(LEN, 0u8, GFP_KERNEL).unwrap();
+        region.read(100, &mut landed).unwrap();
+        let read = client_qp.rdma_rw(RwOp::Read, SgBuffer::new(LEN).unwrap(), target, 3);
+        let read = read.map_err(|(e, _)| e);
+        let read_done = poll_until(&|| client_seen.rw_ok.load(Ordering::Acquire) == 2);
+        let read_digest = client_seen.rw_digest.load(Ordering::Acquire);
+
+        // Nobody polls: the transfers stay in flight until refused.
+        let page = remote.slice(0, PAGE as u32).unwrap();
+        let (mut in_flight, mut refused) = (0u32, None);
+        for tag in 10..30 {
+            match client_qp.rdma_rw(RwOp::Read, SgBuffer::new(PAGE).unwrap(), page, tag) {
+                Ok(()) => in_flight += 1,
+                Err((e, _)) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        drop((client, client_qp, client_cq));
+        let back = client_seen.rw_back.load(Ordering::Acquire);
+        drop((server, server_qp, region, listener));
+
+        assert!(registered);
+        assert_eq!(short, Some((EINVAL, LEN - 1)));
+        assert!(written && write_done);
+        assert!(landed == pattern);
+        assert_eq!(read, Ok(()));
+        assert!(read_done);
+        assert_eq!(read_digest, digest(&pattern));
+        assert!(in_flight >= 1);
+        assert_eq!(refused, Some(ENOSPC));
+        assert_eq!(back, 2 + in_flight);
+    }
+
+    /// siw takes a READ on a connection that negotiated no initiator depth
+    /// into its send queue, then fails the post when it cannot start it.
+    /// The request is the driver's all the same: the post reports success,
+    /// the QP goes to the error state, and the region comes back once,
+    /// flushed (freed at the failed post, the flush at the teardown read
+    /// the freed request: KASAN, slab-use-after-free).
+    #[test]
+    fn post_the_driver_failed_after_taking_it_completes_once() {
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening_at(&ns, SIW_IP, 7201) else {
+            return;
+        };
+        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let s_seen = server_seen.clone();
+        let (client, (client_qp, _client_cq), client_seen, server, server_qp) =
+            connect_client(&world, &ns, &addr, PollContext::Workqueue, move |server| {
+                recording_qp(server, &s_seen, PollContext::Workqueue).map(|(qp, _)| qp)
+            });
+        let region = Mr::new(server_qp.pd(), 64).unwrap();
+        let access = MrAccess {
+            remote_read: true,
+            remote_write: false,
+        };
+        let remote = server_qp.register(&region, access, 1).unwrap();
+        let sink = Mr::new(client_qp.pd(), 64).unwrap();
+        let registered = client_qp.register(&sink, MrAccess::LOCAL, 2).is_ok();
+        let registered =
+            registered && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == 1);
+        let read = client_qp.rdma(WorkOp::RdmaRead, &sink, 0, remote, 3);
+        let flushed = wait_until(|| client_seen.work_flushed.load(Ordering::Acquire) == 1);
+        drop((client, client_qp, server, server_qp, region, sink, listener));
+        assert!(registered);
+        assert_eq!(read, Ok(()));
+        assert!(flushed);
+        assert_eq!(client_seen.work_flushed.load(Ordering::Acquire), 1);
     }
 
     /// A blocking call past its limit fails with `ETIMEDOUT` and leaves

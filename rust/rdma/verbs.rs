@@ -67,6 +67,7 @@ use super::{
     device::Device,
     mr::{check_range, Mr, MrAccess, RemoteRegion},
     pd::Pd,
+    sg::SgBuffer,
 };
 use core::{
     ptr::{self, NonNull},
@@ -78,6 +79,7 @@ use kernel::{
     rbtree::{RBTree, RBTreeNode},
     sync::{aref::ARef, Arc, CondVar, CondVarTimeoutResult, Mutex, SpinLock},
     time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
+    types::Opaque,
 };
 
 /// The QP types this layer makes.
@@ -134,6 +136,36 @@ pub struct WorkDone {
     pub mr: Arc<Mr>,
 }
 
+/// The transfers of the generic RDMA READ/WRITE API ([`Qp::rdma_rw`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RwOp {
+    /// RDMA READ: the peer's memory into the buffer.
+    Read,
+    /// RDMA WRITE: the buffer into the peer's memory.
+    Write,
+}
+
+impl RwOp {
+    fn direction(self) -> bindings::dma_data_direction {
+        match self {
+            Self::Read => bindings::dma_data_direction::DMA_FROM_DEVICE,
+            Self::Write => bindings::dma_data_direction::DMA_TO_DEVICE,
+        }
+    }
+}
+
+/// A completed [`Qp::rdma_rw`] transfer, handed to
+/// [`CompletionHandler::rw_done`].
+pub struct RwDone {
+    /// What was posted.
+    pub op: RwOp,
+    /// The consumer's tag from the post.
+    pub tag: u64,
+    /// The buffer, unmapped again: after a successful READ it holds the
+    /// peer's bytes.
+    pub buf: SgBuffer,
+}
+
 /// Receives the buffers of completed work requests: of a QP's receives on
 /// its receive CQ's handler, of its sends and memory work requests on its
 /// send CQ's handler.
@@ -164,6 +196,17 @@ pub trait CompletionHandler: Send + Sync + 'static {
         if let Err(e) = result {
             if e != ECANCELED {
                 pr_warn!("{:?} (tag {}) failed: {:?}\n", done.op, done.tag, e);
+            }
+        }
+    }
+
+    /// A transfer of the R/W API ([`Qp::rdma_rw`]) completed, with the
+    /// errors of [`Self::work_done`].  The default logs failures other
+    /// than flushes and drops the buffer.
+    fn rw_done(&self, done: RwDone, result: Result) {
+        if let Err(e) = result {
+            if e != ECANCELED {
+                pr_warn!("R/W {:?} (tag {}) failed: {:?}\n", done.op, done.tag, e);
             }
         }
     }
@@ -884,7 +927,24 @@ pub struct QpCaps {
     /// 0 for none.  A device refuses a QP that asks for more than it
     /// supports (the create fails, `EINVAL` from rxe).
     pub max_inline_data: u32,
+    /// Scatter/gather entries one RDMA request of the R/W API
+    /// ([`Qp::rdma_rw`]) may gather from or scatter to, at most the
+    /// device's `max_send_sge` (the create fails otherwise); 0 means 1.
+    /// More entries take fewer requests for a buffer of many pages.  The
+    /// layer's own sends carry one.
+    pub max_send_sge: u32,
+    /// Transfers of the R/W API in flight, in the core's contexts: the QP
+    /// gets [`RW_SLOTS_PER_CTX`] send-queue slots for each (a registration,
+    /// the RDMA request, an invalidation, as devices that register need;
+    /// the core's `rdma_rw_init_qp`), and on such devices a pool of as many
+    /// registrations.  A transfer takes the slots of the requests it posts
+    /// (more than one for a buffer of more entries than `max_send_sge`).
+    /// 0: no R/W API on the QP.
+    pub max_rdma_ctxs: u32,
 }
+
+/// Send-queue slots the QP reserves for each of [`QpCaps::max_rdma_ctxs`].
+pub const RW_SLOTS_PER_CTX: u32 = 3;
 
 impl QpCaps {
     /// CQ entries a QP of these sizes needs on a CQ that takes both its
@@ -898,9 +958,21 @@ impl QpCaps {
 
     /// CQ entries a QP of these sizes needs on a CQ of its send queue's
     /// completions alone (see [`Qp::prepare`]): every send, registration,
-    /// invalidation and RDMA request in flight plus one spare.
+    /// invalidation and RDMA request in flight, every slot of the R/W API
+    /// (a flushed queue completes each request, signaled or not), plus one
+    /// spare.
     pub fn send_cq_entries(&self) -> Result<u32> {
-        self.max_send_wr.checked_add(1).ok_or(EINVAL)
+        self.max_send_wr
+            .checked_add(1)
+            .and_then(|n| n.checked_add(self.rw_slots().ok()?))
+            .ok_or(EINVAL)
+    }
+
+    /// Send-queue slots of the R/W API.
+    fn rw_slots(&self) -> Result<u32> {
+        self.max_rdma_ctxs
+            .checked_mul(RW_SLOTS_PER_CTX)
+            .ok_or(EINVAL)
     }
 
     /// CQ entries a QP of these sizes needs on a CQ of its receive queue's
@@ -915,6 +987,16 @@ impl QpCaps {
 enum WrQueue {
     Send,
     Recv,
+    /// A transfer of the R/W API, on the send queue: its credit counts the
+    /// slots of its requests, and it completes once, with its last one.
+    Rw,
+}
+
+impl WrQueue {
+    /// Whether requests of this queue complete on the send CQ.
+    fn on_send_cq(self) -> bool {
+        self != Self::Recv
+    }
 }
 
 /// The completion entry of a posted request, the first field of the
@@ -940,16 +1022,20 @@ struct SendOrder {
 ///
 /// * `posted` holds the completion entry of every request posted on the QP
 ///   whose completion has not run yet (and of one being posted), at most
-///   one per credit taken and the shutdown's marker: its capacity,
-///   `max_send_wr + max_recv_wr + 1`, is never exceeded.
+///   one per credit taken (an R/W transfer's credit counts one slot or
+///   more) and the shutdown's marker: its capacity, `max_send_wr +
+///   max_recv_wr + rw_slots + 1`, is never exceeded.
 /// * `send_order` holds, in post order, the entries of `posted` that are
 ///   on the send queue, until their completion (or that of a request
 ///   posted after an unsignaled one) takes them out; it is emptied before a
-///   reclaim.  Its capacity, `max_send_wr + 1`, is never exceeded.
+///   reclaim.  Its capacity, `max_send_wr + rw_slots + 1`, is never
+///   exceeded.
 #[pin_data]
 struct WrCredits {
     send: AtomicU32,
     recv: AtomicU32,
+    /// Send-queue slots taken by transfers of the R/W API.
+    rw: AtomicU32,
     caps: QpCaps,
     #[pin]
     posted: SpinLock<KVec<PostedCqe>>,
@@ -988,14 +1074,17 @@ impl WrCredits {
         let total = caps
             .max_send_wr
             .checked_add(caps.max_recv_wr)
+            .and_then(|n| n.checked_add(caps.rw_slots().ok()?))
             .ok_or(EINVAL)?;
         // One more for the marker of a shutdown (`Qp::post_drain_marker`).
         let posted = KVec::with_capacity(total as usize + 1, GFP_KERNEL)?;
-        let send_order = KVec::with_capacity(caps.max_send_wr as usize + 1, GFP_KERNEL)?;
+        let sends = caps.send_cq_entries()?;
+        let send_order = KVec::with_capacity(sends as usize, GFP_KERNEL)?;
         Arc::pin_init(
             pin_init!(Self {
                 send: AtomicU32::new(0),
                 recv: AtomicU32::new(0),
+                rw: AtomicU32::new(0),
                 caps,
                 posted <- new_spinlock!(posted),
                 send_order <- new_spinlock!(send_order),
@@ -1206,20 +1295,55 @@ impl WrCredits {
     /// One request more on `queue`: `ENOSPC` when the QP has as many in
     /// flight as its caps allow.
     fn take(self: &Arc<Self>, queue: WrQueue) -> Result<Credit> {
+        self.take_n(queue, 1)
+    }
+
+    /// `slots` more on `queue` (an R/W transfer's requests): `ENOSPC` when
+    /// they do not fit beside those in flight.
+    fn take_n(self: &Arc<Self>, queue: WrQueue, slots: u32) -> Result<Credit> {
         let (count, max) = match queue {
             WrQueue::Send => (&self.send, self.caps.max_send_wr),
             WrQueue::Recv => (&self.recv, self.caps.max_recv_wr),
+            WrQueue::Rw => (&self.rw, self.caps.rw_slots()?),
         };
         count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
+                n.checked_add(slots).filter(|&t| t <= max)
             })
             .map_err(|_| ENOSPC)?;
         Ok(Credit {
             credits: self.clone(),
             queue,
+            slots,
             posted: None,
         })
+    }
+
+    /// Completes the tracking of the R/W transfer `entry`: runs `release`
+    /// (which frees the transfer's resources of the QP, once) and stops
+    /// tracking it, both under the lock a shutdown releases the
+    /// outstanding transfers under ([`Self::release_rw`]), so that the two
+    /// never overlap and a transfer is never released after its QP is
+    /// gone.
+    fn finish_rw(&self, entry: PostedCqe, release: impl FnOnce()) {
+        let mut posted = self.posted.lock();
+        release();
+        if let Some(i) = posted.iter().position(|&p| p == entry) {
+            // In bounds: just found.
+            let _ = posted.remove(i);
+        }
+        if posted.is_empty() {
+            self.flushed.notify_all();
+        }
+    }
+
+    /// For a shutdown, before the QP's destruction: runs `release` for
+    /// every R/W transfer still tracked, under the lock of the tracking.
+    fn release_rw(&self, mut release: impl FnMut(PostedCqe)) {
+        let posted = self.posted.lock();
+        for &entry in posted.iter().filter(|e| e.1 == WrQueue::Rw) {
+            release(entry);
+        }
     }
 }
 
@@ -1228,6 +1352,8 @@ impl WrCredits {
 struct Credit {
     credits: Arc<WrCredits>,
     queue: WrQueue,
+    /// Slots of `queue` taken (more than one for an R/W transfer).
+    slots: u32,
     /// The completion entry of the request, tracked from before its post.
     posted: Option<PostedCqe>,
 }
@@ -1274,8 +1400,9 @@ impl Drop for Credit {
         let count = match self.queue {
             WrQueue::Send => &self.credits.send,
             WrQueue::Recv => &self.credits.recv,
+            WrQueue::Rw => &self.credits.rw,
         };
-        count.fetch_sub(1, Ordering::AcqRel);
+        count.fetch_sub(self.slots, Ordering::AcqRel);
     }
 }
 
@@ -1409,8 +1536,27 @@ impl<C: CompletionHandler> Qp<C> {
         // Each request says whether it wants a completion: every one the
         // layer posts does, except the sends the caller made unsignaled.
         attr.sq_sig_type = bindings::ib_sig_type_IB_SIGNAL_REQ_WR;
-        attr.cap.max_send_wr = caps.max_send_wr.checked_add(1).ok_or(EINVAL)?;
-        attr.cap.max_send_sge = 1;
+        if qp_type != QpType::Rc && caps.max_rdma_ctxs != 0 {
+            return Err(EINVAL);
+        }
+        // The core adds one slot per R/W context, or three on devices that
+        // register for it (`rdma_rw_init_qp`, which would also cut the
+        // queue down to the device's limit): the QP's own part makes it
+        // three either way, and the whole must fit the device.
+        let rw_extra = caps
+            .max_rdma_ctxs
+            .checked_mul(RW_SLOTS_PER_CTX - 1)
+            .ok_or(EINVAL)?;
+        attr.cap.max_send_wr = caps
+            .max_send_wr
+            .checked_add(1)
+            .and_then(|n| n.checked_add(rw_extra))
+            .ok_or(EINVAL)?;
+        if caps.send_cq_entries()? > dev.caps().max_qp_wr {
+            return Err(EINVAL);
+        }
+        attr.cap.max_send_sge = caps.max_send_sge.max(1);
+        attr.cap.max_rdma_ctxs = caps.max_rdma_ctxs;
         attr.cap.max_inline_data = caps.max_inline_data;
         if let Some(srq) = srq {
             attr.srq = srq.as_ptr();
@@ -1489,6 +1635,10 @@ impl<C: CompletionHandler> Qp<C> {
         let num = unsafe { (*raw.as_ptr()).qp_num };
         self.qp_num.store(num, Ordering::Release);
         self.credits.qp_num.store(num, Ordering::Release);
+        // SAFETY: As above; the CM created it on the id's port, which the
+        // R/W API needs, and nothing modifies it yet.
+        let port = unsafe { (*raw.as_ptr()).port };
+        self.port_num.store(port, Ordering::Release);
         if let Some(srq) = &self.srq {
             // Before anything can arrive: the CM moves the QP to RTR only
             // once its owner has it.
@@ -1561,6 +1711,40 @@ impl<C: CompletionHandler> Qp<C> {
         } else {
             Ok(())
         }
+    }
+
+    /// What a post that returned `ret` on `raw` (under the QP's lock)
+    /// means for the chain of requests starting at `first`, the driver
+    /// naming `refused` as the first it did not take: `Err` only when it
+    /// took none of them, which the caller then owns again.  A driver may
+    /// fail a post after taking the requests, without naming one (siw
+    /// queues a READ, then fails to start it on a connection that
+    /// negotiated no initiator depth), or after taking the first ones of a
+    /// chain: those requests are the driver's, and it may reach their
+    /// memory.  They stay tracked, the QP goes to the error state, where
+    /// the driver flushes what it holds (what it never completes is
+    /// reclaimed at the teardown), and the post reports success.
+    fn post_outcome<T>(
+        &self,
+        raw: NonNull<bindings::ib_qp>,
+        ret: i32,
+        first: *const T,
+        refused: *const T,
+    ) -> Result {
+        if ret == 0 {
+            return Ok(());
+        }
+        if ptr::eq(first, refused) {
+            return Err(Error::from_errno(ret));
+        }
+        pr_warn!(
+            "QP {}: the driver failed a post ({}) after taking it; moving the QP to the error state\n",
+            self.qp_num(),
+            ret
+        );
+        // SAFETY: `raw` is live under the QP's lock, which the caller holds.
+        let _ = unsafe { bindings::rdma_cm_rs_modify_qp_err(raw.as_ptr()) };
+        Ok(())
     }
 
     fn check_type(&self, want: QpType) -> Result {
@@ -1659,10 +1843,12 @@ impl<C: CompletionHandler> Qp<C> {
         }
         let wr = fill(&mut wr);
         // A request of the QP's type (on UD an `ib_ud_wr` naming a live
-        // address handle), alive with what it points to across the call.
-        // SAFETY: `raw` is live under the lock; `wr` as above; the driver copies it.
-        let posted = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr) };
-        let ret = kernel::error::to_result(posted);
+        // address handle), alive with what it points to across the call;
+        // the driver copies it.  `raw` is live under the lock.
+        let mut refused = ptr::null();
+        // SAFETY: As above; `refused` is writable for the call.
+        let posted = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr, &mut refused) };
+        let ret = self.post_outcome(raw, posted, wr, refused);
         if ret.is_err() {
             self.credits.remove_send(entry);
             credit.untrack();
@@ -1704,12 +1890,16 @@ impl<C: CompletionHandler> Qp<C> {
         wr.__bindgen_anon_1.wr_cqe = cqe;
         wr.opcode = bindings::ib_wr_opcode_IB_WR_RDMA_WRITE;
         wr.send_flags = bindings::ib_send_flags_IB_SEND_SIGNALED;
-        // SAFETY: `raw` is live (the caller took it from `self.raw` and
-        // destroys it only after the wait for this completion); `wr` lives
-        // across the call, moves no data (no SGE) and names the marker,
-        // whose `done` is set; the driver copies it.
-        let ret = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), &wr) };
-        if ret != 0 {
+        // `raw` is live (the caller took it from `self.raw` and destroys it
+        // only after the wait for this completion); `wr` lives across the
+        // call, moves no data (no SGE) and names the marker, whose `done`
+        // is set; the driver copies it.
+        let mut refused = ptr::null();
+        // SAFETY: As above; `refused` is writable for the call.
+        let ret = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), &wr, &mut refused) };
+        // Unless the driver refused the marker itself, it may hold it: the
+        // QP is in the error state already.
+        if ret != 0 && ptr::eq(refused, &wr) {
             self.credits.remove_send(entry);
             self.credits.untrack(entry);
             // SAFETY: The post failed: the QP does not own the marker.
@@ -1741,9 +1931,11 @@ impl<C: CompletionHandler> Qp<C> {
         // run before it returns); a failure untracks it, still under the
         // lock: a shutdown never reclaims a receive that was not posted.
         post_recv_buffer::<C>(buf, &self.credits, on_ud, |wr| {
+            let mut refused = ptr::null();
             // SAFETY: `raw` is live under the lock; the request and its SGE
-            // live across the call.
-            unsafe { bindings::rdma_cm_rs_post_recv(raw.as_ptr(), wr) }
+            // live across the call; `refused` is writable for it.
+            let ret = unsafe { bindings::rdma_cm_rs_post_recv(raw.as_ptr(), wr, &mut refused) };
+            self.post_outcome(raw, ret, wr, refused)
         })
     }
 
@@ -2075,6 +2267,166 @@ impl<C: CompletionHandler> Qp<C> {
             },
         )
     }
+
+    /// The generic RDMA READ/WRITE API (`rdma_rw_ctx_init`/`_post`): moves
+    /// the whole of `buf` from (READ) or to (WRITE) the peer's `remote`
+    /// region, of the same length, with as many RDMA requests as the
+    /// buffer's pages and the QP's [`QpCaps::max_send_sge`] take, and on
+    /// devices that need it (an iWARP READ's sink) a registration from the
+    /// QP's pool before them and an invalidation after.  The QP owns the
+    /// buffer, mapped for its device, until the transfer's one completion
+    /// unmaps it and hands it to [`CompletionHandler::rw_done`] with
+    /// `tag`.
+    ///
+    /// On failure the buffer comes back with the error: `EOPNOTSUPP` on a
+    /// UD QP, `EINVAL` on a QP without [`QpCaps::max_rdma_ctxs`] or for a
+    /// region of another length or beyond the address space, `EAGAIN` as
+    /// [`Self::post_send`], `ENOSPC` when the transfer's requests (or the
+    /// registrations of the pool) do not fit beside those in flight,
+    /// `EMSGSIZE` when they could never fit, `ENOTCONN` once the QP is
+    /// shut down.
+    pub fn rdma_rw(
+        &self,
+        op: RwOp,
+        buf: SgBuffer,
+        remote: RemoteRegion,
+        tag: u64,
+    ) -> core::result::Result<(), (Error, SgBuffer)> {
+        if let Err(e) = self
+            .check_type(QpType::Rc)
+            .and_then(|()| self.check_peer_spoke())
+        {
+            return Err((e, buf));
+        }
+        let fits = usize::try_from(remote.len).is_ok_and(|len| len == buf.len())
+            && remote.addr.checked_add(u64::from(remote.len)).is_some();
+        let slots = match self.credits.caps.rw_slots() {
+            Ok(slots) if slots > 0 && fits => slots,
+            _ => return Err((EINVAL, buf)),
+        };
+        let Ok(room) = KBox::<RwWork>::new_uninit(GFP_KERNEL) else {
+            return Err((ENOMEM, buf));
+        };
+        let mut cqe: bindings::ib_cqe = pin_init::zeroed();
+        cqe.done = Some(rw_done::<C>);
+        // INVARIANT: Released (nothing initialised) until the context is.
+        let mut work = KBox::write(
+            room,
+            RwWork {
+                cqe,
+                ctx: Opaque::zeroed(),
+                released: AtomicBool::new(true),
+                posting: AtomicBool::new(false),
+                qp: ptr::null_mut(),
+                port: self.port_num.load(Ordering::Acquire),
+                credit: None,
+                done: RwDone { op, tag, buf },
+            },
+        );
+        let guard = self.raw.lock();
+        let Some(raw) = *guard else {
+            return Err((ENOTCONN, work.into_buf()));
+        };
+        let (sgl, nents) = work.done.buf.sgl();
+        // SAFETY: `raw` is live under the lock, an RC QP on the CM id's
+        // port with `max_rdma_ctxs`; `ctx` is zeroed, owned and at a
+        // stable address; `sgl` is the buffer's unmapped scatterlist of
+        // `nents` entries, which the call maps for the QP's device.
+        let wrs = unsafe {
+            bindings::rdma_rw_ctx_init(
+                work.ctx.get(),
+                raw.as_ptr(),
+                work.port,
+                sgl,
+                nents,
+                0,
+                remote.addr,
+                remote.rkey,
+                op.direction(),
+            )
+        };
+        // The pool's registrations all in use: like the slots, retry once
+        // a transfer completed.
+        let wrs = match u32::try_from(wrs) {
+            Ok(wrs) => wrs,
+            Err(_) if wrs == -(bindings::EAGAIN as i32) => return Err((ENOSPC, work.into_buf())),
+            Err(_) => return Err((Error::from_errno(wrs), work.into_buf())),
+        };
+        // INVARIANT: From here the context holds the mapping (and
+        // registrations) on the live QP, until released.
+        work.qp = raw.as_ptr();
+        work.released.store(false, Ordering::Relaxed);
+        let credit = match self.credits.take_n(WrQueue::Rw, wrs) {
+            Ok(credit) => credit,
+            Err(e) => {
+                work.release();
+                let e = if wrs > slots { EMSGSIZE } else { e };
+                return Err((e, work.into_buf()));
+            }
+        };
+        work.credit = Some(credit);
+        let leaked = KBox::into_raw(work);
+        // SAFETY: `leaked` is live until its completion or the failure below.
+        let cqe = unsafe { &raw mut (*leaked).cqe };
+        // SAFETY: As above.
+        let entry = PostedCqe(unsafe { NonNull::new_unchecked(cqe) }, WrQueue::Rw);
+        // SAFETY: As above; the credit is a field apart from `cqe`.
+        if let Some(credit) = unsafe { (*leaked).credit.as_mut() } {
+            credit.track(entry.0);
+        }
+        // Its last request asks for the completion, which gives back the
+        // unsignaled sends before it.
+        self.credits.push_send(entry, true);
+        // The requests live in the context: its completion, which may come
+        // while the driver still walks their chain, waits until the post
+        // returned before it frees them.
+        // SAFETY: As above.
+        let work = unsafe { &*leaked };
+        work.posting.store(true, Ordering::Release);
+        let (mut first, mut refused) = (ptr::null(), ptr::null());
+        // SAFETY: `raw` is live under the lock; the context was initialised
+        // on it just above; `cqe` (its `done` set) lives until the
+        // completion, which does not free it before `posting` is cleared;
+        // the core chains the requests and posts them; both outputs are
+        // writable for the call.
+        let ret = unsafe {
+            bindings::rdma_cm_rs_rw_ctx_post(
+                work.ctx.get(),
+                raw.as_ptr(),
+                work.port,
+                cqe,
+                &mut first,
+                &mut refused,
+            )
+        };
+        work.posting.store(false, Ordering::Release);
+        if let Err(e) = self.post_outcome(raw, ret, first, refused) {
+            self.credits.remove_send(entry);
+            // SAFETY: The driver refused it: the QP does not own the
+            // transfer.
+            let mut work = unsafe { KBox::from_raw(leaked) };
+            work.release();
+            work.credit = None;
+            return Err((e, work.into_buf()));
+        }
+        Ok(())
+    }
+
+    /// For a shutdown, before the owner destroys the QP: frees what the
+    /// R/W transfers still outstanding hold of it (their registrations go
+    /// back to its pool, their buffers are unmapped), which their
+    /// completion can no longer do once it is gone.  Their buffers stay
+    /// allocated until that completion, or the reclaim, hands them back.
+    fn release_rw_transfers(&self) {
+        self.credits.release_rw(|entry| {
+            // A tracked entry of the R/W queue is the `cqe` of a live
+            // `RwWork` (first field, `repr(C)`): it is freed only after its
+            // completion stopped tracking it, under the lock held here.
+            // SAFETY: By the above.
+            let work = unsafe { &*entry.0.as_ptr().cast::<RwWork>() };
+            work.release();
+        });
+    }
 }
 
 impl<C: CompletionHandler> QpShutdown for Qp<C> {
@@ -2109,6 +2461,10 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
             self.credits
                 .wait_flushed(FLUSH_TIMEOUT, direct.then_some(&poll_direct as &dyn Fn()));
         }
+        // What the driver did not flush is completed after the QP's
+        // destruction, when an R/W transfer could no longer give its QP
+        // back what it holds of it.
+        self.release_rw_transfers();
         true
     }
 
@@ -2133,9 +2489,10 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         while let Some(entry) = self.credits.pop_posted() {
             let cqe = entry.0.as_ptr();
             // The CQ the request would have completed on.
-            let cq = match entry.1 {
-                WrQueue::Send => &self.send_cq,
-                WrQueue::Recv => &self.recv_cq,
+            let cq = if entry.1.on_send_cq() {
+                &self.send_cq
+            } else {
+                &self.recv_cq
             };
             let mut wc: bindings::ib_wc = pin_init::zeroed();
             wc.__bindgen_anon_1.wr_cqe = cqe;
@@ -2291,9 +2648,19 @@ impl<C: CompletionHandler> Srq<C> {
             return Err((EINVAL, buf));
         }
         post_recv_buffer::<C>(buf, &self.credits, false, |wr| {
+            let mut refused = ptr::null();
             // SAFETY: Live SRQ (type invariants); the request and its SGE
-            // live across the call; drivers serialise concurrent posts.
-            unsafe { bindings::rdma_cm_rs_post_srq_recv(self.raw.as_ptr(), wr) }
+            // live across the call; drivers serialise concurrent posts;
+            // `refused` is writable for the call.
+            let ret =
+                unsafe { bindings::rdma_cm_rs_post_srq_recv(self.raw.as_ptr(), wr, &mut refused) };
+            // A buffer the driver may hold stays the SRQ's: its drop frees
+            // it if no completion ever comes.
+            if ret != 0 && ptr::eq(refused, wr) {
+                Err(Error::from_errno(ret))
+            } else {
+                Ok(())
+            }
         })
     }
 
@@ -2406,14 +2773,14 @@ unsafe extern "C" fn qp_event_callback<C: CompletionHandler>(
 
 /// Posts `buf` as a receive of its full capacity, counted and tracked by
 /// `credits` (`ENOSPC` when they are all taken), with `post`, which hands
-/// the request to the driver and returns its status; the buffer's
-/// completion runs [`recv_done`] on the CQ of `C` it completes on.  On
-/// failure the buffer comes back with the error.
+/// the request to the driver and fails only if the driver did not take it;
+/// the buffer's completion runs [`recv_done`] on the CQ of `C` it
+/// completes on.  On failure the buffer comes back with the error.
 fn post_recv_buffer<C: CompletionHandler>(
     buf: RecvBuffer,
     credits: &Arc<WrCredits>,
     on_ud: bool,
-    post: impl FnOnce(&bindings::ib_recv_wr) -> i32,
+    post: impl FnOnce(&bindings::ib_recv_wr) -> Result,
 ) -> core::result::Result<(), (Error, RecvBuffer)> {
     let credit = match credits.take(WrQueue::Recv) {
         Ok(credit) => credit,
@@ -2442,14 +2809,111 @@ fn post_recv_buffer<C: CompletionHandler>(
     wr.sg_list = &mut sge;
     wr.num_sge = 1;
     // The buffer stays allocated and mapped until its completion recovers it.
-    let ret = post(&wr);
-    if ret != 0 {
-        // SAFETY: The post failed: nothing else owns the buffer.
+    if let Err(e) = post(&wr) {
+        // SAFETY: The driver refused it: nothing else owns the buffer.
         let mut inner = unsafe { KBox::from_raw(leaked) };
         inner.credit = None;
-        return Err((Error::from_errno(ret), RecvBuffer(inner)));
+        return Err((e, RecvBuffer(inner)));
     }
     Ok(())
+}
+
+/// A posted transfer of the R/W API ([`Qp::rdma_rw`]).
+///
+/// # Invariants
+///
+/// `cqe` is the completion entry of the transfer that owns this object.
+/// Unless `released`, `ctx` was initialised (`rdma_rw_ctx_init`) on the QP
+/// `qp` at `port` over the scatterlist of `done.buf`, which it holds
+/// mapped (and, on devices that register, registrations of the QP's
+/// pool); the QP is live until `released` is set.  While `posting`, the
+/// driver may still read the requests inside `ctx`.
+#[repr(C)]
+struct RwWork {
+    cqe: bindings::ib_cqe,
+    ctx: Opaque<bindings::rdma_rw_ctx>,
+    released: AtomicBool,
+    posting: AtomicBool,
+    qp: *mut bindings::ib_qp,
+    port: u32,
+    /// Returned when the transfer is taken apart at its completion.
+    credit: Option<Credit>,
+    done: RwDone,
+}
+
+impl RwWork {
+    /// Ends the context's hold on its QP and on the buffer's mapping
+    /// (`rdma_rw_ctx_destroy`: registrations back to the QP's pool, the
+    /// buffer unmapped, which makes a READ's bytes visible to the CPU),
+    /// once.  Called by the post that failed, under the QP's lock, or
+    /// under the lock of the QP's tracking by the transfer's completion
+    /// ([`WrCredits::finish_rw`]) or the QP's shutdown before the QP's
+    /// destruction ([`WrCredits::release_rw`]), whichever comes first: the
+    /// QP is live for each.
+    fn release(&self) {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (sgl, nents) = self.done.buf.sgl();
+        // SAFETY: Not released before (the swap), so by the type invariants
+        // the context was initialised on the live `qp` at `port` over
+        // `sgl` of `nents` entries in this direction; it is destroyed once.
+        unsafe {
+            bindings::rdma_rw_ctx_destroy(
+                self.ctx.get(),
+                self.qp,
+                self.port,
+                sgl,
+                nents,
+                self.done.op.direction(),
+            )
+        };
+    }
+
+    /// The buffer of a transfer that is released (or never held it).
+    fn into_buf(self: KBox<Self>) -> SgBuffer {
+        KBox::into_inner(self).done.buf
+    }
+}
+
+/// # Safety
+///
+/// Called by the CQ for a transfer posted by [`Qp::rdma_rw`] on a QP whose
+/// send CQ is a `Cq<C>` (or by a reclaim, as its flushed completion).
+unsafe extern "C" fn rw_done<C: CompletionHandler>(
+    cq: *mut bindings::ib_cq,
+    wc: *mut bindings::ib_wc,
+) {
+    let _mark = CallbackMark::enter();
+    // SAFETY: `wc` is valid during the callback.
+    let own = unsafe { (*wc).__bindgen_anon_1.wr_cqe };
+    // By the safety requirements `own` is the `cqe` of an `RwWork` leaked
+    // by `KBox::into_raw`, its first field (`repr(C)`), whose completion
+    // runs once.  A shutdown may reach it through the tracking until it
+    // is untracked below: shared until then.
+    // SAFETY: As above.
+    let work = unsafe { &*own.cast::<RwWork>() };
+    while work.posting.load(Ordering::Acquire) {
+        // The poster is between the driver's post and its return.
+        give_way(false);
+    }
+    // SAFETY: As in `recv_done`.
+    let handler = unsafe { handler_of::<C>(cq) };
+    if let (Some(credit), Some(own)) = (&work.credit, NonNull::new(own)) {
+        credit.give_back_unsignaled_before(handler);
+        credit
+            .credits
+            .finish_rw(PostedCqe(own, WrQueue::Rw), || work.release());
+    }
+    // A transfer the reclaim completes was released by the shutdown.
+    work.release();
+    // Untracked: nothing else reaches the object now.
+    // SAFETY: As above; the only owner.
+    let mut work = unsafe { KBox::from_raw(own.cast::<RwWork>()) };
+    work.credit = None;
+    // SAFETY: `wc` is valid during the callback.
+    let result = wc_result(unsafe { &*wc });
+    handler.rw_done(KBox::into_inner(work).done, result);
 }
 
 /// A work completion's status as a result.

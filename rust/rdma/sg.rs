@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Memory of whole pages, described by a scatterlist: what the generic
+//! RDMA READ/WRITE API ([`super::verbs::Qp::rdma_rw`]) moves data from and
+//! to, of any size and without one physically contiguous allocation, as a
+//! storage target's I/O buffers are.
+//!
+//! An [`SgBuffer`] is not bound to a device: the R/W API maps it for the
+//! QP's device when a transfer is posted and unmaps it at the transfer's
+//! completion, while the QP owns it.  The consumer reads and writes it only
+//! while it owns it, so the CPU never touches pages the device may be
+//! reaching.
+
+use super::bindings;
+use core::ptr::NonNull;
+use kernel::{
+    page::{Page, PAGE_SIZE},
+    prelude::*,
+};
+
+/// Bytes of whole pages and the scatterlist describing them.
+///
+/// # Invariants
+///
+/// `table` is a kmalloc'ed `sg_table` from `sg_alloc_table_from_pages`
+/// over the first `len` bytes of `pages` (in order; physically adjacent
+/// pages may share an entry), owned by the object; `len` is at least 1 and
+/// at most `pages.len() * PAGE_SIZE`.  The table is not DMA-mapped while
+/// the object is reachable by the consumer.
+pub struct SgBuffer {
+    pages: KVec<Page>,
+    len: usize,
+    table: NonNull<bindings::sg_table>,
+}
+
+// SAFETY: The pages and the table are owned; shared references only read.
+unsafe impl Send for SgBuffer {}
+// SAFETY: As above.
+unsafe impl Sync for SgBuffer {}
+
+impl SgBuffer {
+    /// `len` bytes of zeroed pages allocated for the purpose (`EINVAL` for
+    /// 0).
+    pub fn new(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(EINVAL);
+        }
+        let count = len.div_ceil(PAGE_SIZE);
+        let mut pages = KVec::with_capacity(count, GFP_KERNEL)?;
+        for _ in 0..count {
+            // `alloc_page` does not zero; the buffer's bytes must not be
+            // another user's leftovers (a WRITE sends them).
+            let page = Page::alloc_page(GFP_KERNEL | __GFP_ZERO)?;
+            pages.push(page, GFP_KERNEL)?;
+        }
+        Self::from_pages(pages, len)
+    }
+
+    /// The caller's `pages`, of which the first `len` bytes are the buffer
+    /// (`EINVAL` for 0 or more than the pages hold).  The pages are the
+    /// buffer's until [`Self::into_pages`].
+    pub fn from_pages(pages: KVec<Page>, len: usize) -> Result<Self> {
+        if len == 0 || len > pages.len().saturating_mul(PAGE_SIZE) {
+            return Err(EINVAL);
+        }
+        let count = len.div_ceil(PAGE_SIZE);
+        let n = u32::try_from(count).map_err(|_| EINVAL)?;
+        let mut raw = KVec::with_capacity(count, GFP_KERNEL)?;
+        for page in &pages[..count] {
+            raw.push(page.as_ptr(), GFP_KERNEL)?;
+        }
+        // SAFETY: `raw` holds `n` live pages (owned by `pages`, kept with
+        // the table); `len` fits in them; the function copies the array.
+        let table = unsafe { bindings::rdma_cm_rs_sg_table_from_pages(raw.as_mut_ptr(), n, len) };
+        let table = NonNull::new(kernel::error::from_err_ptr(table)?).ok_or(ENOMEM)?;
+        // INVARIANT: Built just above over the first `len` bytes.
+        Ok(Self { pages, len, table })
+    }
+
+    /// Gives the pages back (all of them, the ones past `len` included).
+    pub fn into_pages(self) -> KVec<Page> {
+        let mut this = core::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; the table is freed
+        // once, here.
+        unsafe { bindings::rdma_cm_rs_sg_table_free(this.table.as_ptr()) };
+        core::mem::take(&mut this.pages)
+    }
+
+    /// The buffer's size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never: a buffer has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Copies `data` in at `offset` (`EINVAL` beyond the end).
+    pub fn write(&mut self, offset: usize, data: &[u8]) -> Result {
+        super::mr::check_range(offset, data.len(), self.len)?;
+        let mut done = 0;
+        while done < data.len() {
+            let at = offset + done;
+            let in_page = at % PAGE_SIZE;
+            let n = (PAGE_SIZE - in_page).min(data.len() - done);
+            // SAFETY: `data[done..done + n]` is readable; `&mut self`
+            // excludes every other access to the page, which the device
+            // cannot reach either (type invariants).
+            unsafe {
+                self.pages[at / PAGE_SIZE].write_raw(data[done..].as_ptr(), in_page, n)?;
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes out from `offset` (`EINVAL` beyond the
+    /// end).
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result {
+        super::mr::check_range(offset, out.len(), self.len)?;
+        let mut done = 0;
+        while done < out.len() {
+            let at = offset + done;
+            let in_page = at % PAGE_SIZE;
+            let n = (PAGE_SIZE - in_page).min(out.len() - done);
+            // SAFETY: `out[done..done + n]` is writable; nothing writes the
+            // page meanwhile: writers need `&mut self`, and the device
+            // cannot reach it (type invariants).
+            unsafe {
+                self.pages[at / PAGE_SIZE].read_raw(out[done..].as_mut_ptr(), in_page, n)?;
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// The scatterlist and its entry count, for the R/W API to map.
+    pub(crate) fn sgl(&self) -> (*mut bindings::scatterlist, u32) {
+        // SAFETY: The table is live (type invariants); only read.
+        let table = unsafe { self.table.as_ref() };
+        (table.sgl, table.orig_nents)
+    }
+}
+
+impl Drop for SgBuffer {
+    fn drop(&mut self) {
+        // SAFETY: Owned and not mapped (type invariants); freed once, here.
+        unsafe { bindings::rdma_cm_rs_sg_table_free(self.table.as_ptr()) };
+    }
+}
