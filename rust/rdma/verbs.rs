@@ -45,6 +45,12 @@
 //!   complete on.  Its buffers are its own until a completion hands one to
 //!   the handler of the QP that took it; those left at its destruction
 //!   are freed then.
+//! * A transfer of the R/W API ([`Qp::rdma_rw`]) owns its [`SgBuffer`]
+//!   from post to completion, mapped for the QP's device meanwhile, and
+//!   hands it back unmapped to [`CompletionHandler::rw_done`].
+//! * A request the driver did not refuse by name is the driver's, even
+//!   when the post failed (see [`Qp::rdma_rw`] and the design notes): it
+//!   stays tracked and the QP goes to the error state.
 //!
 //! # Teardown
 //!
