@@ -395,3 +395,79 @@ void rdma_cm_rs_sg_table_free(struct sg_table *sgt)
 	sg_free_table(sgt);
 	kfree(sgt);
 }
+
+/* ib_dma_map_sg() of a scatterlist for both directions: the entries mapped. */
+int rdma_cm_rs_dma_map_sg(struct ib_device *dev, struct scatterlist *sgl,
+			  unsigned int nents)
+{
+	return ib_dma_map_sg(dev, sgl, nents, DMA_BIDIRECTIONAL);
+}
+
+void rdma_cm_rs_dma_unmap_sg(struct ib_device *dev, struct scatterlist *sgl,
+			     unsigned int nents)
+{
+	ib_dma_unmap_sg(dev, sgl, nents, DMA_BIDIRECTIONAL);
+}
+
+/*
+ * Syncs @len bytes at @offset of a bidirectionally mapped scatterlist of
+ * @mapped DMA segments, for the CPU or for the device: only the segments
+ * (and the parts of them) the range covers.
+ */
+void rdma_cm_rs_sync_sg_range(struct ib_device *dev, struct scatterlist *sgl,
+			      unsigned int mapped, size_t offset, size_t len,
+			      bool for_cpu)
+{
+	struct scatterlist *sg;
+	unsigned int i;
+
+	for_each_sg(sgl, sg, mapped, i) {
+		size_t seg = sg_dma_len(sg), n;
+
+		if (!len)
+			break;
+		if (offset >= seg) {
+			offset -= seg;
+			continue;
+		}
+		n = min(seg - offset, len);
+		if (for_cpu)
+			ib_dma_sync_single_for_cpu(dev, sg_dma_address(sg) + offset,
+						   n, DMA_BIDIRECTIONAL);
+		else
+			ib_dma_sync_single_for_device(dev,
+						      sg_dma_address(sg) + offset,
+						      n, DMA_BIDIRECTIONAL);
+		offset = 0;
+		len -= n;
+	}
+}
+
+/*
+ * Copies between @buf and @len bytes at @skip of the pages of a
+ * scatterlist of @nents entries (to the pages with @to_pages); -EINVAL
+ * unless all of it was copied.
+ */
+int rdma_cm_rs_sg_copy(struct scatterlist *sgl, unsigned int nents, void *buf,
+		       size_t len, size_t skip, bool to_pages)
+{
+	size_t copied = to_pages ?
+		sg_pcopy_from_buffer(sgl, nents, buf, len, skip) :
+		sg_pcopy_to_buffer(sgl, nents, buf, len, skip);
+
+	return copied == len ? 0 : -EINVAL;
+}
+
+/*
+ * Maps the @mapped DMA segments of a scatterlist whole into the MR's page
+ * list (the first half of an FRWR registration).
+ */
+int rdma_cm_rs_map_mr_sg(struct ib_mr *mr, struct scatterlist *sgl,
+			 unsigned int mapped)
+{
+	int n = ib_map_mr_sg(mr, sgl, mapped, NULL, PAGE_SIZE);
+
+	if (n < 0)
+		return n;
+	return n == mapped ? 0 : -EINVAL;
+}

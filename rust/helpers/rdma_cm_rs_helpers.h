@@ -59,6 +59,17 @@ int rdma_cm_rs_rw_ctx_post(struct rdma_rw_ctx *ctx, struct ib_qp *qp,
 struct sg_table *rdma_cm_rs_sg_table_from_pages(struct page **pages,
 						unsigned int n_pages, size_t len);
 void rdma_cm_rs_sg_table_free(struct sg_table *sgt);
+int rdma_cm_rs_dma_map_sg(struct ib_device *dev, struct scatterlist *sgl,
+			  unsigned int nents);
+void rdma_cm_rs_dma_unmap_sg(struct ib_device *dev, struct scatterlist *sgl,
+			     unsigned int nents);
+void rdma_cm_rs_sync_sg_range(struct ib_device *dev, struct scatterlist *sgl,
+			      unsigned int mapped, size_t offset, size_t len,
+			      bool for_cpu);
+int rdma_cm_rs_sg_copy(struct scatterlist *sgl, unsigned int nents, void *buf,
+		       size_t len, size_t skip, bool to_pages);
+int rdma_cm_rs_map_mr_sg(struct ib_mr *mr, struct scatterlist *sgl,
+			 unsigned int mapped);
 int rdma_cm_rs_dma_map_single(struct ib_device *dev, void *cpu_addr,
 			      size_t size, enum dma_data_direction dir,
 			      u64 *dma_addr);

@@ -10,8 +10,11 @@
 //!
 //! # Ownership
 //!
-//! * An [`Mr`] owns a physically contiguous, DMA-mapped buffer and an FRWR
-//!   memory region over it, both on the device of the PD it was made on.
+//! * An [`Mr`] owns a DMA-mapped buffer and an FRWR memory region over it,
+//!   both on the device of the PD it was made on: a physically contiguous
+//!   buffer of up to [`MAX_MR_LEN`] ([`Mr::new`]), or whole pages of an
+//!   [`SgBuffer`], as many as the device's fast registration maps
+//!   ([`Mr::from_pages`]).
 //!   It is shared ([`Arc`]): every work request that names it
 //!   (registration, invalidation, RDMA READ/WRITE) holds a reference until
 //!   its completion, so neither the region nor its memory can be freed
@@ -37,6 +40,7 @@ use super::{
     bindings,
     device::{Device, Transport},
     pd::{Pd, RemoteKey},
+    sg::SgBuffer,
 };
 use core::{alloc::Layout, mem::ManuallyDrop, ptr::NonNull};
 use kernel::{
@@ -141,9 +145,12 @@ pub(crate) struct Registration {
     pub(crate) valid: bool,
     /// The key byte of the next registration.
     next_key: u8,
-    /// The keys of the current registration.
+    /// The keys of the current registration, and the address its first
+    /// byte has under them (a local request names the region's bytes by
+    /// it, with `lkey`).
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
+    pub(crate) iova: u64,
     /// The current registration's remote key as its PD records it, which
     /// a peer's remote invalidation marks.
     pub(crate) remote: Option<Arc<RemoteKey>>,
@@ -167,20 +174,35 @@ impl Registration {
     }
 }
 
+/// The memory of a region.
+enum Memory {
+    /// `capacity` bytes allocated by `Kmalloc` (physically contiguous,
+    /// page aligned), mapped at `dma`.
+    Contiguous {
+        data: NonNull<u8>,
+        capacity: usize,
+        dma: u64,
+    },
+    /// The pages of `buf`, whose scatterlist is mapped in `mapped` DMA
+    /// segments; freed only after the MR is deregistered.
+    Pages {
+        buf: ManuallyDrop<SgBuffer>,
+        mapped: u32,
+    },
+}
+
 /// The allocations behind a region.
 ///
 /// # Invariants
 ///
 /// * `raw` is a live FRWR MR allocated on `pd`'s device, deregistered only
 ///   by `drop`; its keys and page list change only with [`Mr::reg`] locked.
-/// * `data` points to `capacity` bytes allocated by `Kmalloc` (physically
-///   contiguous, page aligned), DMA-mapped bidirectionally at `dma` for
-///   `pd`'s device while the object lives; no Rust reference to them exists.
+/// * `memory` holds at least `len` bytes, DMA-mapped bidirectionally for
+///   `pd`'s device while the object lives; no Rust reference to them
+///   exists.
 struct MrResources {
     raw: NonNull<bindings::ib_mr>,
-    data: NonNull<u8>,
-    capacity: usize,
-    dma: u64,
+    memory: Memory,
     len: usize,
     /// Dropped only once the MR is deregistered: a PD with a live MR must
     /// not be freed (nor its device released).
@@ -267,19 +289,74 @@ impl Mr {
                 return Err(e);
             }
         };
-        // SAFETY: A fresh MR: its keys are set and nothing changes them yet.
-        let (lkey, rkey) = unsafe { ((*raw).lkey, (*raw).rkey) };
         // INVARIANT: All allocated and mapped above.  If the allocation
-        // below fails, `res` is dropped with the initialiser and frees all.
+        // below fails, `res` is dropped and frees all.
         let res = MrResources {
             // SAFETY: `from_err_ptr` returned a valid, non-null pointer.
             raw: unsafe { NonNull::new_unchecked(raw) },
-            data,
-            capacity,
-            dma,
+            memory: Memory::Contiguous {
+                data,
+                capacity,
+                dma,
+            },
             len,
             pd: ManuallyDrop::new(pd.clone()),
         };
+        Self::with_resources(res)
+    }
+
+    /// A region over the pages of `buf`, its length `buf.len()` (beyond
+    /// [`MAX_MR_LEN`] where the device allows), on `pd`'s device: the
+    /// buffer is the region's memory until the region goes.  `EINVAL` for
+    /// more pages than the device's fast registration maps at once
+    /// (`max_fast_reg_page_list_len`: 512 on rxe, 256 on siw);
+    /// `EOPNOTSUPP` if the device has no fast registration.
+    pub fn from_pages(pd: &Arc<Pd>, buf: SgBuffer) -> Result<Arc<Self>> {
+        let dev = pd.device();
+        if !dev.has_fast_registration() {
+            return Err(EOPNOTSUPP);
+        }
+        let pages = buf.len().div_ceil(PAGE_SIZE);
+        if pages > dev.max_fast_reg_page_list_len() as usize {
+            return Err(EINVAL);
+        }
+        let (sgl, nents) = buf.sgl();
+        // SAFETY: `sgl` is the buffer's unmapped scatterlist of `nents`
+        // entries over pages it owns; the device is valid while `pd` is.
+        let mapped = unsafe { bindings::rdma_cm_rs_dma_map_sg(dev.as_ptr(), sgl, nents) };
+        let Ok(mapped @ 1..) = u32::try_from(mapped) else {
+            return Err(ENOMEM);
+        };
+        // SAFETY: `pd` is live; `pages` is within the device's limit.
+        let raw = unsafe { bindings::rdma_cm_rs_alloc_mr(pd.as_ptr(), pages as u32) };
+        let raw = match kernel::error::from_err_ptr(raw) {
+            Ok(raw) => raw,
+            Err(e) => {
+                // SAFETY: Mapped above, unmapped once, before the buffer
+                // goes.
+                unsafe { bindings::rdma_cm_rs_dma_unmap_sg(dev.as_ptr(), sgl, nents) };
+                return Err(e);
+            }
+        };
+        let len = buf.len();
+        // INVARIANT: Allocated and mapped above.
+        let res = MrResources {
+            // SAFETY: `from_err_ptr` returned a valid, non-null pointer.
+            raw: unsafe { NonNull::new_unchecked(raw) },
+            memory: Memory::Pages {
+                buf: ManuallyDrop::new(buf),
+                mapped,
+            },
+            len,
+            pd: ManuallyDrop::new(pd.clone()),
+        };
+        Self::with_resources(res)
+    }
+
+    fn with_resources(res: MrResources) -> Result<Arc<Self>> {
+        let raw = res.raw.as_ptr();
+        // SAFETY: A fresh MR: its keys are set and nothing changes them yet.
+        let (lkey, rkey) = unsafe { ((*raw).lkey, (*raw).rkey) };
         Arc::pin_init(
             pin_init!(Self {
                 res,
@@ -289,6 +366,7 @@ impl Mr {
                     next_key: (rkey as u8).wrapping_add(1),
                     lkey,
                     rkey,
+                    iova: 0,
                 }),
             }),
             GFP_KERNEL,
@@ -322,36 +400,46 @@ impl Mr {
 
     /// Copies `out.len()` bytes at `offset` out of the region.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result {
-        let res = &self.res;
-        check_range(offset, out.len(), res.len)?;
+        check_range(offset, out.len(), self.res.len)?;
         self.sync_for_cpu(offset, out.len());
-        // SAFETY: The range lies within the allocation (checked above);
-        // `out` is writable; the copy happens in C, outside of any Rust
-        // reference to the region.
-        unsafe {
-            bindings::rdma_cm_rs_copy(
-                out.as_mut_ptr().cast(),
-                res.data.as_ptr().add(offset).cast(),
-                out.len(),
-            )
-        };
-        Ok(())
+        self.copy(offset, out.as_mut_ptr(), out.len(), false)
     }
 
     /// Copies `data` into the region at `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result {
-        let res = &self.res;
-        check_range(offset, data.len(), res.len)?;
-        // SAFETY: As in `read`, in the other direction.
-        unsafe {
-            bindings::rdma_cm_rs_copy(
-                res.data.as_ptr().add(offset).cast(),
-                data.as_ptr().cast(),
-                data.len(),
-            )
-        };
+        check_range(offset, data.len(), self.res.len)?;
+        // `copy` only reads `buf` when `to_region` is set.
+        self.copy(offset, data.as_ptr().cast_mut(), data.len(), true)?;
         self.sync_for_device(offset, data.len());
         Ok(())
+    }
+
+    /// Copies `len` bytes between `buf` and the region at `offset` (into
+    /// the region with `to_region`, reading `buf`; else writing it), in C,
+    /// outside of any Rust reference to the region's memory.  The range
+    /// lies within the region (the callers checked it).
+    fn copy(&self, offset: usize, buf: *mut u8, len: usize, to_region: bool) -> Result {
+        match &self.res.memory {
+            Memory::Contiguous { data, .. } => {
+                // SAFETY: The callers checked the range against the
+                // allocation; `buf` has `len` bytes, writable unless
+                // `to_region`.
+                let at = unsafe { data.as_ptr().add(offset) };
+                let (dst, src) = if to_region { (at, buf) } else { (buf, at) };
+                // SAFETY: As above: both ranges are valid for `len` bytes.
+                unsafe { bindings::rdma_cm_rs_copy(dst.cast(), src.cast(), len) };
+                Ok(())
+            }
+            Memory::Pages { buf: pages, .. } => {
+                let (sgl, nents) = pages.sgl();
+                // SAFETY: The scatterlist of `nents` entries over the
+                // buffer's live pages; `buf` as above; the copy maps each
+                // page in turn.
+                kernel::error::to_result(unsafe {
+                    bindings::rdma_cm_rs_sg_copy(sgl, nents, buf.cast(), len, offset, to_region)
+                })
+            }
+        }
     }
 
     pub(crate) fn as_ptr(&self) -> *mut bindings::ib_mr {
@@ -361,11 +449,6 @@ impl Mr {
     /// The registration state, locked.
     pub(crate) fn registration(&self) -> MutexGuard<'_, Registration> {
         self.reg.lock()
-    }
-
-    /// The DMA address of the byte at `offset` (within the region).
-    pub(crate) fn dma_addr(&self, offset: usize) -> u64 {
-        self.res.dma + offset as u64
     }
 
     /// Maps the whole region into the MR's page list under a fresh key and
@@ -378,15 +461,18 @@ impl Mr {
         // only read when the next REG_MR is posted.
         // SAFETY: `reg` is the locked registration state of this region
         // (the caller holds `self.reg`), so nothing else changes the MR's
-        // keys or page list (type invariants); the buffer is mapped for the
-        // MR's device.
+        // keys or page list (type invariants); the memory is mapped for
+        // the MR's device, in `mapped` segments for pages.
         let mapped = unsafe {
             bindings::rdma_cm_rs_update_fast_reg_key(raw, reg.next_key);
-            kernel::error::to_result(bindings::rdma_cm_rs_map_mr(
-                raw,
-                self.res.dma,
-                self.res.len as u32,
-            ))
+            kernel::error::to_result(match &self.res.memory {
+                Memory::Contiguous { dma, .. } => {
+                    bindings::rdma_cm_rs_map_mr(raw, *dma, self.res.len as u32)
+                }
+                Memory::Pages { buf, mapped } => {
+                    bindings::rdma_cm_rs_map_mr_sg(raw, buf.sgl().0, *mapped)
+                }
+            })
         };
         reg.next_key = reg.next_key.wrapping_add(1);
         mapped?;
@@ -397,30 +483,47 @@ impl Mr {
     /// Makes what the device wrote to `len` bytes at `offset` visible to
     /// the CPU.
     pub(crate) fn sync_for_cpu(&self, offset: usize, len: usize) {
-        // SAFETY: Mapped by the type invariants; the range lies within the
-        // mapping (callers checked it against `len`).
-        unsafe {
-            bindings::rdma_cm_rs_dma_sync_for_cpu(
-                self.device().as_ptr(),
-                self.dma_addr(offset),
-                len,
-                bindings::dma_data_direction::DMA_BIDIRECTIONAL,
-            )
-        };
+        self.sync(offset, len, true);
     }
 
     /// Makes what the CPU wrote to `len` bytes at `offset` visible to the
     /// device.
     pub(crate) fn sync_for_device(&self, offset: usize, len: usize) {
-        // SAFETY: As in `sync_for_cpu`.
-        unsafe {
-            bindings::rdma_cm_rs_dma_sync_for_device(
-                self.device().as_ptr(),
-                self.dma_addr(offset),
-                len,
-                bindings::dma_data_direction::DMA_BIDIRECTIONAL,
-            )
-        };
+        self.sync(offset, len, false);
+    }
+
+    fn sync(&self, offset: usize, len: usize, for_cpu: bool) {
+        let dev = self.device().as_ptr();
+        let dir = bindings::dma_data_direction::DMA_BIDIRECTIONAL;
+        match &self.res.memory {
+            Memory::Contiguous { dma, .. } => {
+                let at = dma + offset as u64;
+                // SAFETY: Mapped by the type invariants; the range lies
+                // within the mapping (callers checked it against `len`).
+                unsafe {
+                    if for_cpu {
+                        bindings::rdma_cm_rs_dma_sync_for_cpu(dev, at, len, dir)
+                    } else {
+                        bindings::rdma_cm_rs_dma_sync_for_device(dev, at, len, dir)
+                    }
+                };
+            }
+            Memory::Pages { buf, mapped } => {
+                // SAFETY: Mapped in `mapped` segments by the type
+                // invariants; the helper syncs the part of them the range
+                // covers.
+                unsafe {
+                    bindings::rdma_cm_rs_sync_sg_range(
+                        dev,
+                        buf.sgl().0,
+                        *mapped,
+                        offset,
+                        len,
+                        for_cpu,
+                    )
+                };
+            }
+        }
     }
 }
 
@@ -443,20 +546,38 @@ impl Drop for MrResources {
             pr_err!("ib_dereg_mr failed ({ret}), leaking the region\n");
             return;
         }
-        // SAFETY: Mapped and allocated by the type invariants; nothing can
-        // reach them after deregistration; the PD (and so the device) is
-        // still held by `self.pd`.
-        unsafe {
-            bindings::rdma_cm_rs_dma_unmap_single(
-                self.pd.device().as_ptr(),
-                self.dma,
-                self.capacity,
-                bindings::dma_data_direction::DMA_BIDIRECTIONAL,
-            );
-            Kmalloc::free(
-                self.data,
-                Layout::from_size_align_unchecked(self.capacity, PAGE_SIZE),
-            );
+        let dev = self.pd.device().as_ptr();
+        match &mut self.memory {
+            Memory::Contiguous {
+                data,
+                capacity,
+                dma,
+            } => {
+                // SAFETY: Mapped and allocated by the type invariants;
+                // nothing can reach them after deregistration; the PD (and
+                // so the device) is still held by `self.pd`.
+                unsafe {
+                    bindings::rdma_cm_rs_dma_unmap_single(
+                        dev,
+                        *dma,
+                        *capacity,
+                        bindings::dma_data_direction::DMA_BIDIRECTIONAL,
+                    );
+                    Kmalloc::free(
+                        *data,
+                        Layout::from_size_align_unchecked(*capacity, PAGE_SIZE),
+                    );
+                }
+            }
+            Memory::Pages { buf, .. } => {
+                let (sgl, nents) = buf.sgl();
+                // SAFETY: As above; mapped from these `nents` entries, then
+                // the buffer is freed once, here, unmapped.
+                unsafe {
+                    bindings::rdma_cm_rs_dma_unmap_sg(dev, sgl, nents);
+                    ManuallyDrop::drop(buf);
+                }
+            }
         }
         // SAFETY: Dropped once, here, after the MR is gone; never used again.
         unsafe { ManuallyDrop::drop(&mut self.pd) };

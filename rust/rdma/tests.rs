@@ -2664,6 +2664,120 @@ mod sync_tests {
         assert_eq!(back, 2 + in_flight);
     }
 
+    /// A region over pages (2 MiB less 100 bytes on rxe, twice the
+    /// contiguous limit; 1 MiB on siw, its fast registration's limit), one
+    /// page more refused: the peer writes 64 KiB at its start, across its
+    /// middle at an odd offset and at its end, and reads them back; the
+    /// server's own RDMA WRITE from an odd offset of it (its local bytes
+    /// named through the registration's addresses, across pages) lands in
+    /// the client's region; every byte checked.
+    #[test]
+    fn page_region_beyond_the_contiguous_limit() {
+        page_region_moves_bytes(RXE_IP, 7202);
+    }
+
+    /// [`page_region_beyond_the_contiguous_limit`] on siw.
+    #[test]
+    fn page_region_on_iwarp() {
+        page_region_moves_bytes(SIW_IP, 7203);
+    }
+
+    fn page_region_moves_bytes(ip: [u8; 4], port: u16) {
+        const PAGE: usize = kernel::page::PAGE_SIZE;
+        const CHUNK: usize = 64 * 1024;
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening_at(&ns, ip, port) else {
+            return;
+        };
+        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let s_seen = server_seen.clone();
+        let (client, (client_qp, _client_cq), client_seen, server, server_qp) = connect_client_with(
+            &world,
+            &ns,
+            &addr,
+            PollContext::Workqueue,
+            4,
+            move |server| recording_qp(server, &s_seen, PollContext::Workqueue).map(|(qp, _)| qp),
+        );
+        let pages = (server_qp.device().max_fast_reg_page_list_len() as usize).min(512);
+        let len = pages * PAGE - 100;
+        let too_many = Mr::from_pages(server_qp.pd(), SgBuffer::new(len + PAGE).unwrap()).err();
+        let region = Mr::from_pages(server_qp.pd(), SgBuffer::new(len).unwrap()).unwrap();
+        let access = MrAccess {
+            remote_read: true,
+            remote_write: true,
+        };
+        let remote = server_qp.register(&region, access, 1).unwrap();
+        let local = Mr::new(client_qp.pd(), CHUNK).unwrap();
+        let client_remote = client_qp.register(&local, access, 2).unwrap();
+        let registered = wait_until(|| {
+            server_seen.work_ok.load(Ordering::Acquire) == 1
+                && client_seen.work_ok.load(Ordering::Acquire) == 1
+        });
+
+        let mut pattern = KVec::new();
+        let mut back = KVec::new();
+        let mut mismatches = 0u32;
+        // The client's registration succeeded: one.
+        let mut done = 1;
+        for (round, at) in [0, len / 2 + 3001, len - CHUNK].into_iter().enumerate() {
+            pattern.clear();
+            for i in 0..CHUNK {
+                pattern
+                    .push((i * 13 + round * 7 + 1) as u8, GFP_KERNEL)
+                    .unwrap();
+            }
+            local.write(0, &pattern).unwrap();
+            let span = remote.slice(at as u64, CHUNK as u32).unwrap();
+            let wrote = client_qp.rdma(WorkOp::RdmaWrite, &local, 0, span, 10);
+            done += 1;
+            let written =
+                wrote.is_ok() && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == done);
+            back.clear();
+            back.resize(CHUNK, 0u8, GFP_KERNEL).unwrap();
+            region.read(at, &mut back).unwrap();
+            // Read back by the peer too, over a zeroed local copy.
+            local.write(0, &[0; 4096]).unwrap();
+            let read = client_qp.rdma(WorkOp::RdmaRead, &local, 0, span, 11);
+            done += 1;
+            let read =
+                read.is_ok() && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == done);
+            let mut peer_view = KVec::new();
+            peer_view.resize(CHUNK, 0u8, GFP_KERNEL).unwrap();
+            local.read(0, &mut peer_view).unwrap();
+            if !(written && read && back == pattern && peer_view == pattern) {
+                mismatches += 1;
+            }
+        }
+
+        // The server's WRITE from its page region, at an odd offset: on
+        // iWARP once the client's first message came.
+        let spoke = post_marked(&client_qp, 1, false)
+            && wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);
+        let from = PAGE + 77;
+        pattern.clear();
+        for i in 0..CHUNK {
+            pattern.push((i * 5 + 9) as u8, GFP_KERNEL).unwrap();
+        }
+        region.write(from, &pattern).unwrap();
+        let pushed = server_qp.rdma(WorkOp::RdmaWrite, &region, from, client_remote, 12);
+        let pushed =
+            pushed.is_ok() && wait_until(|| server_seen.work_ok.load(Ordering::Acquire) == 2);
+        let mut landed = KVec::new();
+        landed.resize(CHUNK, 0u8, GFP_KERNEL).unwrap();
+        local.read(0, &mut landed).unwrap();
+        drop((client, client_qp, server, server_qp, local, listener));
+        let region_len = region.len();
+        drop(region);
+
+        assert_eq!(too_many, Some(EINVAL));
+        assert_eq!(region_len, len);
+        assert!(registered);
+        assert_eq!(mismatches, 0);
+        assert!(spoke && pushed);
+        assert!(landed == pattern);
+    }
+
     /// siw takes a READ on a connection that negotiated no initiator depth
     /// into its send queue, then fails the post when it cannot start it.
     /// The request is the driver's all the same: the post reports success,

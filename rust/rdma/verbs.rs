@@ -2176,6 +2176,7 @@ impl<C: CompletionHandler> Qp<C> {
         reg.valid = true;
         reg.lkey = lkey;
         reg.rkey = rkey;
+        reg.iova = addr;
         reg.remote = Some(remote);
         Ok(RemoteRegion {
             addr,
@@ -2246,8 +2247,10 @@ impl<C: CompletionHandler> Qp<C> {
         if !reg.is_valid() {
             return Err(EINVAL);
         }
+        // The region's bytes as its registration maps them: contiguous in
+        // its I/O virtual addresses, however its memory lies.
         let mut sge = bindings::ib_sge {
-            addr: mr.dma_addr(offset),
+            addr: reg.iova + offset as u64,
             length: remote.len,
             lkey: reg.lkey,
         };
