@@ -25,15 +25,19 @@ use kernel::{
 /// `table` is a kmalloc'ed `sg_table` from `sg_alloc_table_from_pages`
 /// over the first `len` bytes of `pages` (in order; physically adjacent
 /// pages may share an entry), owned by the object; `len` is at least 1 and
-/// at most `pages.len() * PAGE_SIZE`.  The table is not DMA-mapped while
-/// the object is reachable by the consumer.
+/// at most `pages.len() * PAGE_SIZE`.  While the consumer can reach the
+/// object, no device can reach the pages: the layer maps them only while
+/// it owns the buffer, and hands it back only once no registration a peer
+/// knows covers them (see [`super::verbs::RwDone`]).
 pub struct SgBuffer {
     pages: KVec<Page>,
     len: usize,
     table: NonNull<bindings::sg_table>,
 }
 
-// SAFETY: The pages and the table are owned; shared references only read.
+// SAFETY: The pages and the table are owned; shared references only read
+// the bytes (the table's entries are written through `sgl` only by the
+// layer's mapping, while it owns the buffer).
 unsafe impl Send for SgBuffer {}
 // SAFETY: As above.
 unsafe impl Sync for SgBuffer {}
@@ -105,8 +109,8 @@ impl SgBuffer {
             let in_page = at % PAGE_SIZE;
             let n = (PAGE_SIZE - in_page).min(data.len() - done);
             // SAFETY: `data[done..done + n]` is readable; `&mut self`
-            // excludes every other access to the page, which the device
-            // cannot reach either (type invariants).
+            // excludes every other access to the page, which no device can
+            // reach either (type invariants).
             unsafe {
                 self.pages[at / PAGE_SIZE].write_raw(data[done..].as_ptr(), in_page, n)?;
             }
@@ -125,8 +129,8 @@ impl SgBuffer {
             let in_page = at % PAGE_SIZE;
             let n = (PAGE_SIZE - in_page).min(out.len() - done);
             // SAFETY: `out[done..done + n]` is writable; nothing writes the
-            // page meanwhile: writers need `&mut self`, and the device
-            // cannot reach it (type invariants).
+            // page meanwhile: writers need `&mut self`, and no device can
+            // reach it (type invariants).
             unsafe {
                 self.pages[at / PAGE_SIZE].read_raw(out[done..].as_mut_ptr(), in_page, n)?;
             }

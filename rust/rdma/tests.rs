@@ -2778,6 +2778,61 @@ mod sync_tests {
         assert!(landed == pattern);
     }
 
+    /// An R/W READ refused by the peer (a key it never gave): on rxe the
+    /// buffer comes back with the error at once; on siw (iWARP) the READ
+    /// request handed the peer a key to write into the sink, which only a
+    /// successful READ revokes, so the buffer comes back only once the QP
+    /// is destroyed (before, a peer could write into pages the consumer
+    /// had back).
+    #[test]
+    fn failed_read_returns_its_sink_when_no_peer_can_write_it() {
+        failed_read_hand_back(RXE_IP, 7204);
+        failed_read_hand_back(SIW_IP, 7205);
+    }
+
+    fn failed_read_hand_back(ip: [u8; 4], port: u16) {
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening_at(&ns, ip, port) else {
+            return;
+        };
+        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let s_seen = server_seen.clone();
+        let (client, (client_qp, _client_cq), client_seen, server, server_qp) = connect_client_with(
+            &world,
+            &ns,
+            &addr,
+            PollContext::Workqueue,
+            4,
+            move |server| recording_qp(server, &s_seen, PollContext::Workqueue).map(|(qp, _)| qp),
+        );
+        let nowhere = RemoteRegion {
+            addr: 0x1000,
+            rkey: 0x5eed_0001,
+            len: 4096,
+        };
+        let read = client_qp.rdma_rw(RwOp::Read, SgBuffer::new(4096).unwrap(), nowhere, 1);
+        let read = read.map_err(|(e, _)| e);
+        let iwarp = ip == SIW_IP;
+        let back_at_once = if iwarp {
+            // Time for the peer's refusal to come back, which must not
+            // hand the buffer over.
+            fsleep(ms(500));
+            client_seen.rw_back.load(Ordering::Acquire) == 1
+        } else {
+            wait_until(|| client_seen.rw_back.load(Ordering::Acquire) == 1)
+        };
+        let before_teardown = client_seen.rw_back.load(Ordering::Acquire);
+        drop((client, client_qp));
+        let after_teardown = client_seen.rw_back.load(Ordering::Acquire);
+        let succeeded = client_seen.rw_ok.load(Ordering::Acquire);
+        drop((server, server_qp, listener));
+        assert_eq!(read, Ok(()));
+        assert_eq!(back_at_once, !iwarp);
+        assert_eq!(before_teardown, u32::from(!iwarp));
+        assert_eq!(after_teardown, 1);
+        assert_eq!(succeeded, 0);
+    }
+
     /// siw takes a READ on a connection that negotiated no initiator depth
     /// into its send queue, then fails the post when it cannot start it.
     /// The request is the driver's all the same: the post reports success,

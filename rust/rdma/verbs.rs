@@ -70,7 +70,7 @@ use super::{
     ah::{Datagram, UdDest, GRH_SIZE},
     bindings,
     callback::CallbackMark,
-    device::Device,
+    device::{Device, Transport},
     mr::{check_range, Mr, MrAccess, RemoteRegion},
     pd::Pd,
     sg::SgBuffer,
@@ -168,7 +168,9 @@ pub struct RwDone {
     /// The consumer's tag from the post.
     pub tag: u64,
     /// The buffer, unmapped again: after a successful READ it holds the
-    /// peer's bytes.
+    /// peer's bytes.  A failed iWARP READ's buffer comes back only once
+    /// its QP is destroyed: the READ request gave the peer a key to write
+    /// into it, which only the READ's success revokes.
     pub buf: SgBuffer,
 }
 
@@ -837,9 +839,9 @@ impl RecvBuffer {
 
     /// The number of the QP the last completion arrived on: for a buffer
     /// posted to a [`Srq`], which of the QPs sharing it took the message
-    /// (how a ULP finds the connection a request came from).  `None`
-    /// before any completion, and for an SRQ's completion that reached its
-    /// handler after its QP had left the SRQ (dropped).
+    /// (how a ULP finds the connection a request came from; a QP created
+    /// where a destroyed one was waits until that one's completions were
+    /// delivered).  `None` before any completion.
     pub fn qp_num(&self) -> Option<u32> {
         self.0.qp_num
     }
@@ -939,11 +941,12 @@ pub struct QpCaps {
     /// More entries take fewer requests for a buffer of many pages.  The
     /// layer's own sends carry one.
     pub max_send_sge: u32,
-    /// Transfers of the R/W API in flight, in the core's contexts: the QP
-    /// gets [`RW_SLOTS_PER_CTX`] send-queue slots for each (a registration,
-    /// the RDMA request, an invalidation, as devices that register need;
-    /// the core's `rdma_rw_init_qp`), and on such devices a pool of as many
-    /// registrations.  A transfer takes the slots of the requests it posts
+    /// Transfers of the R/W API in flight, in the core's contexts: the
+    /// layer counts [`RW_SLOTS_PER_CTX`] send-queue slots for each (a
+    /// registration, the RDMA request, an invalidation, as devices that
+    /// register need), and the QP gets at least that many (the core's
+    /// `rdma_rw_init_qp` adds one or three a context, the layer two), and
+    /// on devices that register a pool of as many registrations.  A transfer takes the slots of the requests it posts
     /// (more than one for a buffer of more entries than `max_send_sge`).
     /// 0: no R/W API on the QP.
     pub max_rdma_ctxs: u32,
@@ -1052,6 +1055,18 @@ struct WrCredits {
     /// Notified when `posted` becomes empty.
     #[pin]
     flushed: CondVar,
+    /// Notified, under `posted`'s lock, when a post of an R/W transfer
+    /// returned (see [`RwWork`]'s `posting`).
+    #[pin]
+    post_done: CondVar,
+    /// Failed R/W transfers whose sink registration the peer may still
+    /// write through (an iWARP READ's), with their error: their buffers
+    /// go back only once the QP, and its registrations, are destroyed.
+    /// At most one per R/W slot (each keeps its slots).
+    #[pin]
+    parked: SpinLock<KVec<(PostedCqe, i32)>>,
+    /// The QP is destroyed: nothing needs parking any more.
+    destroyed: AtomicBool,
     /// Requests that reach the peer wait for the peer's first message
     /// (see [`Qp::hold_sends_until_first_message`]).
     awaiting_first_message: AtomicBool,
@@ -1071,6 +1086,9 @@ struct SrqMember {
     qp_num: u32,
     /// The QP's credits, for its hold until the peer's first message.
     credits: Arc<WrCredits>,
+    /// The QP is shut down: its `ib_qp` may be freed, but its CQ may still
+    /// hold its completions until its reclaim, which removes the entry.
+    departing: bool,
 }
 
 impl WrCredits {
@@ -1086,6 +1104,7 @@ impl WrCredits {
         let posted = KVec::with_capacity(total as usize + 1, GFP_KERNEL)?;
         let sends = caps.send_cq_entries()?;
         let send_order = KVec::with_capacity(sends as usize, GFP_KERNEL)?;
+        let parked = KVec::with_capacity(caps.rw_slots()? as usize, GFP_KERNEL)?;
         Arc::pin_init(
             pin_init!(Self {
                 send: AtomicU32::new(0),
@@ -1095,6 +1114,9 @@ impl WrCredits {
                 posted <- new_spinlock!(posted),
                 send_order <- new_spinlock!(send_order),
                 flushed <- new_condvar!(),
+                post_done <- new_condvar!(),
+                parked <- new_spinlock!(parked),
+                destroyed: AtomicBool::new(false),
                 awaiting_first_message: AtomicBool::new(false),
                 shared,
                 qp_num: AtomicU32::new(0),
@@ -1130,13 +1152,45 @@ impl WrCredits {
     }
 
     /// A [`Srq`]'s: records the QP numbered `qp_num`, whose `ib_qp` is at
-    /// `key` and whose credits are `credits`, as attached.  A QP gone since
-    /// from that address is forgotten.
+    /// `key` and whose credits are `credits`, as attached.  A QP destroyed
+    /// from that address may still have completions in its CQ, which must
+    /// not be taken for the new one's: the new one waits until the old
+    /// one's reclaim delivered them and left (at most [`FLUSH_TIMEOUT`],
+    /// the most a reclaim's wait for the CQ can take; then it takes the
+    /// place).  Sleeps; not in a completion of the old QP's CQ, which the
+    /// layer defers QP creation out of anyway (ids are made in process
+    /// context).
     fn join(&self, key: usize, qp_num: u32, credits: Arc<WrCredits>) -> Result {
-        let node = RBTreeNode::new(key, SrqMember { qp_num, credits }, GFP_KERNEL)?;
-        let gone = self.members.lock().insert(node);
-        drop(gone);
-        Ok(())
+        let member = SrqMember {
+            qp_num,
+            credits,
+            departing: false,
+        };
+        let node = RBTreeNode::new(key, member, GFP_KERNEL)?;
+        let start = Instant::<Monotonic>::now();
+        loop {
+            let mut members = self.members.lock();
+            let busy = members.get(&key).is_some_and(|m| m.departing);
+            if !busy || start.elapsed().as_millis() > FLUSH_TIMEOUT.as_millis() {
+                let gone = members.insert(node);
+                drop(members);
+                drop(gone);
+                return Ok(());
+            }
+            drop(members);
+            fsleep(Delta::from_millis(1));
+        }
+    }
+
+    /// A [`Srq`]'s: marks the QP of `credits` recorded at `key` as shut
+    /// down (see [`SrqMember`]'s `departing`).
+    fn depart(&self, key: usize, credits: &Arc<WrCredits>) {
+        let mut members = self.members.lock();
+        if let Some(m) = members.get_mut(&key) {
+            if Arc::ptr_eq(&m.credits, credits) {
+                m.departing = true;
+            }
+        }
     }
 
     /// A [`Srq`]'s: forgets the QP of `credits` recorded at `key` (unless
@@ -1341,6 +1395,37 @@ impl WrCredits {
         if posted.is_empty() {
             self.flushed.notify_all();
         }
+    }
+
+    /// Parks the failed R/W transfer `entry` (see `parked`) with `error`:
+    /// runs `release` and stops tracking it, as [`Self::finish_rw`] does,
+    /// and keeps it until [`Self::take_parked`].  `false` (nothing done)
+    /// once the QP is destroyed: its registrations are gone.
+    fn park_rw(&self, entry: PostedCqe, error: Error, release: impl FnOnce()) -> bool {
+        if self.destroyed.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut parked = self.parked.lock();
+        // One per slot of the R/W queue, each keeping its slots: within
+        // the capacity.  Should it fail, the transfer is handed back now.
+        if parked
+            .push_within_capacity((entry, error.to_errno()))
+            .is_err()
+        {
+            pr_err!("a failed R/W transfer could not be kept until its QP's destruction\n");
+            return false;
+        }
+        drop(parked);
+        self.finish_rw(entry, release);
+        true
+    }
+
+    /// After the QP's destruction: one parked transfer and its error.
+    fn take_parked(&self) -> Option<(PostedCqe, Error)> {
+        self.parked
+            .lock()
+            .pop()
+            .map(|(entry, errno)| (entry, Error::from_errno(errno)))
     }
 
     /// For a shutdown, before the QP's destruction: runs `release` for
@@ -2326,6 +2411,7 @@ impl<C: CompletionHandler> Qp<C> {
                 ctx: Opaque::zeroed(),
                 released: AtomicBool::new(true),
                 posting: AtomicBool::new(false),
+                exposes_sink: op == RwOp::Read && self.device().transport() == Transport::Iwarp,
                 qp: ptr::null_mut(),
                 port: self.port_num.load(Ordering::Acquire),
                 credit: None,
@@ -2408,7 +2494,11 @@ impl<C: CompletionHandler> Qp<C> {
                 &mut refused,
             )
         };
-        work.posting.store(false, Ordering::Release);
+        {
+            let _tracking = self.credits.posted.lock();
+            work.posting.store(false, Ordering::Release);
+            self.credits.post_done.notify_all();
+        }
         if let Err(e) = self.post_outcome(raw, ret, first, refused) {
             self.credits.remove_send(entry);
             // SAFETY: The driver refused it: the QP does not own the
@@ -2445,6 +2535,10 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         let Some(raw) = raw else {
             return false;
         };
+        if let Some(srq) = &self.srq {
+            srq.credits
+                .depart(self.srq_key.load(Ordering::Acquire), &self.credits);
+        }
         // `ib_modify_qp` to the error state (refused from RESET, which the
         // CM never leaves a QP in) makes the driver flush every outstanding
         // request through the CQ's workqueue, and on iWARP drops the
@@ -2478,6 +2572,9 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
     }
 
     fn reclaim(&self) {
+        // The registrations a failed transfer's sink had are gone with the
+        // QP: its buffer may go back at once.
+        self.credits.destroyed.store(true, Ordering::Release);
         // Completions the driver queued before the QP was destroyed reach
         // their handlers first, and a handler still running returns (its
         // request stopped being tracked just before it was called); none
@@ -2533,6 +2630,22 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
                 FLUSH_TIMEOUT.as_millis()
             );
         }
+        // Transfers kept back because the peer could still write into
+        // their sink go back now, with the error they completed with.
+        while let Some((entry, error)) = self.credits.take_parked() {
+            // A parked entry is the `cqe` of a released `RwWork` that
+            // `park_rw` took out of the tracking (its completion returned
+            // without handing it over): nothing else owns it.
+            // SAFETY: By the above, the live object `KBox::into_raw` leaked.
+            let work = unsafe { KBox::from_raw(entry.0.as_ptr().cast::<RwWork>()) };
+            hand_back_rw(self.send_cq.handler(), work, Err(error));
+        }
+        // Every completion of the QP ran: the SRQ may give its address to
+        // a new QP.
+        if let Some(srq) = &self.srq {
+            srq.credits
+                .leave(self.srq_key.swap(0, Ordering::AcqRel), &self.credits);
+        }
     }
 
     fn qp_num(&self) -> u32 {
@@ -2573,9 +2686,11 @@ impl<C: CompletionHandler> PinnedDrop for Qp<C> {
 /// A posted buffer is the SRQ's until its completion hands it to a
 /// handler.  A QP's shutdown flushes only its own queue: the receives
 /// still posted stay with the SRQ for the other QPs, and one that a QP had
-/// begun to fill when it failed may never complete (rxe drops it).  The
-/// SRQ's destruction, after its last QP's, frees the buffers still posted
-/// without a completion: nothing can reach them any more.
+/// begun to fill when it failed may never complete (rxe drops its copy):
+/// that buffer, and its place among the SRQ's `max_wr`, stay taken until
+/// the SRQ goes ([`Srq::posted`] counts it).  The SRQ's destruction,
+/// after its last QP's, frees the buffers still posted without a
+/// completion: nothing can reach them any more.
 ///
 /// # Invariants
 ///
@@ -2843,6 +2958,9 @@ struct RwWork {
     ctx: Opaque<bindings::rdma_rw_ctx>,
     released: AtomicBool,
     posting: AtomicBool,
+    /// An iWARP READ: its sink is registered for the peer to write, under
+    /// a key the READ request hands over and only its success revokes.
+    exposes_sink: bool,
     qp: *mut bindings::ib_qp,
     port: u32,
     /// Returned when the transfer is taken apart at its completion.
@@ -2902,26 +3020,43 @@ unsafe extern "C" fn rw_done<C: CompletionHandler>(
     // is untracked below: shared until then.
     // SAFETY: As above.
     let work = unsafe { &*own.cast::<RwWork>() };
-    while work.posting.load(Ordering::Acquire) {
-        // The poster is between the driver's post and its return.
-        give_way(false);
-    }
     // SAFETY: As in `recv_done`.
     let handler = unsafe { handler_of::<C>(cq) };
+    // SAFETY: `wc` is valid during the callback.
+    let result = wc_result(unsafe { &*wc });
     if let (Some(credit), Some(own)) = (&work.credit, NonNull::new(own)) {
+        let credits = &credit.credits;
+        {
+            // The poster may be between the driver's post, whose walk of
+            // the chain reads the context, and its return.
+            let mut tracking = credits.posted.lock();
+            while work.posting.load(Ordering::Acquire) {
+                credits.post_done.wait(&mut tracking);
+            }
+        }
         credit.give_back_unsignaled_before(handler);
-        credit
-            .credits
-            .finish_rw(PostedCqe(own, WrQueue::Rw), || work.release());
+        let entry = PostedCqe(own, WrQueue::Rw);
+        if let (true, Err(e)) = (work.exposes_sink, result) {
+            // The peer holds a key to write into the sink, which only the
+            // READ's success revokes: the buffer stays the QP's until its
+            // destruction deregisters the key (`Qp::reclaim`).
+            if credits.park_rw(entry, e, || work.release()) {
+                return;
+            }
+        }
+        credits.finish_rw(entry, || work.release());
     }
     // A transfer the reclaim completes was released by the shutdown.
     work.release();
     // Untracked: nothing else reaches the object now.
     // SAFETY: As above; the only owner.
-    let mut work = unsafe { KBox::from_raw(own.cast::<RwWork>()) };
+    let work = unsafe { KBox::from_raw(own.cast::<RwWork>()) };
+    hand_back_rw(handler, work, result);
+}
+
+/// Hands a released, untracked transfer's buffer to `handler`.
+fn hand_back_rw<C: CompletionHandler>(handler: &C, mut work: KBox<RwWork>, result: Result) {
     work.credit = None;
-    // SAFETY: `wc` is valid during the callback.
-    let result = wc_result(unsafe { &*wc });
     handler.rw_done(KBox::into_inner(work).done, result);
 }
 
