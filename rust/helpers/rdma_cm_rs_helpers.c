@@ -207,13 +207,17 @@ int rdma_cm_rs_post_srq_recv(struct ib_srq *srq, const struct ib_recv_wr *wr,
 	return ib_post_srq_recv(srq, wr, bad);
 }
 
-/* rdma_rw_ctx_post(), with the request the driver refused in @bad. */
+/*
+ * rdma_rw_ctx_post(), with the request the driver refused in @bad; @chain,
+ * if not NULL, follows the transfer and carries the completion.
+ */
 int rdma_cm_rs_rw_ctx_post(struct rdma_rw_ctx *ctx, struct ib_qp *qp,
 			   u32 port_num, struct ib_cqe *cqe,
+			   struct ib_send_wr *chain,
 			   const struct ib_send_wr **first,
 			   const struct ib_send_wr **bad)
 {
-	*first = rdma_rw_ctx_wrs(ctx, qp, port_num, cqe, NULL);
+	*first = rdma_rw_ctx_wrs(ctx, qp, port_num, cqe, chain);
 	*bad = NULL;
 	return ib_post_send(qp, *first, bad);
 }

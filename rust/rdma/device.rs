@@ -413,6 +413,20 @@ impl Device {
         Ok(PortCaps { flags })
     }
 
+    /// For sizing [`super::verbs::QpCaps::max_rdma_ctxs`]: the contexts
+    /// (registrations, where the device registers) the R/W API takes for
+    /// a transfer of up to `max_pages` pages on `port`
+    /// (`rdma_rw_mr_factor`); `EINVAL` for a port the device does not
+    /// have.
+    pub fn rw_mr_factor(&self, port: u32, max_pages: u32) -> Result<u32> {
+        if !self.ports().contains(&port) {
+            return Err(EINVAL);
+        }
+        // SAFETY: The device is valid and `port` one of its ports; the
+        // function reads the port's protocol and fixed attributes.
+        Ok(unsafe { bindings::rdma_rw_mr_factor(self.as_ptr(), port, max_pages) })
+    }
+
     /// The longest page list one fast registration maps.
     pub fn max_fast_reg_page_list_len(&self) -> u32 {
         self.attrs().max_fast_reg_page_list_len

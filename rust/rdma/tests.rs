@@ -2636,6 +2636,37 @@ mod sync_tests {
         let read_done = poll_until(&|| client_seen.rw_ok.load(Ordering::Acquire) == 2);
         let read_digest = client_seen.rw_digest.load(Ordering::Acquire);
 
+        // A WRITE and a SEND in one post: the message arrives after the
+        // bytes, and both buffers come back.  One opcode only for the SEND.
+        let mut reversed = KVec::new();
+        for b in pattern.iter().rev() {
+            reversed.push(*b, GFP_KERNEL).unwrap();
+        }
+        let mut second = SgBuffer::new(LEN).unwrap();
+        second.write(0, &reversed).unwrap();
+        let mut both = SendBuffer::new(client_qp.pd(), 16).unwrap();
+        both.fill(&[7; 16]).unwrap();
+        both.set_imm(Some(1));
+        both.set_invalidate(Some(2));
+        let two_opcodes = client_qp.rdma_rw_then_send(RwOp::Write, second, target, 4, both);
+        let (two_opcodes, second, _both) = match two_opcodes {
+            Err((e, second, both)) => (Some(e), second, both),
+            Ok(()) => (None, SgBuffer::new(LEN).unwrap(), None),
+        };
+        let mut done = SendBuffer::new(client_qp.pd(), 16).unwrap();
+        done.fill(&[7; 16]).unwrap();
+        let chained = client_qp
+            .rdma_rw_then_send(RwOp::Write, second, target, 5, done)
+            .is_ok();
+        let arrived = wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);
+        let mut after_message = KVec::new();
+        after_message.resize(LEN, 0u8, GFP_KERNEL).unwrap();
+        region.read(100, &mut after_message).unwrap();
+        let chain_back = poll_until(&|| {
+            client_seen.rw_ok.load(Ordering::Acquire) == 3
+                && client_seen.sends_back.load(Ordering::Acquire) == 1
+        });
+
         // Nobody polls: the transfers stay in flight until refused.
         let page = remote.slice(0, PAGE as u32).unwrap();
         let (mut in_flight, mut refused) = (0u32, None);
@@ -2661,7 +2692,10 @@ mod sync_tests {
         assert_eq!(read_digest, digest(&pattern));
         assert!(in_flight >= 1);
         assert_eq!(refused, Some(ENOSPC));
-        assert_eq!(back, 2 + in_flight);
+        assert_eq!(two_opcodes, Some(EINVAL));
+        assert!(chained && arrived && chain_back);
+        assert!(after_message == reversed);
+        assert_eq!(back, 3 + in_flight);
     }
 
     /// A region over pages (2 MiB less 100 bytes on rxe, twice the
@@ -3375,7 +3409,17 @@ mod client_tests {
             let port_sane = *ports.start() == 1
                 && *ports.end() == 1
                 && dev.port_caps(0) == Err(EINVAL)
-                && dev.port_caps(2) == Err(EINVAL);
+                && dev.port_caps(2) == Err(EINVAL)
+                && dev.rw_mr_factor(2, 1) == Err(EINVAL);
+            // The R/W API's factor: rxe moves 32 SGEs a READ (`max_sge_rd`)
+            // without registering; siw registers 256 pages an MR.
+            let factor_right = if name.as_bytes().starts_with(b"rxe") {
+                dev.rw_mr_factor(1, 32) == Ok(1) && dev.rw_mr_factor(1, 64) == Ok(2)
+            } else if name.as_bytes().starts_with(b"siw") {
+                dev.rw_mr_factor(1, 256) == Ok(1) && dev.rw_mr_factor(1, 257) == Ok(2)
+            } else {
+                true
+            };
             let port_right = match dev.port_caps(1) {
                 Ok(p) if name.as_bytes().starts_with(b"rxe") => {
                     p.protocol_roce_udp_encap()
@@ -3400,7 +3444,7 @@ mod client_tests {
                 Ok(_) => true,
                 Err(_) => false,
             };
-            if !(sane && right && port_sane && port_right) {
+            if !(sane && right && port_sane && port_right && factor_right) {
                 self.0.mixed_up.fetch_add(1, Ordering::AcqRel);
             }
             Ok(())

@@ -733,6 +733,33 @@ impl Buffer {
         self.pd.device()
     }
 
+    /// Sends: fills `wr` with a SEND of the buffer's bytes as `sge`
+    /// describes them (set here): its opcode (with immediate data or an
+    /// invalidation) and, inline, the bytes' CPU address, which drivers
+    /// copy from during the post (mlx5's `set_data_inl_seg`, rxe's
+    /// `copy_inline_data_to_wqe`) rather than from their DMA address.
+    /// `sge` must live across the post.
+    fn fill_send_wr(&self, wr: &mut bindings::ib_send_wr, sge: &mut bindings::ib_sge) {
+        *sge = self.sge(self.len);
+        if self.inline {
+            sge.addr = self.data.as_ptr() as u64;
+            wr.send_flags |= bindings::ib_send_flags_IB_SEND_INLINE;
+        }
+        wr.sg_list = sge;
+        wr.num_sge = 1;
+        wr.opcode = match (self.imm, self.invalidate) {
+            (Some(imm), _) => {
+                wr.ex.imm_data = imm.to_be();
+                bindings::ib_wr_opcode_IB_WR_SEND_WITH_IMM
+            }
+            (None, Some(rkey)) => {
+                wr.ex.invalidate_rkey = rkey;
+                bindings::ib_wr_opcode_IB_WR_SEND_WITH_INV
+            }
+            (None, None) => bindings::ib_wr_opcode_IB_WR_SEND,
+        };
+    }
+
     fn sge(&self, len: usize) -> bindings::ib_sge {
         bindings::ib_sge {
             addr: self.dma,
@@ -1838,6 +1865,21 @@ impl<C: CompletionHandler> Qp<C> {
         Ok(())
     }
 
+    /// What a SEND of `buf` on this RC QP needs: a buffer of its PD
+    /// (`EXDEV`, `EINVAL`), one opcode (immediate data or an invalidation,
+    /// not both: `EINVAL`), inline bytes within the QP's limit
+    /// (`EMSGSIZE`).
+    fn check_send(&self, buf: &SendBuffer) -> Result {
+        self.check_pd(&buf.0.pd)?;
+        if buf.0.imm.is_some() && buf.0.invalidate.is_some() {
+            return Err(EINVAL);
+        }
+        if buf.0.inline && buf.0.len > self.max_inline_data as usize {
+            return Err(EMSGSIZE);
+        }
+        Ok(())
+    }
+
     fn check_type(&self, want: QpType) -> Result {
         if self.qp_type == want {
             Ok(())
@@ -2104,17 +2146,9 @@ impl<C: CompletionHandler> Qp<C> {
         inner.credit = Some(credit);
         inner.sync_for_device(inner.len);
         inner.cqe.done = Some(send_done::<C>);
-        let mut sge = inner.sge(inner.len);
-        let inline = inner.inline;
-        if inline {
-            // Drivers copy inline data from the CPU's address of the bytes
-            // (mlx5's `set_data_inl_seg`, rxe's `copy_inline_data_to_wqe`),
-            // not from their DMA address, during the post; the key is not
-            // used.
-            sge.addr = inner.data.as_ptr() as u64;
-        }
-        let imm = inner.imm;
-        let invalidate = inner.invalidate;
+        let mut sge = bindings::ib_sge::default();
+        let mut send_wr: bindings::ib_send_wr = pin_init::zeroed();
+        inner.fill_send_wr(&mut send_wr, &mut sge);
         let unsignaled = inner.unsignaled;
         // The request keeps the address handle; a copy of its fields goes
         // into the work request.
@@ -2141,22 +2175,12 @@ impl<C: CompletionHandler> Qp<C> {
         // request (`dest`) until its completion.
         let ret = unsafe {
             self.post_send_raw(cqe, credit, !unsignaled, |wr| {
-                wr.sg_list = &raw mut sge;
-                wr.num_sge = 1;
-                if inline {
-                    wr.send_flags |= bindings::ib_send_flags_IB_SEND_INLINE;
-                }
-                wr.opcode = match (imm, invalidate) {
-                    (Some(imm), _) => {
-                        wr.ex.imm_data = imm.to_be();
-                        bindings::ib_wr_opcode_IB_WR_SEND_WITH_IMM
-                    }
-                    (None, Some(rkey)) => {
-                        wr.ex.invalidate_rkey = rkey;
-                        bindings::ib_wr_opcode_IB_WR_SEND_WITH_INV
-                    }
-                    (None, None) => bindings::ib_wr_opcode_IB_WR_SEND,
-                };
+                // The SEND's fields, on the entry and flags set already.
+                wr.sg_list = send_wr.sg_list;
+                wr.num_sge = send_wr.num_sge;
+                wr.opcode = send_wr.opcode;
+                wr.ex = send_wr.ex;
+                wr.send_flags |= send_wr.send_flags;
                 match ud {
                     Some((ah, remote_qpn, remote_qkey)) => {
                         ud_wr.wr = *wr;
@@ -2386,20 +2410,63 @@ impl<C: CompletionHandler> Qp<C> {
         remote: RemoteRegion,
         tag: u64,
     ) -> core::result::Result<(), (Error, SgBuffer)> {
+        self.post_rw(op, buf, remote, tag, None)
+            .map_err(|(e, buf, _)| (e, buf))
+    }
+
+    /// [`Self::rdma_rw`] followed, in the same post, by a SEND of `send`
+    /// (with its immediate data or invalidation, inline if asked), which
+    /// the peer sees only after the transfer: a target's WRITE of the
+    /// data and its response, one doorbell and one completion.  The SEND
+    /// is always signaled: its completion is the transfer's, and hands
+    /// `send` back to [`CompletionHandler::send_done`] right after `buf`
+    /// to [`CompletionHandler::rw_done`], with the same result (a failed
+    /// transfer flushes the SEND).  Errors as [`Self::rdma_rw`] and
+    /// [`Self::post_send`] (the send takes one of `max_send_wr`); both
+    /// buffers come back (the send in the `Option`, which holds it).
+    pub fn rdma_rw_then_send(
+        &self,
+        op: RwOp,
+        buf: SgBuffer,
+        remote: RemoteRegion,
+        tag: u64,
+        send: SendBuffer,
+    ) -> core::result::Result<(), (Error, SgBuffer, Option<SendBuffer>)> {
+        self.post_rw(op, buf, remote, tag, Some(send))
+    }
+
+    fn post_rw(
+        &self,
+        op: RwOp,
+        buf: SgBuffer,
+        remote: RemoteRegion,
+        tag: u64,
+        then: Option<SendBuffer>,
+    ) -> core::result::Result<(), (Error, SgBuffer, Option<SendBuffer>)> {
         if let Err(e) = self
             .check_type(QpType::Rc)
             .and_then(|()| self.check_peer_spoke())
         {
-            return Err((e, buf));
+            return Err((e, buf, then));
         }
         let fits = usize::try_from(remote.len).is_ok_and(|len| len == buf.len())
             && remote.addr.checked_add(u64::from(remote.len)).is_some();
         let slots = match self.credits.caps.rw_slots() {
             Ok(slots) if slots > 0 && fits => slots,
-            _ => return Err((EINVAL, buf)),
+            _ => return Err((EINVAL, buf, then)),
+        };
+        let send_credit = match &then {
+            None => None,
+            Some(send) => match self
+                .check_send(send)
+                .and_then(|()| self.credits.take(WrQueue::Send))
+            {
+                Ok(credit) => Some(credit),
+                Err(e) => return Err((e, buf, then)),
+            },
         };
         let Ok(room) = KBox::<RwWork>::new_uninit(GFP_KERNEL) else {
-            return Err((ENOMEM, buf));
+            return Err((ENOMEM, buf, then));
         };
         let mut cqe: bindings::ib_cqe = pin_init::zeroed();
         cqe.done = Some(rw_done::<C>);
@@ -2415,12 +2482,17 @@ impl<C: CompletionHandler> Qp<C> {
                 qp: ptr::null_mut(),
                 port: self.port_num.load(Ordering::Acquire),
                 credit: None,
+                send_credit,
+                then_send: then.map(|send| {
+                    send.0.sync_for_device(send.0.len);
+                    send.0
+                }),
                 done: RwDone { op, tag, buf },
             },
         );
         let guard = self.raw.lock();
         let Some(raw) = *guard else {
-            return Err((ENOTCONN, work.into_buf()));
+            return Err(work.refused(ENOTCONN));
         };
         let (sgl, nents) = work.done.buf.sgl();
         // SAFETY: `raw` is live under the lock, an RC QP on the CM id's
@@ -2444,8 +2516,8 @@ impl<C: CompletionHandler> Qp<C> {
         // a transfer completed.
         let wrs = match u32::try_from(wrs) {
             Ok(wrs) => wrs,
-            Err(_) if wrs == -(bindings::EAGAIN as i32) => return Err((ENOSPC, work.into_buf())),
-            Err(_) => return Err((Error::from_errno(wrs), work.into_buf())),
+            Err(_) if wrs == -(bindings::EAGAIN as i32) => return Err(work.refused(ENOSPC)),
+            Err(_) => return Err(work.refused(Error::from_errno(wrs))),
         };
         // INVARIANT: From here the context holds the mapping (and
         // registrations) on the live QP, until released.
@@ -2456,7 +2528,7 @@ impl<C: CompletionHandler> Qp<C> {
             Err(e) => {
                 work.release();
                 let e = if wrs > slots { EMSGSIZE } else { e };
-                return Err((e, work.into_buf()));
+                return Err(work.refused(e));
             }
         };
         work.credit = Some(credit);
@@ -2478,11 +2550,24 @@ impl<C: CompletionHandler> Qp<C> {
         // SAFETY: As above.
         let work = unsafe { &*leaked };
         work.posting.store(true, Ordering::Release);
+        // A SEND after the transfer carries its completion instead.
+        let mut send_sge = bindings::ib_sge::default();
+        let mut send_wr: bindings::ib_send_wr = pin_init::zeroed();
+        let chain = match &work.then_send {
+            Some(send) => {
+                send.fill_send_wr(&mut send_wr, &mut send_sge);
+                send_wr.__bindgen_anon_1.wr_cqe = cqe;
+                send_wr.send_flags |= bindings::ib_send_flags_IB_SEND_SIGNALED;
+                &raw mut send_wr
+            }
+            None => ptr::null_mut(),
+        };
         let (mut first, mut refused) = (ptr::null(), ptr::null());
         // SAFETY: `raw` is live under the lock; the context was initialised
         // on it just above; `cqe` (its `done` set) lives until the
         // completion, which does not free it before `posting` is cleared;
-        // the core chains the requests and posts them; both outputs are
+        // the core chains the requests (then `chain`, alive across the
+        // call with the SGE it names) and posts them; both outputs are
         // writable for the call.
         let ret = unsafe {
             bindings::rdma_cm_rs_rw_ctx_post(
@@ -2490,6 +2575,7 @@ impl<C: CompletionHandler> Qp<C> {
                 raw.as_ptr(),
                 work.port,
                 cqe,
+                chain,
                 &mut first,
                 &mut refused,
             )
@@ -2506,7 +2592,7 @@ impl<C: CompletionHandler> Qp<C> {
             let mut work = unsafe { KBox::from_raw(leaked) };
             work.release();
             work.credit = None;
-            return Err((e, work.into_buf()));
+            return Err(work.refused(e));
         }
         Ok(())
     }
@@ -2965,6 +3051,10 @@ struct RwWork {
     port: u32,
     /// Returned when the transfer is taken apart at its completion.
     credit: Option<Credit>,
+    /// The SEND posted after the transfer, if any, and its send-queue
+    /// credit.
+    send_credit: Option<Credit>,
+    then_send: Option<KBox<Buffer>>,
     done: RwDone,
 }
 
@@ -2997,9 +3087,11 @@ impl RwWork {
         };
     }
 
-    /// The buffer of a transfer that is released (or never held it).
-    fn into_buf(self: KBox<Self>) -> SgBuffer {
-        KBox::into_inner(self).done.buf
+    /// `error` with the buffers of a transfer that is released (or never
+    /// held them), for a post that did not happen.
+    fn refused(self: KBox<Self>, error: Error) -> (Error, SgBuffer, Option<SendBuffer>) {
+        let work = KBox::into_inner(self);
+        (error, work.done.buf, work.then_send.map(SendBuffer))
     }
 }
 
@@ -3054,10 +3146,17 @@ unsafe extern "C" fn rw_done<C: CompletionHandler>(
     hand_back_rw(handler, work, result);
 }
 
-/// Hands a released, untracked transfer's buffer to `handler`.
+/// Hands a released, untracked transfer's buffers to `handler`.
 fn hand_back_rw<C: CompletionHandler>(handler: &C, mut work: KBox<RwWork>, result: Result) {
     work.credit = None;
-    handler.rw_done(KBox::into_inner(work).done, result);
+    work.send_credit = None;
+    let RwWork {
+        done, then_send, ..
+    } = KBox::into_inner(work);
+    handler.rw_done(done, result);
+    if let Some(send) = then_send {
+        handler.send_done(SendBuffer(send), result);
+    }
 }
 
 /// A work completion's status as a result.
