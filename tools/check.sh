@@ -281,7 +281,8 @@ leaf "$rc" "module and samples build with CLIPPY=1" "$logs/module.log"
 leaf $? "the build has no warnings" "$logs/module.log"
 step "rustfmt --check (module and samples)" "$logs/rustfmt.log" \
 	rustfmt --edition 2021 --config-path "$kernel_src/.rustfmt.toml" --check \
-	rust/rdma_cm_rs.rs samples/rdma_cm_rs_echo.rs samples/rdma_cm_rs_rping.rs
+	rust/rdma_cm_rs.rs samples/rdma_cm_rs_echo.rs samples/rdma_cm_rs_rping.rs \
+	samples/rdma_cm_rs_store.rs
 # No `unsafe` in the layer's consumers: the char device forbids it,
 # the samples deny it; this catches an `allow` slipping in.
 unsafe_outside() {
@@ -356,8 +357,8 @@ tar -C "$PWD" --exclude=./.git --exclude=./build --exclude=./tools/userspace-tes
 tool_rel=tools/userspace-test/target/release/userspace-test
 mkdir -p "$copy/$(dirname "$tool_rel")"
 cp "$tool" "$copy/$tool_rel"
-# The sample rping server too: the suite loads it for its rping server role.
-cp "$out_dir/rdma_cm_rs.ko" "$out_dir/rdma_cm_rs_rping.ko" "$copy/"
+# The sample servers too: the suite loads them for their server roles.
+cp "$out_dir/rdma_cm_rs.ko" "$out_dir/rdma_cm_rs_rping.ko" "$out_dir/rdma_cm_rs_store.ko" "$copy/"
 read_only=no
 if mount --bind "$copy" "$copy" 2>"$logs/ro-mount.log" &&
 	mount -o remount,bind,ro "$copy" 2>>"$logs/ro-mount.log" && ! touch "$copy/.w" 2>/dev/null; then

@@ -123,6 +123,12 @@ fn handle(stream: TcpStream) -> Result<()> {
         "udserve" => ud::udserve(&req, &mut out),
         "udconnect" => ud::udconnect(&req),
         "run" => run::run(&req, &mut out),
+        "store" => crate::store::exercise(
+            req.addr()?,
+            req.num("conns", 1)? as usize,
+            req.num("rounds", 1)? as usize,
+            req.num("size", 0)?.into(),
+        ),
         _ => Err(anyhow!("unknown request {verb:?}")),
     };
     match result {

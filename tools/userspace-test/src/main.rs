@@ -20,6 +20,7 @@ mod report;
 mod rping;
 mod sample_module;
 mod shell;
+mod store;
 mod suite;
 mod uapi;
 mod udaddy;

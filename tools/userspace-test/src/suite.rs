@@ -171,6 +171,7 @@ const TESTS: &[(&str, Test)] = &[
     ("ud_udaddy_module_client", ud::udaddy_module_client),
     ("interop_rping_module_client", interop::rping_module_client),
     ("interop_rping_module_server", interop::rping_module_server),
+    ("interop_store_module_server", interop::store_module_server),
     (
         "interop_ucmatose_module_server",
         interop::ucmatose_module_server,

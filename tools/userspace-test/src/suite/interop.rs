@@ -323,6 +323,38 @@ pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
     unloaded
 }
 
+/// The storage sample `rdma_cm_rs_store.ko` (an SRQ per device, the R/W
+/// API, chained and unsignaled answers), loaded here for the scenario,
+/// against the tool's librdmacm client on the agent's machine: four
+/// connections at once, each PUTting and GETting 12 transfers of 1 byte
+/// to 64 KiB at its own offsets of the store, every byte compared, and a
+/// GET past the store's end refused with EINVAL.
+pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
+    const SIZE: u32 = 4 << 20;
+    let port = ctx.port();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/tmp/rdma_cm_rs_store.lock")
+        .context("the sample's lock file")?;
+    lock.lock().context("lock the sample")?;
+    crate::sample_module::load_with("rdma_cm_rs_store", port, &[&format!("size={SIZE}")])?;
+    let served = (|| -> Result<()> {
+        let addr = SocketAddr::new(ctx.local4, port);
+        let call = Call::start(
+            &ctx.agent,
+            &format!("store addr={addr} conns=4 rounds=12 size={SIZE}"),
+        )?;
+        let r = call.result().context("the store client")?;
+        note(&format!("store client against the sample: {r:?}"));
+        Ok(())
+    })();
+    let unloaded = crate::sample_module::unload("rdma_cm_rs_store");
+    served?;
+    unloaded
+}
+
 /// Whether a line of the kernel log satisfies `want` within 5 s.
 /// The kernel log's lines that `want` matches.
 fn dmesg_count(want: impl Fn(&str) -> bool) -> usize {

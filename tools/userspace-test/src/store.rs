@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The client of the `rdma_cm_rs_store` sample on librdmacm: PUTs and GETs
+//! of the sample's protocol (see `samples/rdma_cm_rs_store.rs`) from
+//! several connections at once, every byte checked.
+
+use crate::cm::{self, Channel, Conn, Param};
+use crate::report::EventType;
+use anyhow::{bail, ensure, Context, Result};
+use std::{net::SocketAddr, time::Duration};
+
+/// The sample's largest PUT or GET.
+pub const MAX_IO: usize = 64 * 1024;
+const OP_PUT: u8 = 1;
+const OP_GET: u8 = 2;
+const T: Duration = Duration::from_secs(10);
+
+/// Transfer sizes, in turn: the smallest, unaligned, a page, a page and a
+/// byte, the largest.
+const SIZES: &[usize] = &[1, 100, 4096, 4097, 30000, MAX_IO];
+
+/// A request of the sample's protocol.
+fn request(op: u8, len: usize, offset: u64, buf: (u64, u32), id: u32) -> Vec<u8> {
+    let mut r = Vec::with_capacity(32);
+    r.push(op);
+    r.push(0);
+    r.extend_from_slice(&[0, 0]);
+    r.extend_from_slice(&(len as u32).to_be_bytes());
+    r.extend_from_slice(&offset.to_be_bytes());
+    r.extend_from_slice(&buf.0.to_be_bytes());
+    r.extend_from_slice(&buf.1.to_be_bytes());
+    r.extend_from_slice(&id.to_be_bytes());
+    r
+}
+
+/// Sends `req` and returns the answer's status, checking its id.
+fn call(conn: &mut Conn<'_>, req: &[u8], id: u32) -> Result<i32> {
+    let answer = conn.send_then_recv(req, T)?;
+    ensure!(answer.len() == 8, "answer of {} bytes", answer.len());
+    let got = u32::from_be_bytes(answer[..4].try_into()?);
+    ensure!(got == id, "answer to request {got}, expected {id}");
+    Ok(i32::from_be_bytes(answer[4..].try_into()?))
+}
+
+/// One connection's work: `rounds` PUT-then-GET pairs of [`SIZES`] in
+/// turn, in the store's `span` bytes from `base`, each GET compared with
+/// its PUT; then a request past the store's end, which must fail with
+/// EINVAL.  Returns the bytes moved.
+fn one_connection(dst: SocketAddr, base: u64, span: u64, store: u64, rounds: usize) -> Result<u64> {
+    let ch = Channel::new()?;
+    let id = cm::resolve(&ch, &dst, Duration::from_secs(5))?;
+    let mut conn = Conn::new(id)?;
+    // The server READs a PUT's bytes: one READ each way in flight.
+    let param = Param::with_data(&[]);
+    conn.connect(&param, &ch, T)?
+        .must_be(EventType::Established)?;
+    let region = conn.add_region(&vec![0u8; MAX_IO], true, true)?;
+    let (addr, rkey, _) = conn.region_key(region);
+    let mut moved = 0u64;
+    for round in 0..rounds {
+        let len = SIZES[round % SIZES.len()];
+        let offset = base + (round as u64 * 7919) % (span - MAX_IO as u64);
+        let data: Vec<u8> = (0..len)
+            .map(|i| (i as u64 * 31 + round as u64 * 7 + base) as u8)
+            .collect();
+        conn.region_mut(region)[..len].copy_from_slice(&data);
+        let id = (round * 2) as u32;
+        let status = call(
+            &mut conn,
+            &request(OP_PUT, len, offset, (addr, rkey), id),
+            id,
+        )?;
+        ensure!(
+            status == 0,
+            "PUT of {len} bytes at {offset}: status {status}"
+        );
+        conn.region_mut(region).fill(0);
+        let id = id + 1;
+        let status = call(
+            &mut conn,
+            &request(OP_GET, len, offset, (addr, rkey), id),
+            id,
+        )?;
+        ensure!(
+            status == 0,
+            "GET of {len} bytes at {offset}: status {status}"
+        );
+        if conn.region(region)[..len] != data[..] {
+            let at = data
+                .iter()
+                .zip(conn.region(region))
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            bail!("GET of {len} bytes at {offset}: byte {at} differs from the PUT");
+        }
+        moved += 2 * len as u64;
+    }
+    let past = request(OP_GET, 16, store - 8, (addr, rkey), 9999);
+    let status = call(&mut conn, &past, 9999)?;
+    ensure!(
+        status == -libc::EINVAL,
+        "GET past the store's end: status {status}, expected -EINVAL"
+    );
+    conn.disconnect()?;
+    Ok(moved)
+}
+
+/// `conns` connections to the sample at `dst` at once, each with
+/// `rounds` PUT/GET pairs in its own part of a store of `store` bytes.
+pub fn exercise(dst: SocketAddr, conns: usize, rounds: usize, store: u64) -> Result<String> {
+    ensure!(conns > 0 && rounds > 0, "no work");
+    let span = store / conns as u64;
+    ensure!(
+        span > MAX_IO as u64,
+        "store too small for {conns} connections"
+    );
+    let workers: Vec<_> = (0..conns)
+        .map(|c| {
+            let base = c as u64 * span;
+            std::thread::spawn(move || one_connection(dst, base, span, store, rounds))
+        })
+        .collect();
+    let mut moved = 0;
+    for (c, w) in workers.into_iter().enumerate() {
+        let r = w
+            .join()
+            .map_err(|_| anyhow::anyhow!("connection {c} panicked"))?;
+        moved += r.with_context(|| format!("connection {c}"))?;
+    }
+    Ok(format!("connections={conns} rounds={rounds} bytes={moved}"))
+}
