@@ -128,14 +128,7 @@ impl RemoteRegion {
     }
 }
 
-/// Checks that `len` bytes at `offset` lie within a region of `size` bytes
-/// (and that `len` is not 0).
-pub fn check_range(offset: usize, len: usize, size: usize) -> Result {
-    match offset.checked_add(len) {
-        Some(end) if len > 0 && end <= size => Ok(()),
-        _ => Err(EINVAL),
-    }
-}
+pub use super::sg::check_range;
 
 /// The registration state of a region, changed only under [`Mr::reg`].
 pub(crate) struct Registration {

@@ -18,6 +18,15 @@ use kernel::{
     prelude::*,
 };
 
+/// Checks that `len` bytes at `offset` lie within memory of `size` bytes
+/// (and that `len` is not 0).
+pub fn check_range(offset: usize, len: usize, size: usize) -> Result {
+    match offset.checked_add(len) {
+        Some(end) if len > 0 && end <= size => Ok(()),
+        _ => Err(EINVAL),
+    }
+}
+
 /// Bytes of whole pages and the scatterlist describing them.
 ///
 /// # Invariants
@@ -102,7 +111,7 @@ impl SgBuffer {
 
     /// Copies `data` in at `offset` (`EINVAL` beyond the end).
     pub fn write(&mut self, offset: usize, data: &[u8]) -> Result {
-        super::mr::check_range(offset, data.len(), self.len)?;
+        check_range(offset, data.len(), self.len)?;
         let mut done = 0;
         while done < data.len() {
             let at = offset + done;
@@ -122,7 +131,7 @@ impl SgBuffer {
     /// Copies `out.len()` bytes out from `offset` (`EINVAL` beyond the
     /// end).
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result {
-        super::mr::check_range(offset, out.len(), self.len)?;
+        check_range(offset, out.len(), self.len)?;
         let mut done = 0;
         while done < out.len() {
             let at = offset + done;
