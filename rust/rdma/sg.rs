@@ -27,6 +27,23 @@ pub fn check_range(offset: usize, len: usize, size: usize) -> Result {
     }
 }
 
+/// `len` bytes at `offset` of consecutive pages, page by page: the page's
+/// index, the offset in it, the bytes there, and the bytes before them.
+fn pieces(offset: usize, len: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+    let mut done = 0;
+    core::iter::from_fn(move || {
+        if done >= len {
+            return None;
+        }
+        let at = offset + done;
+        let in_page = at % PAGE_SIZE;
+        let n = (PAGE_SIZE - in_page).min(len - done);
+        let piece = (at / PAGE_SIZE, in_page, n, done);
+        done += n;
+        Some(piece)
+    })
+}
+
 /// Bytes of whole pages and the scatterlist describing them.
 ///
 /// # Invariants
@@ -112,18 +129,11 @@ impl SgBuffer {
     /// Copies `data` in at `offset` (`EINVAL` beyond the end).
     pub fn write(&mut self, offset: usize, data: &[u8]) -> Result {
         check_range(offset, data.len(), self.len)?;
-        let mut done = 0;
-        while done < data.len() {
-            let at = offset + done;
-            let in_page = at % PAGE_SIZE;
-            let n = (PAGE_SIZE - in_page).min(data.len() - done);
+        for (page, in_page, n, done) in pieces(offset, data.len()) {
             // SAFETY: `data[done..done + n]` is readable; `&mut self`
             // excludes every other access to the page, which no device can
             // reach either (type invariants).
-            unsafe {
-                self.pages[at / PAGE_SIZE].write_raw(data[done..].as_ptr(), in_page, n)?;
-            }
-            done += n;
+            unsafe { self.pages[page].write_raw(data[done..].as_ptr(), in_page, n)? };
         }
         Ok(())
     }
@@ -132,18 +142,11 @@ impl SgBuffer {
     /// end).
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result {
         check_range(offset, out.len(), self.len)?;
-        let mut done = 0;
-        while done < out.len() {
-            let at = offset + done;
-            let in_page = at % PAGE_SIZE;
-            let n = (PAGE_SIZE - in_page).min(out.len() - done);
+        for (page, in_page, n, done) in pieces(offset, out.len()) {
             // SAFETY: `out[done..done + n]` is writable; nothing writes the
             // page meanwhile: writers need `&mut self`, and no device can
             // reach it (type invariants).
-            unsafe {
-                self.pages[at / PAGE_SIZE].read_raw(out[done..].as_mut_ptr(), in_page, n)?;
-            }
-            done += n;
+            unsafe { self.pages[page].read_raw(out[done..].as_mut_ptr(), in_page, n)? };
         }
         Ok(())
     }

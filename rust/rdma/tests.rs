@@ -2029,11 +2029,24 @@ mod sync_tests {
 
     /// [`connected_pair`], the client's CQ polled from `client_poll`.
     fn connected_pair_polled(ns: &NetNs, port: u16, client_poll: PollContext) -> Option<Pair> {
-        let (world, listener, addr) = listening(ns, port)?;
+        recording_pair(ns, RXE_IP, port, client_poll, 0)
+    }
+
+    /// A [`Pair`] through a listener on the device at `ip`, the client's
+    /// CQ polled from `client_poll`, both sides offering `read_depth` RDMA
+    /// READs each way; `None` (the test skipped) without the device.
+    fn recording_pair(
+        ns: &NetNs,
+        ip: [u8; 4],
+        port: u16,
+        client_poll: PollContext,
+        read_depth: u8,
+    ) -> Option<Pair> {
+        let (world, listener, addr) = listening_at(ns, ip, port)?;
         let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
         let s_seen = server_seen.clone();
         let (client, (client_qp, client_cq), client_seen, server, server_qp) =
-            connect_client(&world, ns, &addr, client_poll, move |server| {
+            connect_client_with(&world, ns, &addr, client_poll, read_depth, move |server| {
                 recording_qp(server, &s_seen, PollContext::Workqueue).map(|(qp, _)| qp)
             });
         Some(Pair {
@@ -2594,28 +2607,22 @@ mod sync_tests {
         const PAGE: usize = kernel::page::PAGE_SIZE;
         const LEN: usize = 3 * PAGE + 100;
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening_at(&ns, ip, port) else {
+        let Some(pair) = recording_pair(&ns, ip, port, PollContext::Direct, 4) else {
             return;
         };
-        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
-        let s_seen = server_seen.clone();
-        let (client, (client_qp, client_cq), client_seen, server, server_qp) =
-            connect_client_with(&world, &ns, &addr, PollContext::Direct, 4, move |server| {
-                recording_qp(server, &s_seen, PollContext::Workqueue).map(|(qp, _)| qp)
-            });
         let poll_until = |done: &dyn Fn() -> bool| {
             wait_until(|| {
-                let _ = client_cq.poll(16);
+                let _ = pair.client_cq.poll(16);
                 done()
             })
         };
-        let region = Mr::new(server_qp.pd(), 4 * PAGE + 200).unwrap();
+        let region = Mr::new(pair.server_qp.pd(), 4 * PAGE + 200).unwrap();
         let access = MrAccess {
             remote_read: true,
             remote_write: true,
         };
-        let remote = server_qp.register(&region, access, 1).unwrap();
-        let registered = wait_until(|| server_seen.work_ok.load(Ordering::Acquire) == 1);
+        let remote = pair.server_qp.register(&region, access, 1).unwrap();
+        let registered = wait_until(|| pair.server_seen.work_ok.load(Ordering::Acquire) == 1);
         let target = remote.slice(100, LEN as u32).unwrap();
         let mut pattern = KVec::new();
         for i in 0..LEN {
@@ -2624,17 +2631,21 @@ mod sync_tests {
         let mut out = SgBuffer::new(LEN).unwrap();
         out.write(0, &pattern).unwrap();
 
-        let short = client_qp.rdma_rw(RwOp::Write, SgBuffer::new(LEN - 1).unwrap(), target, 1);
+        let short = pair
+            .client_qp
+            .rdma_rw(RwOp::Write, SgBuffer::new(LEN - 1).unwrap(), target, 1);
         let short = short.err().map(|(e, buf)| (e, buf.len()));
-        let written = client_qp.rdma_rw(RwOp::Write, out, target, 2).is_ok();
-        let write_done = poll_until(&|| client_seen.rw_ok.load(Ordering::Acquire) == 1);
+        let written = pair.client_qp.rdma_rw(RwOp::Write, out, target, 2).is_ok();
+        let write_done = poll_until(&|| pair.client_seen.rw_ok.load(Ordering::Acquire) == 1);
         let mut landed = KVec::new();
         landed.resize(LEN, 0u8, GFP_KERNEL).unwrap();
         region.read(100, &mut landed).unwrap();
-        let read = client_qp.rdma_rw(RwOp::Read, SgBuffer::new(LEN).unwrap(), target, 3);
+        let read = pair
+            .client_qp
+            .rdma_rw(RwOp::Read, SgBuffer::new(LEN).unwrap(), target, 3);
         let read = read.map_err(|(e, _)| e);
-        let read_done = poll_until(&|| client_seen.rw_ok.load(Ordering::Acquire) == 2);
-        let read_digest = client_seen.rw_digest.load(Ordering::Acquire);
+        let read_done = poll_until(&|| pair.client_seen.rw_ok.load(Ordering::Acquire) == 2);
+        let read_digest = pair.client_seen.rw_digest.load(Ordering::Acquire);
 
         // A WRITE and a SEND in one post: the message arrives after the
         // bytes, and both buffers come back.  One opcode only for the SEND.
@@ -2644,34 +2655,40 @@ mod sync_tests {
         }
         let mut second = SgBuffer::new(LEN).unwrap();
         second.write(0, &reversed).unwrap();
-        let mut both = SendBuffer::new(client_qp.pd(), 16).unwrap();
+        let mut both = SendBuffer::new(pair.client_qp.pd(), 16).unwrap();
         both.fill(&[7; 16]).unwrap();
         both.set_imm(Some(1));
         both.set_invalidate(Some(2));
-        let two_opcodes = client_qp.rdma_rw_then_send(RwOp::Write, second, target, 4, both);
+        let two_opcodes = pair
+            .client_qp
+            .rdma_rw_then_send(RwOp::Write, second, target, 4, both);
         let (two_opcodes, second, _both) = match two_opcodes {
             Err((e, second, both)) => (Some(e), second, both),
             Ok(()) => (None, SgBuffer::new(LEN).unwrap(), None),
         };
-        let mut done = SendBuffer::new(client_qp.pd(), 16).unwrap();
+        let mut done = SendBuffer::new(pair.client_qp.pd(), 16).unwrap();
         done.fill(&[7; 16]).unwrap();
-        let chained = client_qp
+        let chained = pair
+            .client_qp
             .rdma_rw_then_send(RwOp::Write, second, target, 5, done)
             .is_ok();
-        let arrived = wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);
+        let arrived = wait_until(|| pair.server_seen.received.load(Ordering::Acquire) == 1);
         let mut after_message = KVec::new();
         after_message.resize(LEN, 0u8, GFP_KERNEL).unwrap();
         region.read(100, &mut after_message).unwrap();
         let chain_back = poll_until(&|| {
-            client_seen.rw_ok.load(Ordering::Acquire) == 3
-                && client_seen.sends_back.load(Ordering::Acquire) == 1
+            pair.client_seen.rw_ok.load(Ordering::Acquire) == 3
+                && pair.client_seen.sends_back.load(Ordering::Acquire) == 1
         });
 
         // Nobody polls: the transfers stay in flight until refused.
         let page = remote.slice(0, PAGE as u32).unwrap();
         let (mut in_flight, mut refused) = (0u32, None);
         for tag in 10..30 {
-            match client_qp.rdma_rw(RwOp::Read, SgBuffer::new(PAGE).unwrap(), page, tag) {
+            match pair
+                .client_qp
+                .rdma_rw(RwOp::Read, SgBuffer::new(PAGE).unwrap(), page, tag)
+            {
                 Ok(()) => in_flight += 1,
                 Err((e, _)) => {
                     refused = Some(e);
@@ -2679,9 +2696,10 @@ mod sync_tests {
                 }
             }
         }
-        drop((client, client_qp, client_cq));
-        let back = client_seen.rw_back.load(Ordering::Acquire);
-        drop((server, server_qp, region, listener));
+        drop(pair._client);
+        let back = pair.client_seen.rw_back.load(Ordering::Acquire);
+        // The rest of the pair goes at the end.
+        drop(region);
 
         assert!(registered);
         assert_eq!(short, Some((EINVAL, LEN - 1)));
@@ -2720,33 +2738,24 @@ mod sync_tests {
         const PAGE: usize = kernel::page::PAGE_SIZE;
         const CHUNK: usize = 64 * 1024;
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening_at(&ns, ip, port) else {
+        let Some(pair) = recording_pair(&ns, ip, port, PollContext::Workqueue, 4) else {
             return;
         };
-        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
-        let s_seen = server_seen.clone();
-        let (client, (client_qp, _client_cq), client_seen, server, server_qp) = connect_client_with(
-            &world,
-            &ns,
-            &addr,
-            PollContext::Workqueue,
-            4,
-            move |server| recording_qp(server, &s_seen, PollContext::Workqueue).map(|(qp, _)| qp),
-        );
-        let pages = (server_qp.device().max_fast_reg_page_list_len() as usize).min(512);
+        let pages = (pair.server_qp.device().max_fast_reg_page_list_len() as usize).min(512);
         let len = pages * PAGE - 100;
-        let too_many = Mr::from_pages(server_qp.pd(), SgBuffer::new(len + PAGE).unwrap()).err();
-        let region = Mr::from_pages(server_qp.pd(), SgBuffer::new(len).unwrap()).unwrap();
+        let too_many =
+            Mr::from_pages(pair.server_qp.pd(), SgBuffer::new(len + PAGE).unwrap()).err();
+        let region = Mr::from_pages(pair.server_qp.pd(), SgBuffer::new(len).unwrap()).unwrap();
         let access = MrAccess {
             remote_read: true,
             remote_write: true,
         };
-        let remote = server_qp.register(&region, access, 1).unwrap();
-        let local = Mr::new(client_qp.pd(), CHUNK).unwrap();
-        let client_remote = client_qp.register(&local, access, 2).unwrap();
+        let remote = pair.server_qp.register(&region, access, 1).unwrap();
+        let local = Mr::new(pair.client_qp.pd(), CHUNK).unwrap();
+        let client_remote = pair.client_qp.register(&local, access, 2).unwrap();
         let registered = wait_until(|| {
-            server_seen.work_ok.load(Ordering::Acquire) == 1
-                && client_seen.work_ok.load(Ordering::Acquire) == 1
+            pair.server_seen.work_ok.load(Ordering::Acquire) == 1
+                && pair.client_seen.work_ok.load(Ordering::Acquire) == 1
         });
 
         let mut pattern = KVec::new();
@@ -2763,19 +2772,19 @@ mod sync_tests {
             }
             local.write(0, &pattern).unwrap();
             let span = remote.slice(at as u64, CHUNK as u32).unwrap();
-            let wrote = client_qp.rdma(WorkOp::RdmaWrite, &local, 0, span, 10);
+            let wrote = pair.client_qp.rdma(WorkOp::RdmaWrite, &local, 0, span, 10);
             done += 1;
-            let written =
-                wrote.is_ok() && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == done);
+            let written = wrote.is_ok()
+                && wait_until(|| pair.client_seen.work_ok.load(Ordering::Acquire) == done);
             back.clear();
             back.resize(CHUNK, 0u8, GFP_KERNEL).unwrap();
             region.read(at, &mut back).unwrap();
             // Read back by the peer too, over a zeroed local copy.
             local.write(0, &[0; 4096]).unwrap();
-            let read = client_qp.rdma(WorkOp::RdmaRead, &local, 0, span, 11);
+            let read = pair.client_qp.rdma(WorkOp::RdmaRead, &local, 0, span, 11);
             done += 1;
-            let read =
-                read.is_ok() && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == done);
+            let read = read.is_ok()
+                && wait_until(|| pair.client_seen.work_ok.load(Ordering::Acquire) == done);
             let mut peer_view = KVec::new();
             peer_view.resize(CHUNK, 0u8, GFP_KERNEL).unwrap();
             local.read(0, &mut peer_view).unwrap();
@@ -2786,21 +2795,23 @@ mod sync_tests {
 
         // The server's WRITE from its page region, at an odd offset: on
         // iWARP once the client's first message came.
-        let spoke = post_marked(&client_qp, 1, false)
-            && wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);
+        let spoke = post_marked(&pair.client_qp, 1, false)
+            && wait_until(|| pair.server_seen.received.load(Ordering::Acquire) == 1);
         let from = PAGE + 77;
         pattern.clear();
         for i in 0..CHUNK {
             pattern.push((i * 5 + 9) as u8, GFP_KERNEL).unwrap();
         }
         region.write(from, &pattern).unwrap();
-        let pushed = server_qp.rdma(WorkOp::RdmaWrite, &region, from, client_remote, 12);
+        let pushed = pair
+            .server_qp
+            .rdma(WorkOp::RdmaWrite, &region, from, client_remote, 12);
         let pushed =
-            pushed.is_ok() && wait_until(|| server_seen.work_ok.load(Ordering::Acquire) == 2);
+            pushed.is_ok() && wait_until(|| pair.server_seen.work_ok.load(Ordering::Acquire) == 2);
         let mut landed = KVec::new();
         landed.resize(CHUNK, 0u8, GFP_KERNEL).unwrap();
         local.read(0, &mut landed).unwrap();
-        drop((client, client_qp, server, server_qp, local, listener));
+        drop((local, pair));
         let region_len = region.len();
         drop(region);
 
@@ -2826,40 +2837,31 @@ mod sync_tests {
 
     fn failed_read_hand_back(ip: [u8; 4], port: u16) {
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening_at(&ns, ip, port) else {
+        let Some(pair) = recording_pair(&ns, ip, port, PollContext::Workqueue, 4) else {
             return;
         };
-        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
-        let s_seen = server_seen.clone();
-        let (client, (client_qp, _client_cq), client_seen, server, server_qp) = connect_client_with(
-            &world,
-            &ns,
-            &addr,
-            PollContext::Workqueue,
-            4,
-            move |server| recording_qp(server, &s_seen, PollContext::Workqueue).map(|(qp, _)| qp),
-        );
         let nowhere = RemoteRegion {
             addr: 0x1000,
             rkey: 0x5eed_0001,
             len: 4096,
         };
-        let read = client_qp.rdma_rw(RwOp::Read, SgBuffer::new(4096).unwrap(), nowhere, 1);
+        let read = pair
+            .client_qp
+            .rdma_rw(RwOp::Read, SgBuffer::new(4096).unwrap(), nowhere, 1);
         let read = read.map_err(|(e, _)| e);
         let iwarp = ip == SIW_IP;
         let back_at_once = if iwarp {
             // Time for the peer's refusal to come back, which must not
             // hand the buffer over.
             fsleep(ms(500));
-            client_seen.rw_back.load(Ordering::Acquire) == 1
+            pair.client_seen.rw_back.load(Ordering::Acquire) == 1
         } else {
-            wait_until(|| client_seen.rw_back.load(Ordering::Acquire) == 1)
+            wait_until(|| pair.client_seen.rw_back.load(Ordering::Acquire) == 1)
         };
-        let before_teardown = client_seen.rw_back.load(Ordering::Acquire);
-        drop((client, client_qp));
-        let after_teardown = client_seen.rw_back.load(Ordering::Acquire);
-        let succeeded = client_seen.rw_ok.load(Ordering::Acquire);
-        drop((server, server_qp, listener));
+        let before_teardown = pair.client_seen.rw_back.load(Ordering::Acquire);
+        drop(pair._client);
+        let after_teardown = pair.client_seen.rw_back.load(Ordering::Acquire);
+        let succeeded = pair.client_seen.rw_ok.load(Ordering::Acquire);
         assert_eq!(read, Ok(()));
         assert_eq!(back_at_once, !iwarp);
         assert_eq!(before_teardown, u32::from(!iwarp));
@@ -2876,31 +2878,27 @@ mod sync_tests {
     #[test]
     fn post_the_driver_failed_after_taking_it_completes_once() {
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening_at(&ns, SIW_IP, 7201) else {
+        let Some(pair) = recording_pair(&ns, SIW_IP, 7201, PollContext::Workqueue, 0) else {
             return;
         };
-        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
-        let s_seen = server_seen.clone();
-        let (client, (client_qp, _client_cq), client_seen, server, server_qp) =
-            connect_client(&world, &ns, &addr, PollContext::Workqueue, move |server| {
-                recording_qp(server, &s_seen, PollContext::Workqueue).map(|(qp, _)| qp)
-            });
-        let region = Mr::new(server_qp.pd(), 64).unwrap();
+        let region = Mr::new(pair.server_qp.pd(), 64).unwrap();
         let access = MrAccess {
             remote_read: true,
             remote_write: false,
         };
-        let remote = server_qp.register(&region, access, 1).unwrap();
-        let sink = Mr::new(client_qp.pd(), 64).unwrap();
-        let registered = client_qp.register(&sink, MrAccess::LOCAL, 2).is_ok();
+        let remote = pair.server_qp.register(&region, access, 1).unwrap();
+        let sink = Mr::new(pair.client_qp.pd(), 64).unwrap();
+        let registered = pair.client_qp.register(&sink, MrAccess::LOCAL, 2).is_ok();
         let registered =
-            registered && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == 1);
-        let read = client_qp.rdma(WorkOp::RdmaRead, &sink, 0, remote, 3);
-        let flushed = wait_until(|| client_seen.work_flushed.load(Ordering::Acquire) == 1);
-        drop((client, client_qp, server, server_qp, region, sink, listener));
+            registered && wait_until(|| pair.client_seen.work_ok.load(Ordering::Acquire) == 1);
+        let read = pair.client_qp.rdma(WorkOp::RdmaRead, &sink, 0, remote, 3);
+        let flushed = wait_until(|| pair.client_seen.work_flushed.load(Ordering::Acquire) == 1);
+        let client_seen = pair.client_seen.clone();
+        drop((region, sink, pair));
         assert!(registered);
         assert_eq!(read, Ok(()));
         assert!(flushed);
+        // Once: the teardown flushed nothing more.
         assert_eq!(client_seen.work_flushed.load(Ordering::Acquire), 1);
     }
 

@@ -289,17 +289,7 @@ const RPING_RUNS: &[(u32, u32)] = &[(10, 64), (3, rping::RPING_MAX_SIZE), (25, 1
 /// the pings the client made.
 pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
     let port = ctx.port();
-    // Passes of the suite running at once share the kernel: one of them
-    // has the sample loaded at a time (the lock goes with the file).
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open("/tmp/rdma_cm_rs_rping.lock")
-        .context("the sample's lock file")?;
-    lock.lock().context("lock the sample")?;
-    crate::sample_module::load("rdma_cm_rs_rping", port)?;
-    let sessions = (|| -> Result<()> {
+    crate::sample_module::with_loaded("rdma_cm_rs_rping", port, &[], || {
         for &(count, size) in &[(10u32, 64u32), (3, 60000)] {
             let args = format!("-c -a {} -p {port} -C {count} -S {size} -V", ctx.local4);
             let ended = format!("after {count} pings");
@@ -317,10 +307,7 @@ pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
             ));
         }
         Ok(())
-    })();
-    let unloaded = crate::sample_module::unload("rdma_cm_rs_rping");
-    sessions?;
-    unloaded
+    })
 }
 
 /// The storage sample `rdma_cm_rs_store.ko` (an SRQ per device, the R/W
@@ -332,15 +319,8 @@ pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
 pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
     const SIZE: u32 = 4 << 20;
     let port = ctx.port();
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open("/tmp/rdma_cm_rs_store.lock")
-        .context("the sample's lock file")?;
-    lock.lock().context("lock the sample")?;
-    crate::sample_module::load_with("rdma_cm_rs_store", port, &[&format!("size={SIZE}")])?;
-    let served = (|| -> Result<()> {
+    let size = format!("size={SIZE}");
+    crate::sample_module::with_loaded("rdma_cm_rs_store", port, &[&size], || {
         let addr = SocketAddr::new(ctx.local4, port);
         let call = Call::start(
             &ctx.agent,
@@ -349,10 +329,7 @@ pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
         let r = call.result().context("the store client")?;
         note(&format!("store client against the sample: {r:?}"));
         Ok(())
-    })();
-    let unloaded = crate::sample_module::unload("rdma_cm_rs_store");
-    served?;
-    unloaded
+    })
 }
 
 /// Whether a line of the kernel log satisfies `want` within 5 s.
