@@ -187,7 +187,7 @@ if ! make -C "$kdir" M="$mod_out/src" MO="$mod_out" LLVM=-19 modules >"$logs/ben
 	tail -n 30 "$logs/bench-module.log" >&2
 	die "the module did not build against the bench kernel (log $logs/bench-module.log)"
 fi
-for m in rdma_cm_rs rdma_cm_rs_echo rdma_cm_rs_rping; do
+for m in rdma_cm_rs rdma_cm_rs_echo rdma_cm_rs_rping rdma_cm_rs_store; do
 	[ -f "$mod_out/$m.ko" ] || die "no $mod_out/$m.ko after the build"
 done
 

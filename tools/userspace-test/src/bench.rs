@@ -22,6 +22,7 @@ mod peer;
 mod sample;
 mod scale;
 pub mod stats;
+mod store;
 
 use anyhow::{bail, Context, Result};
 use stats::{Cpu, CpuPerOp, Kind, Meta, Results, RunInfo, Sample, Target};
@@ -58,7 +59,7 @@ pub struct Options {
     #[arg(long)]
     pub allow_coarse_clock: bool,
     /// Only these groups, comma-separated: active, sync, passive, data,
-    /// data-sleeping, sample, sample-sleeping, scale.
+    /// data-sleeping, sample, sample-sleeping, store, scale.
     #[arg(long)]
     pub only: Option<String>,
     /// Only this side under test, kernel or user (profiling one of them;
@@ -67,7 +68,7 @@ pub struct Options {
     pub side: Option<String>,
 }
 
-const GROUPS: [&str; 8] = [
+const GROUPS: [&str; 9] = [
     "active",
     "sync",
     "passive",
@@ -75,6 +76,7 @@ const GROUPS: [&str; 8] = [
     "data-sleeping",
     "sample",
     "sample-sleeping",
+    "store",
     "scale",
 ];
 
@@ -550,6 +552,18 @@ pub fn run(o: Options) -> Result<()> {
                     sample::user(addr, cycles, sizes)
                 };
                 record(&mut res, sample::NAME, &s, r);
+            }
+        }
+        if want("store") {
+            for &side in &sides {
+                let s = slot(side, "passive");
+                let addr = ports.next(ip);
+                let r = if side == "kernel" {
+                    store::kernel(addr, sizes.round_trips)
+                } else {
+                    store::user(addr, sizes.round_trips)
+                };
+                record(&mut res, store::NAME, &s, r);
             }
         }
         if sleeping_wanted("sample-sleeping") {

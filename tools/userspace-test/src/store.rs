@@ -10,8 +10,8 @@ use std::{net::SocketAddr, time::Duration};
 
 /// The sample's largest PUT or GET.
 pub const MAX_IO: usize = 64 * 1024;
-const OP_PUT: u8 = 1;
-const OP_GET: u8 = 2;
+pub const OP_PUT: u8 = 1;
+pub const OP_GET: u8 = 2;
 const T: Duration = Duration::from_secs(10);
 
 /// Transfer sizes, in turn: the smallest, unaligned, a page, a page and a
@@ -19,7 +19,7 @@ const T: Duration = Duration::from_secs(10);
 const SIZES: &[usize] = &[1, 100, 4096, 4097, 30000, MAX_IO];
 
 /// A request of the sample's protocol.
-fn request(op: u8, len: usize, offset: u64, buf: (u64, u32), id: u32) -> Vec<u8> {
+pub fn request(op: u8, len: usize, offset: u64, buf: (u64, u32), id: u32) -> Vec<u8> {
     let mut r = Vec::with_capacity(32);
     r.push(op);
     r.push(0);
@@ -33,7 +33,7 @@ fn request(op: u8, len: usize, offset: u64, buf: (u64, u32), id: u32) -> Vec<u8>
 }
 
 /// Sends `req` and returns the answer's status, checking its id.
-fn call(conn: &mut Conn<'_>, req: &[u8], id: u32) -> Result<i32> {
+pub fn call(conn: &mut Conn<'_>, req: &[u8], id: u32) -> Result<i32> {
     let answer = conn.send_then_recv(req, T)?;
     ensure!(answer.len() == 8, "answer of {} bytes", answer.len());
     let got = u32::from_be_bytes(answer[..4].try_into()?);
@@ -102,6 +102,28 @@ fn one_connection(dst: SocketAddr, base: u64, span: u64, store: u64, rounds: usi
     );
     conn.disconnect()?;
     Ok(moved)
+}
+
+/// A request of the sample's protocol as a server reads it: (op, len,
+/// offset, client address, rkey, id); `None` if malformed.
+pub fn parse_request(m: &[u8]) -> Option<(u8, usize, u64, u64, u32, u32)> {
+    if m.len() != 32 || m[1..4] != [0, 0, 0] {
+        return None;
+    }
+    let u32_at = |i: usize| u32::from_be_bytes(m[i..i + 4].try_into().unwrap_or_default());
+    let u64_at = |i: usize| u64::from_be_bytes(m[i..i + 8].try_into().unwrap_or_default());
+    let len = u32_at(4) as usize;
+    if !matches!(m[0], OP_PUT | OP_GET) || len == 0 || len > MAX_IO {
+        return None;
+    }
+    Some((m[0], len, u64_at(8), u64_at(16), u32_at(24), u32_at(28)))
+}
+
+/// An answer of the sample's protocol.
+pub fn answer(id: u32, status: i32) -> Vec<u8> {
+    let mut a = id.to_be_bytes().to_vec();
+    a.extend_from_slice(&status.to_be_bytes());
+    a
 }
 
 /// `conns` connections to the sample at `dst` at once, each with

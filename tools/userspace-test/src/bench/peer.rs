@@ -264,6 +264,71 @@ pub fn data_server(addr: SocketAddr, region: usize) -> Result<Peer> {
     )
 }
 
+/// The storage sample's protocol (`samples/rdma_cm_rs_store.rs`) served
+/// from user space on `addr`, one connection: a store of `size` bytes
+/// registered once, each PUT an RDMA READ from the client's buffer into it
+/// and each GET an RDMA WRITE from it, waited for, then the answer SENT;
+/// until the client disconnects.  Busy-polls.
+pub fn store_server(addr: SocketAddr, size: usize) -> Result<Peer> {
+    Peer::spawn(
+        "store-server",
+        move |ctx| {
+            cm::set_busy_poll(true);
+            let ch = ctx.check(Channel::new())?;
+            let _listener = ctx.check(cm::listen(&ch, &addr, 4))?;
+            ctx.ready();
+            let mut ev = ch.expect(EventType::ConnectRequest, T)?;
+            let mut conn = Conn::new(ev.take_request()?)?;
+            let store = conn.add_region(&vec![0u8; size], false, false)?;
+            conn.accept(&param())?;
+            ch.expect(EventType::Established, T)?;
+            let mut served = 0usize;
+            let start = std::time::Instant::now();
+            loop {
+                let m = match conn.recv(Duration::from_millis(200)) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        if ch
+                            .try_next()
+                            .is_some_and(|ev| ev.event == EventType::Disconnected)
+                        {
+                            break;
+                        }
+                        if ctx.stop.load(Ordering::Acquire) || start.elapsed() >= DATA_T {
+                            return Err(e.context("no request"));
+                        }
+                        continue;
+                    }
+                };
+                let (op, len, offset, raddr, rkey, id) = crate::store::parse_request(&m)
+                    .ok_or_else(|| anyhow!("malformed request of {} bytes", m.len()))?;
+                let inside = offset
+                    .checked_add(len as u64)
+                    .is_some_and(|end| end <= size as u64);
+                let status = if !inside {
+                    -libc::EINVAL
+                } else {
+                    let rdma = if op == crate::store::OP_PUT {
+                        cm::RdmaOp::Read
+                    } else {
+                        cm::RdmaOp::Write
+                    };
+                    let wc = conn.rdma(rdma, store, offset as usize, len as u32, raddr, rkey)?;
+                    if wc == 0 {
+                        0
+                    } else {
+                        -libc::EIO
+                    }
+                };
+                conn.send(&crate::store::answer(id, status))?;
+                served += 1;
+            }
+            Ok(format!("{served} requests served"))
+        },
+        false,
+    )
+}
+
 /// The next message within [`DATA_T`], in short waits so that a stop (the
 /// side under test failed) ends the wait early.  `Conn::recv` fails alike
 /// on a timeout and on a completion in error: the last error is reported.
