@@ -180,18 +180,30 @@ int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr,
 }
 
 /*
- * A basic shared receive queue of @max_wr one-SGE receives on @pd, reporting
- * no events (every driver checks for a handler first); ERR_PTR(-EOPNOTSUPP)
- * on a device without SRQs.
+ * A basic shared receive queue of @max_wr one-SGE receives on @pd, its
+ * events to @handler with @context; ERR_PTR(-EOPNOTSUPP) on a device
+ * without SRQs.
  */
-struct ib_srq *rdma_cm_rs_create_srq(struct ib_pd *pd, u32 max_wr)
+struct ib_srq *rdma_cm_rs_create_srq(struct ib_pd *pd, u32 max_wr,
+				     void (*handler)(struct ib_event *, void *),
+				     void *context)
 {
 	struct ib_srq_init_attr attr = {
+		.event_handler = handler,
+		.srq_context = context,
 		.srq_type = IB_SRQT_BASIC,
 		.attr = { .max_wr = max_wr, .max_sge = 1 },
 	};
 
 	return ib_create_srq(pd, &attr);
+}
+
+/* Arms the SRQ's limit: an event once fewer than @limit receives are posted. */
+int rdma_cm_rs_arm_srq_limit(struct ib_srq *srq, u32 limit)
+{
+	struct ib_srq_attr attr = { .srq_limit = limit };
+
+	return ib_modify_srq(srq, &attr, IB_SRQ_LIMIT);
 }
 
 /* Unlike ib_destroy_srq(), returns the error instead of warning. */

@@ -1629,7 +1629,7 @@ mod sync_tests {
         sg::SgBuffer,
         verbs::{
             CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, RwDone, RwOp,
-            SendBuffer, Srq, WorkDone, WorkOp, FLUSH_TIMEOUT,
+            SendBuffer, Srq, SrqEvent, SrqEvents, WorkDone, WorkOp, FLUSH_TIMEOUT,
         },
     };
     use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -2459,6 +2459,17 @@ mod sync_tests {
         srq_feeds_two_connections(SIW_IP, 7198);
     }
 
+    /// Counts an SRQ's limit events (atomic context: a counter).
+    struct LimitCount(AtomicU32);
+
+    impl SrqEvents for LimitCount {
+        fn srq_event(&self, event: SrqEvent) {
+            if event == SrqEvent::LimitReached {
+                self.0.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
     fn srq_feeds_two_connections(ip: [u8; 4], port: u16) {
         let ns = NetNs::init();
         let Some((world, listener, addr)) = listening_at(&ns, ip, port) else {
@@ -2471,7 +2482,8 @@ mod sync_tests {
         let too_deep = Srq::<Recording>::new(&pd, dev.caps().max_srq_wr + 1).err();
         let empty = Srq::<Recording>::new(&pd, 0).err();
         const DEPTH: u32 = 4;
-        let srq = Srq::<Recording>::new(&pd, DEPTH).unwrap();
+        let limits = Arc::new(LimitCount(AtomicU32::new(0)), GFP_KERNEL).unwrap();
+        let srq = Srq::<Recording>::with_events(&pd, DEPTH, limits.clone()).unwrap();
         let mut posted = 0;
         for _ in 0..DEPTH {
             posted += u32::from(srq.post_recv(RecvBuffer::new(&pd, 64).unwrap()).is_ok());
@@ -2480,6 +2492,9 @@ mod sync_tests {
         let beyond_depth = beyond_depth.err().map(|(e, _)| e);
         let foreign = srq.post_recv(RecvBuffer::new(&other_pd, 64).unwrap());
         let foreign = foreign.err().map(|(e, _)| e);
+        // An event once fewer than 3 are posted: at the second message.
+        let limit_refused = (srq.arm_limit(0).err(), srq.arm_limit(DEPTH + 1).err());
+        let armed = srq.arm_limit(DEPTH - 1);
 
         let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
         let caps = QpCaps {
@@ -2539,6 +2554,7 @@ mod sync_tests {
         let held_before = first.4.awaits_first_message();
         let sent_first = post_marked(&first.1 .0, 1, false);
         let got_first = wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);
+        let limit_after_first = limits.0.load(Ordering::Acquire);
         let first_from = server_seen.last_qp_num.load(Ordering::Acquire);
         let first_held_after = first.4.awaits_first_message();
         let second_held_meanwhile = second.4.awaits_first_message();
@@ -2548,6 +2564,7 @@ mod sync_tests {
         let got_second = wait_until(|| server_seen.received.load(Ordering::Acquire) == 2);
         let second_from = server_seen.last_qp_num.load(Ordering::Acquire);
         let left_posted = srq.posted();
+        let limit_reached = wait_until(|| limits.0.load(Ordering::Acquire) == 1);
 
         drop(first);
         let after_first_gone = cq.free_entries();
@@ -2578,6 +2595,10 @@ mod sync_tests {
         assert_eq!(first_digest, digest(&[1; 16]));
         assert_eq!(second_from, second_qp);
         assert_eq!(left_posted, DEPTH - 2);
+        assert_eq!(limit_refused, (Some(EINVAL), Some(EINVAL)));
+        assert_eq!(armed, Ok(()));
+        assert_eq!(limit_after_first, 0);
+        assert!(limit_reached);
         assert_eq!(after_first_gone, entries - DEPTH - per_qp);
         assert_eq!(after_both_gone, entries);
         assert_eq!(still_posted, DEPTH - 2);

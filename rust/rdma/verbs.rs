@@ -2780,8 +2780,10 @@ impl<C: CompletionHandler> PinnedDrop for Qp<C> {
 ///
 /// # Invariants
 ///
-/// * `raw` is a live SRQ on `pd`, of at least `max_wr` one-SGE receives,
-///   until the object is dropped.
+/// * Once set by the constructor (and whenever the object is
+///   reachable), `raw` is a live SRQ on `pd`, of at least `max_wr` one-SGE
+///   receives, whose events' context is this object, until the object is
+///   dropped.
 /// * `credits` (shared) counts and tracks every buffer posted to it whose
 ///   completion has not run, at most `max_wr`, and records the QPs
 ///   created on it that still exist.
@@ -2790,12 +2792,35 @@ impl<C: CompletionHandler> PinnedDrop for Qp<C> {
 ///   on each.
 #[pin_data(PinnedDrop)]
 pub struct Srq<C: CompletionHandler> {
-    raw: NonNull<bindings::ib_srq>,
+    raw: AtomicPtr<bindings::ib_srq>,
     max_wr: u32,
     credits: Arc<WrCredits>,
     pd: Arc<Pd>,
     #[pin]
     recv_cqs: Mutex<KVec<(Arc<Cq<C>>, u32)>>,
+    /// Who hears of the SRQ's events.
+    events: Option<Arc<dyn SrqEvents>>,
+}
+
+/// An asynchronous event of a shared receive queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SrqEvent {
+    /// `IB_EVENT_SRQ_LIMIT_REACHED`: fewer receives are posted than the
+    /// limit [`Srq::arm_limit`] armed (which it disarmed).
+    LimitReached,
+    /// `IB_EVENT_SRQ_ERR`: the SRQ failed; its QPs are in error.
+    Error,
+    /// Another event code a driver reported for the SRQ.
+    Other(u32),
+}
+
+/// Hears a [`Srq`]'s events ([`Srq::with_events`]).
+pub trait SrqEvents: Send + Sync {
+    /// The event.  Runs in the driver's context, which may be atomic (rxe
+    /// reports the limit from its responder, under the SRQ's lock): it
+    /// must not sleep, take a `Mutex`, post or drop the SRQ; a ULP that
+    /// refills records the event and refills from process context.
+    fn srq_event(&self, event: SrqEvent);
 }
 
 // SAFETY: Drivers serialise posts to an SRQ themselves (rxe's producer
@@ -2810,6 +2835,15 @@ impl<C: CompletionHandler> Srq<C> {
     /// ([`super::device::DeviceCaps`]), `EOPNOTSUPP` on a device without
     /// SRQs.
     pub fn new(pd: &Arc<Pd>, max_wr: u32) -> Result<Arc<Self>> {
+        Self::create(pd, max_wr, None)
+    }
+
+    /// [`Self::new`], the SRQ's events to `events`.
+    pub fn with_events(pd: &Arc<Pd>, max_wr: u32, events: Arc<dyn SrqEvents>) -> Result<Arc<Self>> {
+        Self::create(pd, max_wr, Some(events))
+    }
+
+    fn create(pd: &Arc<Pd>, max_wr: u32, events: Option<Arc<dyn SrqEvents>>) -> Result<Arc<Self>> {
         let caps = pd.device().caps();
         if caps.max_srq == 0 {
             return Err(EOPNOTSUPP);
@@ -2824,26 +2858,50 @@ impl<C: CompletionHandler> Srq<C> {
             },
             true,
         )?;
-        // SAFETY: `pd` is live (held); `ib_create_srq` sleeps, as this may.
-        let raw = unsafe { bindings::rdma_cm_rs_create_srq(pd.as_ptr(), max_wr) };
-        let raw = NonNull::new(kernel::error::from_err_ptr(raw)?).ok_or(ENOMEM)?;
-        // INVARIANT: Just created on `pd` for `max_wr`; nothing posted or
-        // attached yet.
+        // The object first: it is the context of the SRQ's events.
         let srq = Arc::pin_init(
             pin_init!(Self {
-                raw,
+                raw: AtomicPtr::new(ptr::null_mut()),
                 max_wr,
                 credits,
                 pd: pd.clone(),
                 recv_cqs <- new_mutex!(KVec::new()),
+                events,
             }),
             GFP_KERNEL,
-        );
-        if srq.is_err() {
-            // SAFETY: Created above; nothing knows it.
-            let _ = unsafe { bindings::rdma_cm_rs_destroy_srq(raw.as_ptr()) };
+        )?;
+        let context: *const Self = &*srq;
+        // SAFETY: `pd` is live (held); `ib_create_srq` sleeps, as this may;
+        // `context` outlives the SRQ (destroyed in `drop`), and
+        // `srq_event_callback::<C>` is the handler for that context.
+        let raw = unsafe {
+            bindings::rdma_cm_rs_create_srq(
+                pd.as_ptr(),
+                max_wr,
+                Some(srq_event_callback::<C>),
+                context.cast_mut().cast(),
+            )
+        };
+        let raw = kernel::error::from_err_ptr(raw)?;
+        // INVARIANT: Just created on `pd` for `max_wr`; nothing posted or
+        // attached yet.
+        srq.raw.store(raw, Ordering::Release);
+        Ok(srq)
+    }
+
+    /// Arms the SRQ's limit (`ib_modify_srq`, `IB_SRQ_LIMIT`): once fewer
+    /// than `limit` receives are posted, the device reports
+    /// [`SrqEvent::LimitReached`] once, and the limit is disarmed until
+    /// armed again.  `EINVAL` unless `limit` is within `1..=max_wr`.
+    pub fn arm_limit(&self, limit: u32) -> Result {
+        if limit == 0 || limit > self.max_wr {
+            return Err(EINVAL);
         }
-        srq
+        // SAFETY: Live SRQ (type invariants); `ib_modify_srq` may sleep,
+        // as this may.
+        kernel::error::to_result(unsafe {
+            bindings::rdma_cm_rs_arm_srq_limit(self.as_ptr(), limit)
+        })
     }
 
     /// Posts a receive of the buffer's full capacity, for whichever QP on
@@ -2863,7 +2921,7 @@ impl<C: CompletionHandler> Srq<C> {
             // live across the call; drivers serialise concurrent posts;
             // `refused` is writable for the call.
             let ret =
-                unsafe { bindings::rdma_cm_rs_post_srq_recv(self.raw.as_ptr(), wr, &mut refused) };
+                unsafe { bindings::rdma_cm_rs_post_srq_recv(self.as_ptr(), wr, &mut refused) };
             // A buffer the driver may hold stays the SRQ's: its drop frees
             // it if no completion ever comes.
             if ret != 0 && ptr::eq(refused, wr) {
@@ -2890,7 +2948,7 @@ impl<C: CompletionHandler> Srq<C> {
     }
 
     fn as_ptr(&self) -> *mut bindings::ib_srq {
-        self.raw.as_ptr()
+        self.raw.load(Ordering::Acquire)
     }
 
     /// For a QP created on the SRQ that receives on `cq`: room on `cq` for
@@ -2927,11 +2985,16 @@ impl<C: CompletionHandler> Srq<C> {
 #[pinned_drop]
 impl<C: CompletionHandler> PinnedDrop for Srq<C> {
     fn drop(self: Pin<&mut Self>) {
+        let raw = self.as_ptr();
+        if raw.is_null() {
+            // Never created: nothing was posted.
+            return;
+        }
         // Every QP on the SRQ is gone (each holds it), and dropped after
         // its reclaim delivered what its CQ held of it.
         // SAFETY: Live SRQ (type invariants) that no QP uses any more;
-        // destroyed once, here.
-        let ret = unsafe { bindings::rdma_cm_rs_destroy_srq(self.raw.as_ptr()) };
+        // destroyed once, here, before the object its events name goes.
+        let ret = unsafe { bindings::rdma_cm_rs_destroy_srq(raw) };
         if ret != 0 {
             // The device may still reach the buffers: they stay allocated
             // and mapped for good.
@@ -2951,6 +3014,32 @@ impl<C: CompletionHandler> PinnedDrop for Srq<C> {
             // SAFETY: By the above, the live object `KBox::into_raw` leaked.
             drop(unsafe { KBox::from_raw(entry.0.as_ptr().cast::<Buffer>()) });
         }
+    }
+}
+
+/// The `event_handler` of every SRQ of this layer.
+///
+/// # Safety
+///
+/// Called by the driver only, for an SRQ created by [`Srq::create`] for a
+/// `Srq<C>`: `context` is that object, which outlives the SRQ (its drop
+/// destroys the SRQ first), and no event comes after the destruction.
+unsafe extern "C" fn srq_event_callback<C: CompletionHandler>(
+    event: *mut bindings::ib_event,
+    context: *mut core::ffi::c_void,
+) {
+    // SAFETY: `context` is the live `Srq<C>` (the safety requirements).
+    let srq = unsafe { &*context.cast::<Srq<C>>() };
+    // SAFETY: The driver passes a valid event for the call.
+    let event = match unsafe { (*event).event } {
+        bindings::ib_event_type_IB_EVENT_SRQ_LIMIT_REACHED => SrqEvent::LimitReached,
+        bindings::ib_event_type_IB_EVENT_SRQ_ERR => SrqEvent::Error,
+        other => SrqEvent::Other(other),
+    };
+    match &srq.events {
+        Some(events) => events.srq_event(event),
+        None if event == SrqEvent::Error => pr_warn!("SRQ error\n"),
+        None => {}
     }
 }
 
