@@ -14,10 +14,13 @@
 //!   and their capabilities; [`client`]: a ULP's per-device state, kept
 //!   from a device's registration to its removal (`ib_client`);
 //!   [`async_event`]: a device's and its ports' asynchronous events.
+//! * [`sg`]: memory of whole pages for the R/W API and page regions,
+//!   bound to no device.
 //! * [`pd`], [`mr`], [`ah`], [`verbs`]: protection domains, registered
 //!   regions, address handles and datagram destinations, CQs, RC and UD
-//!   queue pairs, buffers and work requests, all bound to one device.
-//!   They know nothing of the CM.
+//!   queue pairs, shared receive queues, buffers and work requests (the
+//!   R/W API's transfers among them), all bound to one device.  They know
+//!   nothing of the CM.
 //! * [`net`]: network namespaces.
 //! * [`addr`], [`conn_param`], [`event`]: socket addresses, connection
 //!   parameters with the man pages' limits, typed events.
