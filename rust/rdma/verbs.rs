@@ -2916,12 +2916,11 @@ impl<C: CompletionHandler> Srq<C> {
             return Err((EINVAL, buf));
         }
         post_recv_buffer::<C>(buf, &self.credits, false, |wr| {
-            let mut refused = ptr::null();
+            let (srq, mut refused) = (self.as_ptr(), ptr::null());
             // SAFETY: Live SRQ (type invariants); the request and its SGE
             // live across the call; drivers serialise concurrent posts;
             // `refused` is writable for the call.
-            let ret =
-                unsafe { bindings::rdma_cm_rs_post_srq_recv(self.as_ptr(), wr, &mut refused) };
+            let ret = unsafe { bindings::rdma_cm_rs_post_srq_recv(srq, wr, &mut refused) };
             // A buffer the driver may hold stays the SRQ's: its drop frees
             // it if no completion ever comes.
             if ret != 0 && ptr::eq(refused, wr) {
