@@ -452,10 +452,10 @@ impl Mr {
         // may still be executing on the device: the page list it reads gets
         // the same single mapping of this buffer again, and the key byte is
         // only read when the next REG_MR is posted.
-        // SAFETY: `reg` is the locked registration state of this region
-        // (the caller holds `self.reg`), so nothing else changes the MR's
-        // keys or page list (type invariants); the memory is mapped for
-        // the MR's device, in `mapped` segments for pages.
+        // The caller holds `self.reg`: nothing else changes the MR's keys
+        // or page list (type invariants).
+        // SAFETY: As just said; the memory is mapped for the MR's device,
+        // in `mapped` segments for pages.
         let mapped = unsafe {
             bindings::rdma_cm_rs_update_fast_reg_key(raw, reg.next_key);
             kernel::error::to_result(match &self.res.memory {

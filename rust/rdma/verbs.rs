@@ -1871,9 +1871,21 @@ impl<C: CompletionHandler> Qp<C> {
     /// (`EMSGSIZE`).
     fn check_send(&self, buf: &SendBuffer) -> Result {
         self.check_pd(&buf.0.pd)?;
+        Self::check_one_opcode(buf)?;
+        self.check_inline(buf)
+    }
+
+    /// A SEND carries immediate data or an invalidation, not both
+    /// (`EINVAL`).
+    fn check_one_opcode(buf: &SendBuffer) -> Result {
         if buf.0.imm.is_some() && buf.0.invalidate.is_some() {
             return Err(EINVAL);
         }
+        Ok(())
+    }
+
+    /// An inline send fits the QP's inline limit (`EMSGSIZE`).
+    fn check_inline(&self, buf: &SendBuffer) -> Result {
         if buf.0.inline && buf.0.len > self.max_inline_data as usize {
             return Err(EMSGSIZE);
         }
@@ -2083,12 +2095,11 @@ impl<C: CompletionHandler> Qp<C> {
     /// an iWARP connection before the peer's first message
     /// ([`Self::awaits_first_message`]).
     pub fn post_send(&self, buf: SendBuffer) -> core::result::Result<(), (Error, SendBuffer)> {
-        if let Err(e) = self.check_type(QpType::Rc) {
+        if let Err(e) = self
+            .check_type(QpType::Rc)
+            .and_then(|()| Self::check_one_opcode(&buf))
+        {
             return Err((e, buf));
-        }
-        // One opcode: immediate data or an invalidation, not both.
-        if buf.0.imm.is_some() && buf.0.invalidate.is_some() {
-            return Err((EINVAL, buf));
         }
         self.post_send_to(buf, None)
     }
@@ -2132,11 +2143,9 @@ impl<C: CompletionHandler> Qp<C> {
         if let Err(e) = self
             .check_pd(&buf.0.pd)
             .and_then(|()| self.check_peer_spoke())
+            .and_then(|()| self.check_inline(&buf))
         {
             return Err((e, buf));
-        }
-        if buf.0.inline && buf.0.len > self.max_inline_data as usize {
-            return Err((EMSGSIZE, buf));
         }
         let credit = match self.credits.take(WrQueue::Send) {
             Ok(credit) => credit,
@@ -2495,10 +2504,10 @@ impl<C: CompletionHandler> Qp<C> {
             return Err(work.refused(ENOTCONN));
         };
         let (sgl, nents) = work.done.buf.sgl();
-        // SAFETY: `raw` is live under the lock, an RC QP on the CM id's
-        // port with `max_rdma_ctxs`; `ctx` is zeroed, owned and at a
-        // stable address; `sgl` is the buffer's unmapped scatterlist of
-        // `nents` entries, which the call maps for the QP's device.
+        // `raw` is an RC QP on the CM id's port with `max_rdma_ctxs`; the
+        // call maps `sgl`, the buffer's unmapped scatterlist, for its device.
+        // SAFETY: `raw` is live under the lock; `ctx` is zeroed, owned and
+        // at a stable address; `sgl` has `nents` entries.
         let wrs = unsafe {
             bindings::rdma_rw_ctx_init(
                 work.ctx.get(),
@@ -2563,12 +2572,11 @@ impl<C: CompletionHandler> Qp<C> {
             None => ptr::null_mut(),
         };
         let (mut first, mut refused) = (ptr::null(), ptr::null());
-        // SAFETY: `raw` is live under the lock; the context was initialised
-        // on it just above; `cqe` (its `done` set) lives until the
-        // completion, which does not free it before `posting` is cleared;
-        // the core chains the requests (then `chain`, alive across the
-        // call with the SGE it names) and posts them; both outputs are
-        // writable for the call.
+        // `cqe` (its `done` set) lives until the completion, which does not
+        // free it before `posting` is cleared; the core chains the requests
+        // (then `chain`, alive across the call with the SGE it names).
+        // SAFETY: `raw` is live under the lock, the context initialised on
+        // it just above, `cqe` as said; both outputs are writable.
         let ret = unsafe {
             bindings::rdma_cm_rs_rw_ctx_post(
                 work.ctx.get(),

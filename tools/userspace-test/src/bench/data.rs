@@ -165,14 +165,21 @@ impl Drop for BusyPoll {
     }
 }
 
+/// A connection of the counterpart to `dst` on `ch`, ESTABLISHED: no
+/// private data, one RDMA READ each way.
+pub(super) fn connected(ch: &Channel, dst: SocketAddr) -> Result<Conn<'_>> {
+    let id = cm::resolve(ch, &dst, T)?;
+    let conn = Conn::new(id)?;
+    conn.connect(&cm::Param::with_data(&[]), ch, T)?
+        .must_be(EventType::Established)?;
+    Ok(conn)
+}
+
 /// The librdmacm side, the same work as [`kernel`].
 pub fn user(dst: SocketAddr, s: Sizes) -> Result<Vec<Block>> {
     let _busy = BusyPoll::on();
     let ch = Channel::new()?;
-    let id = cm::resolve(&ch, &dst, T)?;
-    let mut conn = Conn::new(id)?;
-    conn.connect(&cm::Param::with_data(&[]), &ch, T)?
-        .must_be(EventType::Established)?;
+    let mut conn = connected(&ch, dst)?;
     let adv = conn.recv(T).context("the advertisement")?;
     let (raddr, rkey, rlen) = peer::parse_advert(&adv)?;
     let recv_t = std::time::Duration::from_millis(RECV_MS.into());

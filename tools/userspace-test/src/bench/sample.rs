@@ -18,7 +18,7 @@ use super::data::{self, BusyPoll, Sizes};
 use super::peer::{self, T};
 use super::stats::Cpu;
 use super::{Block, Steps};
-use crate::cm::{self, Channel, Conn};
+use crate::cm::Channel;
 use crate::report::EventType;
 use anyhow::{bail, ensure, Context, Result};
 use std::{net::SocketAddr, time::Instant};
@@ -71,7 +71,6 @@ pub fn user(addr: SocketAddr, cycles: usize, s: Sizes) -> Result<Vec<Block>> {
 fn client(dst: SocketAddr, cycles: usize, s: Sizes) -> Result<Vec<Block>> {
     let _busy = BusyPoll::on();
     let ch = Channel::new()?;
-    let none = cm::Param::with_data(&[]);
     let mut steps = Steps::new(&ACTIVE);
     let cpu = Cpu::start();
     for c in 0..cycles {
@@ -88,10 +87,7 @@ fn client(dst: SocketAddr, cycles: usize, s: Sizes) -> Result<Vec<Block>> {
     let mut blocks = vec![steps.block(cycles, &cpu)];
     blocks[0].name = format!("{NAME}: connect");
 
-    let id = cm::resolve(&ch, &dst, T)?;
-    let mut conn = Conn::new(id)?;
-    conn.connect(&none, &ch, T)?
-        .must_be(EventType::Established)?;
+    let mut conn = data::connected(&ch, dst)?;
     for size in [s.small, s.large] {
         // Every round trip's message differs from the one before it, so
         // that a stale buffer cannot pass for the echo.

@@ -9,11 +9,11 @@
 //! copies between its store and the transfer's pages; the user-space
 //! server moves the bytes in place.
 
-use super::data::BusyPoll;
+use super::data::{self, BusyPoll};
 use super::peer::{self, T};
 use super::stats::{Cpu, Target};
 use super::Block;
-use crate::cm::{self, Channel, Conn};
+use crate::cm::Channel;
 use crate::report::EventType;
 use crate::store::{call, request, MAX_IO, OP_GET, OP_PUT};
 use anyhow::{ensure, Context, Result};
@@ -52,10 +52,7 @@ pub fn user(addr: SocketAddr, ops: usize) -> Result<Vec<Block>> {
 fn client(dst: SocketAddr, ops: usize) -> Result<Vec<Block>> {
     let _busy = BusyPoll::on();
     let ch = Channel::new()?;
-    let id = cm::resolve(&ch, &dst, T)?;
-    let mut conn = Conn::new(id)?;
-    conn.connect(&cm::Param::with_data(&[]), &ch, T)?
-        .must_be(EventType::Established)?;
+    let mut conn = data::connected(&ch, dst)?;
     let region = conn.add_region(&vec![0u8; MAX_IO], true, true)?;
     let (addr, rkey, _) = conn.region_key(region);
     let mut blocks = Vec::new();
