@@ -136,6 +136,10 @@ pub(crate) struct Registration {
     /// queue executes work requests in order, so this is the state the
     /// device will be in for anything posted next.
     pub(crate) valid: bool,
+    /// A registration is prepared ([`super::verbs::PreparedRegistration`])
+    /// and not posted yet: its keys are in the MR, and no other
+    /// registration may start.
+    pub(crate) prepared: bool,
     /// The key byte of the next registration.
     next_key: u8,
     /// The keys of the current registration, and the address its first
@@ -355,6 +359,7 @@ impl Mr {
                 res,
                 reg <- new_mutex!(Registration {
                     valid: false,
+                    prepared: false,
                     remote: None,
                     next_key: (rkey as u8).wrapping_add(1),
                     lkey,

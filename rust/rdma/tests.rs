@@ -1904,6 +1904,8 @@ mod sync_tests {
         sends_back: AtomicU32,
         sends_failed: AtomicU32,
         send_log: AtomicU64,
+        /// `work_ok` when the last send was given back.
+        work_ok_at_send: AtomicU32,
     }
 
     /// FNV-1a of `bytes`: enough to tell a message from a damaged one.
@@ -1944,6 +1946,8 @@ mod sync_tests {
             if result.is_err() {
                 self.0.sends_failed.fetch_add(1, Ordering::AcqRel);
             }
+            let work_ok = self.0.work_ok.load(Ordering::Acquire);
+            self.0.work_ok_at_send.store(work_ok, Ordering::Release);
             self.0.sends_back.fetch_add(1, Ordering::AcqRel);
         }
         fn work_done(&self, _done: WorkDone, result: Result) {
@@ -2747,6 +2751,144 @@ mod sync_tests {
     #[test]
     fn page_region_beyond_the_contiguous_limit() {
         page_region_moves_bytes(RXE_IP, 7202);
+    }
+
+    /// A registration chained before the SEND that advertises it
+    /// (`prepare_registration`, then `register_then_send`): one post; the
+    /// registration has no completion of its own, yet is reported done
+    /// before the SEND comes back, and the peer reads the region through
+    /// the key it got at once.  While prepared, the region refuses another
+    /// registration; prepared and dropped, it is free again; a SEND of
+    /// another PD hands both back.  With the SEND unsignaled, nothing comes
+    /// back until the next signaled request, which gives back both first.
+    #[test]
+    fn registration_chained_before_its_advertisement() {
+        chained_registration(RXE_IP, 7206);
+    }
+
+    /// [`registration_chained_before_its_advertisement`] on siw.
+    #[test]
+    fn registration_chained_on_iwarp() {
+        chained_registration(SIW_IP, 7207);
+    }
+
+    /// What a SEND advertising `region` carries: address, key, length.
+    fn advertisement(region: RemoteRegion) -> [u8; 16] {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&region.addr.to_be_bytes());
+        bytes[8..12].copy_from_slice(&region.rkey.to_be_bytes());
+        bytes[12..].copy_from_slice(&region.len.to_be_bytes());
+        bytes
+    }
+
+    fn chained_registration(ip: [u8; 4], port: u16) {
+        const LEN: usize = 8192;
+        let ns = NetNs::init();
+        let Some(pair) = recording_pair(&ns, ip, port, PollContext::Workqueue, 4) else {
+            return;
+        };
+        // The client registers and advertises: on iWARP the passive side
+        // may not send before the active side's first message.
+        let (owner, reader) = (&pair.client_qp, &pair.server_qp);
+        let (owned, read_by) = (pair.client_seen.clone(), pair.server_seen.clone());
+        let access = MrAccess {
+            remote_read: true,
+            remote_write: true,
+        };
+        let mut pattern = KVec::new();
+        for i in 0..LEN {
+            pattern.push((i * 13 + 5) as u8, GFP_KERNEL).unwrap();
+        }
+        let region = Mr::new(owner.pd(), LEN).unwrap();
+        region.write(0, &pattern).unwrap();
+
+        let dropped = owner.prepare_registration(&region, access).is_ok();
+        let prepared = owner.prepare_registration(&region, access).unwrap();
+        let while_prepared = owner.register(&region, access, 1).err();
+        let prepared_twice = owner.prepare_registration(&region, access).err();
+        let registered_early = region.is_registered();
+        let remote = prepared.region();
+        // On iWARP the passive side may not send before the active side's
+        // first message: refused, both back.
+        let passive_first = (ip == SIW_IP).then(|| {
+            let early = Mr::new(reader.pd(), 4096).unwrap();
+            let prepared = reader.prepare_registration(&early, access).unwrap();
+            let send = SendBuffer::new(reader.pd(), 16).unwrap();
+            reader
+                .register_then_send(prepared, 6, send)
+                .err()
+                .map(|(e, _, _)| e)
+        });
+
+        let other_pd = Pd::alloc(owner.device()).unwrap();
+        let foreign = SendBuffer::new(&other_pd, 16).unwrap();
+        let refused = owner.register_then_send(prepared, 2, foreign);
+        assert!(refused.is_err());
+        let Err((refused, prepared, foreign)) = refused else {
+            return;
+        };
+        let mut advert = SendBuffer::new(owner.pd(), 16).unwrap();
+        advert.fill(&advertisement(remote)).unwrap();
+        let posted = owner
+            .register_then_send(prepared, 3, advert)
+            .map_err(|(e, _, _)| e);
+        let registered = region.is_registered();
+        let arrived = wait_until(|| read_by.received.load(Ordering::Acquire) == 1);
+        let advert_digest = read_by.last_digest.load(Ordering::Acquire);
+        // The peer acts on the message at once.
+        let read = reader
+            .rdma_rw(RwOp::Read, SgBuffer::new(LEN).unwrap(), remote, 4)
+            .map_err(|(e, _)| e);
+        let read_back = wait_until(|| read_by.rw_back.load(Ordering::Acquire) == 1);
+        let read_ok = read_by.rw_ok.load(Ordering::Acquire);
+        let read_digest = read_by.rw_digest.load(Ordering::Acquire);
+        let advert_back = wait_until(|| owned.sends_back.load(Ordering::Acquire) == 1);
+        let work_at_advert = owned.work_ok_at_send.load(Ordering::Acquire);
+
+        // Unsignaled: both wait for the next signaled request.
+        let second = Mr::new(owner.pd(), 4096).unwrap();
+        let prepared = owner.prepare_registration(&second, access).unwrap();
+        let mut quiet = SendBuffer::new(owner.pd(), 16).unwrap();
+        quiet.fill(&advertisement(prepared.region())).unwrap();
+        quiet.set_unsignaled(true);
+        let quiet_posted = owner.register_then_send(prepared, 5, quiet).is_ok();
+        let quiet_arrived = wait_until(|| read_by.received.load(Ordering::Acquire) == 2);
+        // Time for completions that should not come.
+        fsleep(Delta::from_millis(200));
+        let while_idle = (
+            owned.work_ok.load(Ordering::Acquire),
+            owned.sends_back.load(Ordering::Acquire),
+        );
+        let loud = post_marked(owner, 9, false);
+        let all_back = wait_until(|| owned.sends_back.load(Ordering::Acquire) == 3);
+        let work_at_quiet = owned.work_ok.load(Ordering::Acquire);
+        // Everything of the device goes before the first assertion, which
+        // ends the test without unwinding: a PD left would hold the device.
+        drop((region, second, foreign, other_pd));
+        drop(pair);
+        assert!(dropped);
+        assert_eq!(while_prepared, Some(EBUSY));
+        assert_eq!(prepared_twice, Some(EBUSY));
+        assert!(!registered_early);
+        if let Some(refused) = passive_first {
+            assert_eq!(refused, Some(EAGAIN));
+        }
+        assert_eq!(refused, EINVAL);
+        assert_eq!(posted, Ok(remote));
+        assert!(registered);
+        assert!(arrived);
+        assert_eq!(advert_digest, digest(&advertisement(remote)));
+        assert_eq!(read, Ok(()));
+        assert!(read_back);
+        assert_eq!(read_ok, 1);
+        assert_eq!(read_digest, digest(&pattern));
+        assert!(advert_back);
+        assert_eq!(work_at_advert, 1);
+        assert!(quiet_posted && quiet_arrived && loud);
+        assert_eq!(while_idle, (1, 1));
+        assert!(all_back);
+        assert_eq!(work_at_quiet, 2);
+        assert_eq!(owned.sends_failed.load(Ordering::Acquire), 0);
     }
 
     /// [`page_region_beyond_the_contiguous_limit`] on siw.

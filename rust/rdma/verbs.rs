@@ -72,7 +72,7 @@ use super::{
     callback::CallbackMark,
     device::{Device, Transport},
     mr::{check_range, Mr, MrAccess, RemoteRegion},
-    pd::Pd,
+    pd::{Pd, RemoteKey},
     sg::SgBuffer,
 };
 use core::{
@@ -1044,12 +1044,24 @@ struct PostedCqe(NonNull<bindings::ib_cqe>, WrQueue);
 // SAFETY: Only an address here; whoever dereferences it owns the request.
 unsafe impl Send for PostedCqe {}
 
-/// A request of the send queue, in post order, and whether it asked for a
-/// completion of its own.
+/// Whether a request of the send queue asked for a completion of its own,
+/// and if not, what it is: the completion of a later request gives it back
+/// (see [`WrCredits::give_back_unsignaled_before`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Signaling {
+    Signaled,
+    /// A SEND: its entry is the `cqe` of a [`Buffer`].
+    UnsignaledSend,
+    /// A registration chained before a SEND
+    /// ([`Qp::register_then_send`]): its entry is the `cqe` of a [`Work`].
+    UnsignaledWork,
+}
+
+/// A request of the send queue, in post order.
 #[derive(Clone, Copy)]
 struct SendOrder {
     cqe: PostedCqe,
-    signaled: bool,
+    signaling: Signaling,
 }
 
 /// Work requests a QP has in flight, bounded by its [`QpCaps`].
@@ -1280,17 +1292,25 @@ impl WrCredits {
 
     /// Records a request posted (being posted) on the send queue, after
     /// every earlier one.
-    fn push_send(&self, cqe: PostedCqe, signaled: bool) {
+    fn push_send(&self, cqe: PostedCqe, signaling: Signaling) {
         // Within the capacity (type invariants): cannot fail.  If it did,
         // an unsignaled send would come back at the shutdown only.
         if self
             .send_order
             .lock()
-            .push_within_capacity(SendOrder { cqe, signaled })
+            .push_within_capacity(SendOrder { cqe, signaling })
             .is_err()
         {
             pr_err!("a posted send could not be ordered\n");
         }
+    }
+
+    /// Whether the send queue's credits are all taken: the request posted
+    /// with the last one asks for a completion, which gives back every
+    /// unsignaled one before it.  Credits are taken before the post's
+    /// lock, so the last one taken is seen by its own post at the latest.
+    fn takes_the_last_send_credit(&self) -> bool {
+        self.send.load(Ordering::Acquire) >= self.caps.max_send_wr
     }
 
     /// Forgets the send queue's request `cqe` (its post failed).
@@ -1304,26 +1324,31 @@ impl WrCredits {
 
     /// Whether an unsignaled send is in flight.
     fn has_unsignaled(&self) -> bool {
-        self.send_order.lock().iter().any(|s| !s.signaled)
+        self.send_order
+            .lock()
+            .iter()
+            .any(|s| s.signaling != Signaling::Signaled)
     }
 
     /// For the completion of the send queue's request `own`: the next
-    /// unsignaled send posted before it, taken out of the order (the caller
-    /// now owns it), which is done: the send queue completes in order on
+    /// unsignaled request posted before it and what it is, taken out of the
+    /// order (the caller now owns it), which is done: the send queue completes in order on
     /// IB and RoCE, and siw, which completes an RDMA READ only when its
     /// response arrives and so may complete later requests first, still
     /// completes sends in order.  `None` once no unsignaled send is ahead
     /// of `own`, which is then taken out too (a signaled request ahead of
     /// it stays: its own completion is still to come).  `None` also if
     /// `own` is not in the order (a reclaim emptied it).
-    fn take_done_before(&self, own: PostedCqe) -> Option<PostedCqe> {
+    fn take_done_before(&self, own: PostedCqe) -> Option<SendOrder> {
         let mut order = self.send_order.lock();
         let i = order.iter().position(|s| s.cqe == own)?;
-        match order[..i].iter().position(|s| !s.signaled) {
+        match order[..i]
+            .iter()
+            .position(|s| s.signaling != Signaling::Signaled)
+        {
             Some(j) => {
                 // In bounds: found above.
-                let done = order.remove(j).ok()?;
-                Some(done.cqe)
+                order.remove(j).ok()
             }
             None => {
                 // In bounds: found above.
@@ -1335,22 +1360,31 @@ impl WrCredits {
 
     /// For a completion of the send queue's request `own`: gives back to
     /// `handler`, in post order and before the caller reports `own`, every
-    /// unsignaled send posted before it, done with success.
+    /// unsignaled request posted before it, done with success.
     fn give_back_unsignaled_before<C: CompletionHandler>(&self, handler: &C, own: PostedCqe) {
         while let Some(done) = self.take_done_before(own) {
-            // Only sends go unsignaled (memory work and the shutdown's
-            // marker always ask for a completion), so `done` is the `cqe`
-            // of a `Buffer` that `post_send_to` leaked, its first field
-            // (`repr(C)`).  Taking it out of the order made this its only
-            // owner: a successful unsignaled send has no completion of its
-            // own, a failed one's would have taken it out of the order
+            // Taking it out of the order made this the request's only
+            // owner: a successful unsignaled request has no completion of
+            // its own, a failed one's would have taken it out of the order
             // first, and a reclaim empties the order before it completes
-            // anything.
-            // SAFETY: By the above, the live object `KBox::into_raw` leaked.
-            let mut buf = unsafe { KBox::from_raw(done.0.as_ptr().cast::<Buffer>()) };
-            buf.credit = None;
-            buf.dest = None;
-            handler.send_done(SendBuffer(buf), Ok(()));
+            // anything.  Its kind says which object leaked it, the entry
+            // being that object's first field (`repr(C)`).
+            match done.signaling {
+                Signaling::UnsignaledSend => {
+                    // SAFETY: By the above, the live `Buffer` that
+                    // `post_send_to` or `register_then_send` leaked.
+                    let buf = unsafe { KBox::from_raw(done.cqe.0.as_ptr().cast::<Buffer>()) };
+                    send_completed(handler, buf, Ok(()));
+                }
+                Signaling::UnsignaledWork => {
+                    // SAFETY: By the above, the live `Work` that
+                    // `register_then_send` leaked.
+                    let work = unsafe { KBox::from_raw(done.cqe.0.as_ptr().cast::<Work>()) };
+                    work_completed(handler, work, Ok(()));
+                }
+                // Not taken: `take_done_before` skips them.
+                Signaling::Signaled => {}
+            }
         }
     }
 
@@ -1974,13 +2008,16 @@ impl<C: CompletionHandler> Qp<C> {
         // SAFETY: By the safety requirements, a live entry.
         let entry = PostedCqe(unsafe { NonNull::new_unchecked(cqe) }, WrQueue::Send);
         credit.track(entry.0);
-        // The request that takes the send queue's last credit asks for a
-        // completion, which gives back every unsignaled one before it.
-        // Credits are taken before this lock, so the last one taken is
-        // seen here by its own post at the latest.
-        let signaled =
-            signaled || self.credits.send.load(Ordering::Acquire) >= self.credits.caps.max_send_wr;
-        self.credits.push_send(entry, signaled);
+        let signaled = signaled || self.credits.takes_the_last_send_credit();
+        // Only sends are posted unsignaled through here.
+        self.credits.push_send(
+            entry,
+            if signaled {
+                Signaling::Signaled
+            } else {
+                Signaling::UnsignaledSend
+            },
+        );
         let mut wr: bindings::ib_send_wr = pin_init::zeroed();
         wr.__bindgen_anon_1.wr_cqe = cqe;
         if signaled {
@@ -2030,7 +2067,7 @@ impl<C: CompletionHandler> Qp<C> {
             drop(unsafe { KBox::from_raw(leaked) });
             return;
         }
-        self.credits.push_send(entry, true);
+        self.credits.push_send(entry, Signaling::Signaled);
         let mut wr: bindings::ib_send_wr = pin_init::zeroed();
         wr.__bindgen_anon_1.wr_cqe = cqe;
         wr.opcode = bindings::ib_wr_opcode_IB_WR_RDMA_WRITE;
@@ -2257,13 +2294,14 @@ impl<C: CompletionHandler> Qp<C> {
     /// the send queue runs in order, so a SEND posted after this call that
     /// carries the region is safe to act on.  Completion (or failure) is
     /// reported to [`CompletionHandler::work_done`] with `tag`.  `EBUSY` if
-    /// the region is registered already, `EXDEV` if it lives on another
-    /// device, `EINVAL` in another PD.
+    /// the region is registered already (or a registration of it is
+    /// prepared), `EXDEV` if it lives on another device, `EINVAL` in
+    /// another PD.
     pub fn register(&self, mr: &Arc<Mr>, access: MrAccess, tag: u64) -> Result<RemoteRegion> {
         self.check_type(QpType::Rc)?;
         self.check_pd(mr.pd())?;
         let mut reg = mr.registration();
-        if reg.is_valid() {
+        if reg.is_valid() || reg.prepared {
             return Err(EBUSY);
         }
         // The key of the last registration (invalidated by now) is
@@ -2301,6 +2339,190 @@ impl<C: CompletionHandler> Qp<C> {
             rkey,
             len: mr.len() as u32,
         })
+    }
+
+    /// Prepares a registration of `mr` with `access` for
+    /// [`Self::register_then_send`]: chooses its key and records it for
+    /// the PD (a peer's remote invalidation of it is never missed), so
+    /// that the SEND that advertises the region can be written before one
+    /// post carries both.  Errors as [`Self::register`]: while the
+    /// registration is prepared, another one of the region is refused
+    /// (`EBUSY`), as are requests that use it (it is not registered yet).
+    pub fn prepare_registration(
+        &self,
+        mr: &Arc<Mr>,
+        access: MrAccess,
+    ) -> Result<PreparedRegistration> {
+        self.check_type(QpType::Rc)?;
+        self.check_pd(mr.pd())?;
+        let mut reg = mr.registration();
+        if reg.is_valid() || reg.prepared {
+            return Err(EBUSY);
+        }
+        reg.withdraw_remote(mr.pd());
+        let (addr, lkey, rkey) = mr.map_for_registration(&mut reg)?;
+        let key = mr.pd().publish_key(rkey)?;
+        reg.prepared = true;
+        Ok(PreparedRegistration {
+            mr: mr.clone(),
+            access,
+            region: RemoteRegion {
+                addr,
+                rkey,
+                len: mr.len() as u32,
+            },
+            lkey,
+            key: Some(key),
+        })
+    }
+
+    /// Posts the registration `prepared` (`IB_WR_REG_MR`) and, chained
+    /// behind it in the same post, a SEND of `send` (which usually carries
+    /// [`PreparedRegistration::region`]): one doorbell, and no completion
+    /// of the registration's own, as nvme-rdma sends a command with the
+    /// registration of its data.  The send queue runs in order, so the
+    /// peer acting on the SEND finds the key valid.
+    ///
+    /// The registration is unsignaled: when the SEND's completion comes (or
+    /// that of a later signaled request, if `send` is unsignaled),
+    /// [`CompletionHandler::work_done`] reports the registration done with
+    /// `tag`, before [`CompletionHandler::send_done`] hands `send` back.  A
+    /// failed registration reports its error and flushes the SEND.  The
+    /// region is registered (for whatever is posted next) once this
+    /// returns `Ok`, which returns what `prepared` advertises.
+    ///
+    /// Errors as [`Self::post_send`] (two requests of `max_send_wr`:
+    /// `ENOSPC` unless both fit), `EINVAL` for a region of another PD;
+    /// `prepared` and `send` come back unchanged.
+    pub fn register_then_send(
+        &self,
+        mut prepared: PreparedRegistration,
+        tag: u64,
+        send: SendBuffer,
+    ) -> core::result::Result<RemoteRegion, (Error, PreparedRegistration, SendBuffer)> {
+        if let Err(e) = self
+            .check_type(QpType::Rc)
+            .and_then(|()| self.check_pd(prepared.mr.pd()))
+            .and_then(|()| self.check_send(&send))
+            .and_then(|()| self.check_peer_spoke())
+        {
+            return Err((e, prepared, send));
+        }
+        let credits = self
+            .credits
+            .take(WrQueue::Send)
+            .and_then(|reg| Ok((reg, self.credits.take(WrQueue::Send)?)));
+        let (reg_credit, send_credit) = match credits {
+            Ok(both) => both,
+            Err(e) => return Err((e, prepared, send)),
+        };
+        let work = KBox::new(
+            Work {
+                cqe: bindings::ib_cqe {
+                    done: Some(work_done::<C>),
+                },
+                cpu_sync: None,
+                credit: reg_credit,
+                done: WorkDone {
+                    op: WorkOp::Register,
+                    tag,
+                    mr: prepared.mr.clone(),
+                },
+            },
+            GFP_KERNEL,
+        );
+        let work = match work {
+            Ok(work) => work,
+            Err(e) => return Err((e.into(), prepared, send)),
+        };
+        let mut inner = send.0;
+        inner.credit = Some(send_credit);
+        inner.sync_for_device(inner.len);
+        inner.cqe.done = Some(send_done::<C>);
+        let mut sge = bindings::ib_sge::default();
+        let mut send_wr: bindings::ib_send_wr = pin_init::zeroed();
+        inner.fill_send_wr(&mut send_wr, &mut sge);
+        let unsignaled = inner.unsignaled;
+
+        // The region's state changes with the post, under its lock (taken
+        // before the QP's, as `register` does).
+        let mut reg = prepared.mr.registration();
+        let guard = self.raw.lock();
+        let Some(raw) = *guard else {
+            drop((guard, reg));
+            inner.credit = None;
+            return Err((ENOTCONN, prepared, SendBuffer(inner)));
+        };
+        let (work, inner) = (KBox::into_raw(work), KBox::into_raw(inner));
+        // SAFETY: Both are live until their completion or the failure
+        // below; each credit is a field apart from its entry.
+        let (reg_cqe, send_cqe) = unsafe { (&raw mut (*work).cqe, &raw mut (*inner).cqe) };
+        // SAFETY: As above; nothing else refers to the credits yet, and
+        // the entries, fields of live objects, are not null.
+        unsafe {
+            (*work).credit.track(NonNull::new_unchecked(reg_cqe));
+            if let Some(credit) = (*inner).credit.as_mut() {
+                credit.track(NonNull::new_unchecked(send_cqe));
+            }
+        }
+        // SAFETY: Both point into live objects: not null.
+        let (reg_entry, send_entry) = unsafe {
+            (
+                PostedCqe(NonNull::new_unchecked(reg_cqe), WrQueue::Send),
+                PostedCqe(NonNull::new_unchecked(send_cqe), WrQueue::Send),
+            )
+        };
+        // The SEND, posted after the registration, completes after it and
+        // gives it back; if it takes the last credit it is signaled.
+        let signaled = !unsignaled || self.credits.takes_the_last_send_credit();
+        self.credits.push_send(reg_entry, Signaling::UnsignaledWork);
+        self.credits.push_send(
+            send_entry,
+            if signaled {
+                Signaling::Signaled
+            } else {
+                Signaling::UnsignaledSend
+            },
+        );
+        send_wr.__bindgen_anon_1.wr_cqe = send_cqe;
+        if signaled {
+            send_wr.send_flags |= bindings::ib_send_flags_IB_SEND_SIGNALED;
+        }
+        let mut wr_reg: bindings::ib_reg_wr = pin_init::zeroed();
+        wr_reg.wr.__bindgen_anon_1.wr_cqe = reg_cqe;
+        wr_reg.wr.opcode = bindings::ib_wr_opcode_IB_WR_REG_MR;
+        wr_reg.wr.next = &raw mut send_wr;
+        wr_reg.mr = prepared.mr.as_ptr();
+        wr_reg.key = prepared.region.rkey;
+        wr_reg.access = prepared.access.to_raw(self.device().transport());
+        let first = &raw const wr_reg.wr;
+        let mut refused = ptr::null();
+        // `raw` is live under the lock; the chain (the registration of a
+        // live MR of the QP's PD, then the SEND and the SGE it names) lives
+        // across the call, each naming its entry, whose `done` is set; the
+        // driver copies it.
+        // SAFETY: As above; `refused` is writable for the call.
+        let posted = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), first, &mut refused) };
+        if let Err(e) = self.post_outcome(raw, posted, first, refused) {
+            self.credits.remove_send(reg_entry);
+            self.credits.remove_send(send_entry);
+            drop(guard);
+            // SAFETY: The driver took neither: this is their only owner.
+            let (work, mut inner) = unsafe { (KBox::from_raw(work), KBox::from_raw(inner)) };
+            // The credits go, and stop tracking the requests.
+            drop(work);
+            inner.credit = None;
+            drop(reg);
+            return Err((e, prepared, SendBuffer(inner)));
+        }
+        drop(guard);
+        reg.valid = true;
+        reg.prepared = false;
+        reg.lkey = prepared.lkey;
+        reg.rkey = prepared.region.rkey;
+        reg.iova = prepared.region.addr;
+        reg.remote = prepared.key.take();
+        Ok(prepared.region)
     }
 
     /// Invalidates the region's current registration (`IB_WR_LOCAL_INV`):
@@ -2552,7 +2774,7 @@ impl<C: CompletionHandler> Qp<C> {
         }
         // Its last request asks for the completion, which gives back the
         // unsignaled sends before it.
-        self.credits.push_send(entry, true);
+        self.credits.push_send(entry, Signaling::Signaled);
         // The requests live in the context: its completion, which may come
         // while the driver still walks their chain, waits until the post
         // returned before it frees them.
@@ -3338,17 +3560,22 @@ unsafe extern "C" fn send_done<C: CompletionHandler>(
 ) {
     let _mark = CallbackMark::enter();
     // SAFETY: By the safety requirements.
-    let mut buf = unsafe { Buffer::from_wc(wc) };
+    let buf = unsafe { Buffer::from_wc(wc) };
     // SAFETY: As in `recv_done`.
     let handler = unsafe { handler_of::<C>(cq) };
     if let Some(credit) = &buf.credit {
         credit.give_back_unsignaled_before(handler);
     }
-    buf.credit = None;
-    // The destination's address handle is free to go once the send is done.
-    buf.dest = None;
     // SAFETY: `wc` is valid during the callback.
     let result = wc_result(unsafe { &*wc });
+    send_completed(handler, buf, result);
+}
+
+/// Hands a send that is done back to `handler`, with what it held of the QP
+/// (its credit) and of the destination (the address handle) let go.
+fn send_completed<C: CompletionHandler>(handler: &C, mut buf: KBox<Buffer>, result: Result) {
+    buf.credit = None;
+    buf.dest = None;
     handler.send_done(SendBuffer(buf), result);
 }
 
@@ -3385,6 +3612,43 @@ unsafe extern "C" fn marker_done<C: CompletionHandler>(
         let entry = PostedCqe(own, WrQueue::Send);
         marker.credits.give_back_unsignaled_before(handler, entry);
         marker.credits.untrack(entry);
+    }
+}
+
+/// A registration of a region whose key is chosen, and recorded for its
+/// PD, but which is not posted yet ([`Qp::prepare_registration`]): what
+/// advertises it can be written before [`Qp::register_then_send`] posts
+/// both.  While it lives, no other registration of the region can start;
+/// dropped unposted, it withdraws its key and frees the region for the
+/// next one.
+pub struct PreparedRegistration {
+    mr: Arc<Mr>,
+    access: MrAccess,
+    region: RemoteRegion,
+    lkey: u32,
+    /// The key as the PD records it; taken by the post.
+    key: Option<Arc<RemoteKey>>,
+}
+
+impl PreparedRegistration {
+    /// What the registration will let the peer reach: to advertise.
+    pub fn region(&self) -> RemoteRegion {
+        self.region
+    }
+
+    /// The region to be registered.
+    pub fn mr(&self) -> &Arc<Mr> {
+        &self.mr
+    }
+}
+
+impl Drop for PreparedRegistration {
+    fn drop(&mut self) {
+        // Posted: the registration owns the key now.
+        if let Some(key) = self.key.take() {
+            self.mr.pd().withdraw_key(self.region.rkey, &key);
+            self.mr.registration().prepared = false;
+        }
     }
 }
 
@@ -3433,6 +3697,12 @@ unsafe extern "C" fn work_done<C: CompletionHandler>(
     work.credit.give_back_unsignaled_before(handler);
     // SAFETY: `wc` is valid during the callback.
     let result = wc_result(unsafe { &*wc });
+    work_completed(handler, work, result);
+}
+
+/// Hands memory work that is done back to `handler`, the region's state
+/// following its result.
+fn work_completed<C: CompletionHandler>(handler: &C, work: KBox<Work>, result: Result) {
     let Work { done, cpu_sync, .. } = KBox::into_inner(work);
     match (done.op, &result) {
         // The region is free again: a failed registration grants nothing.
