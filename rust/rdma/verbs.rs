@@ -71,7 +71,7 @@ use super::{
     bindings,
     callback::CallbackMark,
     device::{Device, Transport},
-    mr::{check_range, Mr, MrAccess, RemoteRegion},
+    mr::{check_range, Mr, MrAccess, Registration, RemoteRegion},
     pd::{Pd, RemoteKey},
     sg::SgBuffer,
 };
@@ -2298,19 +2298,9 @@ impl<C: CompletionHandler> Qp<C> {
     /// prepared), `EXDEV` if it lives on another device, `EINVAL` in
     /// another PD.
     pub fn register(&self, mr: &Arc<Mr>, access: MrAccess, tag: u64) -> Result<RemoteRegion> {
-        self.check_type(QpType::Rc)?;
-        self.check_pd(mr.pd())?;
+        // Dropped on failure, after the guard below: the key is withdrawn.
+        let mut prepared = self.prepare_registration(mr, access)?;
         let mut reg = mr.registration();
-        if reg.is_valid() || reg.prepared {
-            return Err(EBUSY);
-        }
-        // The key of the last registration (invalidated by now) is
-        // forgotten; the new one is recorded before the post, so a remote
-        // invalidation of it is never missed.
-        reg.withdraw_remote(mr.pd());
-        let (addr, lkey, rkey) = mr.map_for_registration(&mut reg)?;
-        let remote = mr.pd().publish_key(rkey)?;
-        let transport = self.device().transport();
         let mut wr_reg: bindings::ib_reg_wr = pin_init::zeroed();
         self.post_work(
             WorkDone {
@@ -2321,24 +2311,11 @@ impl<C: CompletionHandler> Qp<C> {
             None,
             |wr| {
                 wr_reg.wr = *wr;
-                wr_reg.wr.opcode = bindings::ib_wr_opcode_IB_WR_REG_MR;
-                wr_reg.mr = mr.as_ptr();
-                wr_reg.key = rkey;
-                wr_reg.access = access.to_raw(transport);
+                prepared.fill_reg_wr(&mut wr_reg, self.device().transport());
                 (&raw const wr_reg).cast()
             },
-        )
-        .inspect_err(|_| mr.pd().withdraw_key(rkey, &remote))?;
-        reg.valid = true;
-        reg.lkey = lkey;
-        reg.rkey = rkey;
-        reg.iova = addr;
-        reg.remote = Some(remote);
-        Ok(RemoteRegion {
-            addr,
-            rkey,
-            len: mr.len() as u32,
-        })
+        )?;
+        Ok(prepared.posted(&mut reg))
     }
 
     /// Prepares a registration of `mr` with `access` for
@@ -2359,6 +2336,9 @@ impl<C: CompletionHandler> Qp<C> {
         if reg.is_valid() || reg.prepared {
             return Err(EBUSY);
         }
+        // The key of the last registration (invalidated by now) is
+        // forgotten; the new one is recorded before the post, so a remote
+        // invalidation of it is never missed.
         reg.withdraw_remote(mr.pd());
         let (addr, lkey, rkey) = mr.map_for_registration(&mut reg)?;
         let key = mr.pd().publish_key(rkey)?;
@@ -2446,7 +2426,8 @@ impl<C: CompletionHandler> Qp<C> {
 
         // The region's state changes with the post, under its lock (taken
         // before the QP's, as `register` does).
-        let mut reg = prepared.mr.registration();
+        let mr = prepared.mr.clone();
+        let mut reg = mr.registration();
         let guard = self.raw.lock();
         let Some(raw) = *guard else {
             drop((guard, reg));
@@ -2490,11 +2471,8 @@ impl<C: CompletionHandler> Qp<C> {
         }
         let mut wr_reg: bindings::ib_reg_wr = pin_init::zeroed();
         wr_reg.wr.__bindgen_anon_1.wr_cqe = reg_cqe;
-        wr_reg.wr.opcode = bindings::ib_wr_opcode_IB_WR_REG_MR;
         wr_reg.wr.next = &raw mut send_wr;
-        wr_reg.mr = prepared.mr.as_ptr();
-        wr_reg.key = prepared.region.rkey;
-        wr_reg.access = prepared.access.to_raw(self.device().transport());
+        prepared.fill_reg_wr(&mut wr_reg, self.device().transport());
         let first = &raw const wr_reg.wr;
         let mut refused = ptr::null();
         // `raw` is live under the lock; the chain (the registration of a
@@ -2516,13 +2494,7 @@ impl<C: CompletionHandler> Qp<C> {
             return Err((e, prepared, SendBuffer(inner)));
         }
         drop(guard);
-        reg.valid = true;
-        reg.prepared = false;
-        reg.lkey = prepared.lkey;
-        reg.rkey = prepared.region.rkey;
-        reg.iova = prepared.region.addr;
-        reg.remote = prepared.key.take();
-        Ok(prepared.region)
+        Ok(prepared.posted(&mut reg))
     }
 
     /// Invalidates the region's current registration (`IB_WR_LOCAL_INV`):
@@ -3639,6 +3611,28 @@ impl PreparedRegistration {
     /// The region to be registered.
     pub fn mr(&self) -> &Arc<Mr> {
         &self.mr
+    }
+
+    /// The `IB_WR_REG_MR` fields of the registration on a QP of
+    /// `transport` (the caller sets the entry, flags and chain).
+    fn fill_reg_wr(&self, wr_reg: &mut bindings::ib_reg_wr, transport: Transport) {
+        wr_reg.wr.opcode = bindings::ib_wr_opcode_IB_WR_REG_MR;
+        wr_reg.mr = self.mr.as_ptr();
+        wr_reg.key = self.region.rkey;
+        wr_reg.access = self.access.to_raw(transport);
+    }
+
+    /// Records the posted registration in the region's state `reg` (its
+    /// lock held since before the post), which takes the key over, and
+    /// returns what it advertises.
+    fn posted(&mut self, reg: &mut Registration) -> RemoteRegion {
+        reg.valid = true;
+        reg.prepared = false;
+        reg.lkey = self.lkey;
+        reg.rkey = self.region.rkey;
+        reg.iova = self.region.addr;
+        reg.remote = self.key.take();
+        self.region
     }
 }
 
