@@ -739,6 +739,22 @@ impl Buffer {
     /// copy from during the post (mlx5's `set_data_inl_seg`, rxe's
     /// `copy_inline_data_to_wqe`) rather than from their DMA address.
     /// `sge` must live across the post.
+    /// Readies the buffer to be posted as a SEND holding `credit`: synced
+    /// for the device, its completion entry calling `done`, `wr` filled
+    /// (naming `sge`, filled too).
+    fn prepare_send(
+        &mut self,
+        credit: Credit,
+        done: unsafe extern "C" fn(*mut bindings::ib_cq, *mut bindings::ib_wc),
+        wr: &mut bindings::ib_send_wr,
+        sge: &mut bindings::ib_sge,
+    ) {
+        self.credit = Some(credit);
+        self.sync_for_device(self.len);
+        self.cqe.done = Some(done);
+        self.fill_send_wr(wr, sge);
+    }
+
     fn fill_send_wr(&self, wr: &mut bindings::ib_send_wr, sge: &mut bindings::ib_sge) {
         *sge = self.sge(self.len);
         if self.inline {
@@ -2189,12 +2205,9 @@ impl<C: CompletionHandler> Qp<C> {
             Err(e) => return Err((e, buf)),
         };
         let mut inner = buf.0;
-        inner.credit = Some(credit);
-        inner.sync_for_device(inner.len);
-        inner.cqe.done = Some(send_done::<C>);
         let mut sge = bindings::ib_sge::default();
         let mut send_wr: bindings::ib_send_wr = pin_init::zeroed();
-        inner.fill_send_wr(&mut send_wr, &mut sge);
+        inner.prepare_send(credit, send_done::<C>, &mut send_wr, &mut sge);
         let unsignaled = inner.unsignaled;
         // The request keeps the address handle; a copy of its fields goes
         // into the work request.
@@ -2416,12 +2429,9 @@ impl<C: CompletionHandler> Qp<C> {
             Err(e) => return Err((e.into(), prepared, send)),
         };
         let mut inner = send.0;
-        inner.credit = Some(send_credit);
-        inner.sync_for_device(inner.len);
-        inner.cqe.done = Some(send_done::<C>);
         let mut sge = bindings::ib_sge::default();
         let mut send_wr: bindings::ib_send_wr = pin_init::zeroed();
-        inner.fill_send_wr(&mut send_wr, &mut sge);
+        inner.prepare_send(send_credit, send_done::<C>, &mut send_wr, &mut sge);
         let unsignaled = inner.unsignaled;
 
         // The region's state changes with the post, under its lock (taken
