@@ -2301,8 +2301,8 @@ mod sync_tests {
     }
 
     /// A send queue filled with unsignaled sends ends in a completion: the
-    /// layer signals the one that takes the last credit, whose completion
-    /// gives back all four in order.
+    /// layer signals those that leave fewer than two credits free, whose
+    /// completions give back all four in order.
     #[test]
     fn last_credit_send_is_signaled() {
         let Some(pair) = connected_pair(&NetNs::init(), 7192) else {
@@ -2316,6 +2316,44 @@ mod sync_tests {
         assert!(all_back);
         assert_eq!(client.send_log.load(Ordering::Acquire), 0x0102_0304);
         assert_eq!(client.sends_failed.load(Ordering::Acquire), 0);
+    }
+
+    /// Unsignaled sends leave room for a registration chained with its
+    /// SEND, which takes two credits: the send that leaves fewer than two
+    /// free is signaled, so three unsignaled sends on a queue of four come
+    /// back (none would, and the chain would get `ENOSPC` for ever), and
+    /// the chain then fits.
+    #[test]
+    fn unsignaled_sends_leave_room_for_a_chain() {
+        let Some(pair) = connected_pair(&NetNs::init(), 7208) else {
+            return;
+        };
+        let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
+        let posted = (1..=3u8).all(|byte| post_marked(&pair.client_qp, byte, true));
+        let all_back = wait_until(|| client.sends_back.load(Ordering::Acquire) == 3);
+        let region = Mr::new(pair.client_qp.pd(), 64).unwrap();
+        let access = MrAccess {
+            remote_read: true,
+            remote_write: false,
+        };
+        let prepared = pair
+            .client_qp
+            .prepare_registration(&region, access)
+            .unwrap();
+        let mut advert = SendBuffer::new(pair.client_qp.pd(), 16).unwrap();
+        advert.fill(&advertisement(prepared.region())).unwrap();
+        let chained = pair
+            .client_qp
+            .register_then_send(prepared, 1, advert)
+            .map(|_| ())
+            .map_err(|(e, _, _)| e);
+        let arrived = wait_until(|| server.received.load(Ordering::Acquire) == 4);
+        drop(region);
+        drop(pair);
+        assert!(posted);
+        assert!(all_back);
+        assert_eq!(chained, Ok(()));
+        assert!(arrived);
     }
 
     /// An unsignaled send still in flight when its QP shuts down comes
@@ -2824,7 +2862,7 @@ mod sync_tests {
         let foreign = SendBuffer::new(&other_pd, 16).unwrap();
         let refused = owner.register_then_send(prepared, 2, foreign);
         assert!(refused.is_err());
-        let Err((refused, prepared, foreign)) = refused else {
+        let Err((refused, Some(prepared), foreign)) = refused else {
             return;
         };
         let mut advert = SendBuffer::new(owner.pd(), 16).unwrap();

@@ -733,12 +733,6 @@ impl Buffer {
         self.pd.device()
     }
 
-    /// Sends: fills `wr` with a SEND of the buffer's bytes as `sge`
-    /// describes them (set here): its opcode (with immediate data or an
-    /// invalidation) and, inline, the bytes' CPU address, which drivers
-    /// copy from during the post (mlx5's `set_data_inl_seg`, rxe's
-    /// `copy_inline_data_to_wqe`) rather than from their DMA address.
-    /// `sge` must live across the post.
     /// Readies the buffer to be posted as a SEND holding `credit`: synced
     /// for the device, its completion entry calling `done`, `wr` filled
     /// (naming `sge`, filled too).
@@ -755,6 +749,12 @@ impl Buffer {
         self.fill_send_wr(wr, sge);
     }
 
+    /// Sends: fills `wr` with a SEND of the buffer's bytes as `sge`
+    /// describes them (set here): its opcode (with immediate data or an
+    /// invalidation) and, inline, the bytes' CPU address, which drivers
+    /// copy from during the post (mlx5's `set_data_inl_seg`, rxe's
+    /// `copy_inline_data_to_wqe`) rather than from their DMA address.
+    /// `sge` must live across the post.
     fn fill_send_wr(&self, wr: &mut bindings::ib_send_wr, sge: &mut bindings::ib_sge) {
         *sge = self.sge(self.len);
         if self.inline {
@@ -941,11 +941,14 @@ impl SendBuffer {
     /// poll.  Its buffer comes back all the same, with success, through
     /// [`CompletionHandler::send_done`] just before the completion of the
     /// next signaled request on the QP's send queue (a signaled send, or
-    /// any memory work request: the send queue completes in order), or
+    /// a memory work request posted alone: the send queue completes in
+    /// order), or
     /// when the QP shuts down.  A failed one completes on its own, like
     /// any request.  So that a send queue full of unsignaled sends still
-    /// ends in a completion, the layer signals a send itself when it takes
-    /// the queue's last credit ([`QpCaps::max_send_wr`]).  RC only:
+    /// ends in a completion, the layer signals a send itself when it
+    /// leaves fewer than two of the queue's credits free
+    /// ([`QpCaps::max_send_wr`]; two, the room of
+    /// [`Qp::register_then_send`]).  RC only:
     /// [`Qp::post_send_ud`] refuses it (`EINVAL`).
     pub fn set_unsignaled(&mut self, unsignaled: bool) {
         self.0.unsignaled = unsignaled;
@@ -1321,12 +1324,14 @@ impl WrCredits {
         }
     }
 
-    /// Whether the send queue's credits are all taken: the request posted
-    /// with the last one asks for a completion, which gives back every
-    /// unsignaled one before it.  Credits are taken before the post's
-    /// lock, so the last one taken is seen by its own post at the latest.
-    fn takes_the_last_send_credit(&self) -> bool {
-        self.send.load(Ordering::Acquire) >= self.caps.max_send_wr
+    /// Whether fewer than two of the send queue's credits are free: the
+    /// request posted then asks for a completion, which gives back every
+    /// unsignaled one before it.  Two, not one: a registration chained
+    /// with its SEND ([`Qp::register_then_send`]) needs two, and must not
+    /// wait for ever behind unsignaled requests none of which completes.
+    /// Credits are taken before the post's lock, so a post sees its own.
+    fn leaves_under_two_send_credits(&self) -> bool {
+        self.send.load(Ordering::Acquire) >= self.caps.max_send_wr.saturating_sub(1)
     }
 
     /// Forgets the send queue's request `cqe` (its post failed).
@@ -1338,7 +1343,7 @@ impl WrCredits {
         }
     }
 
-    /// Whether an unsignaled send is in flight.
+    /// Whether an unsignaled request is in flight.
     fn has_unsignaled(&self) -> bool {
         self.send_order
             .lock()
@@ -2024,7 +2029,7 @@ impl<C: CompletionHandler> Qp<C> {
         // SAFETY: By the safety requirements, a live entry.
         let entry = PostedCqe(unsafe { NonNull::new_unchecked(cqe) }, WrQueue::Send);
         credit.track(entry.0);
-        let signaled = signaled || self.credits.takes_the_last_send_credit();
+        let signaled = signaled || self.credits.leaves_under_two_send_credits();
         // Only sends are posted unsignaled through here.
         self.credits.push_send(
             entry,
@@ -2314,6 +2319,10 @@ impl<C: CompletionHandler> Qp<C> {
         // Dropped on failure, after the guard below: the key is withdrawn.
         let mut prepared = self.prepare_registration(mr, access)?;
         let mut reg = mr.registration();
+        // Registered meanwhile: an invalidation posted before failed.
+        if reg.is_valid() {
+            return Err(EBUSY);
+        }
         let mut wr_reg: bindings::ib_reg_wr = pin_init::zeroed();
         self.post_work(
             WorkDone {
@@ -2349,9 +2358,10 @@ impl<C: CompletionHandler> Qp<C> {
         if reg.is_valid() || reg.prepared {
             return Err(EBUSY);
         }
-        // The key of the last registration (invalidated by now) is
-        // forgotten; the new one is recorded before the post, so a remote
-        // invalidation of it is never missed.
+        // The last registration is over (invalidated locally or by the
+        // peer) and its key forgotten; the new one is recorded before the
+        // post, so a remote invalidation of it is never missed.
+        reg.valid = false;
         reg.withdraw_remote(mr.pd());
         let (addr, lkey, rkey) = mr.map_for_registration(&mut reg)?;
         let key = mr.pd().publish_key(rkey)?;
@@ -2385,21 +2395,37 @@ impl<C: CompletionHandler> Qp<C> {
     /// returns `Ok`, which returns what `prepared` advertises.
     ///
     /// Errors as [`Self::post_send`] (two requests of `max_send_wr`:
-    /// `ENOSPC` unless both fit), `EINVAL` for a region of another PD;
-    /// `prepared` and `send` come back unchanged.
+    /// `ENOSPC` unless both fit, `EMSGSIZE` on a queue of one), `EINVAL`
+    /// for a region of another PD, `EBUSY` if the region was registered
+    /// meanwhile (an invalidation posted before the preparation failed);
+    /// `send` comes back, and `prepared` with it unless the driver took
+    /// the registration and refused only the SEND: then the QP is in the
+    /// error state (as after any post the driver failed after taking
+    /// requests) and the registration completes flushed.
     pub fn register_then_send(
         &self,
         mut prepared: PreparedRegistration,
         tag: u64,
         send: SendBuffer,
-    ) -> core::result::Result<RemoteRegion, (Error, PreparedRegistration, SendBuffer)> {
+    ) -> core::result::Result<RemoteRegion, (Error, Option<PreparedRegistration>, SendBuffer)> {
         if let Err(e) = self
             .check_type(QpType::Rc)
             .and_then(|()| self.check_pd(prepared.mr.pd()))
             .and_then(|()| self.check_send(&send))
             .and_then(|()| self.check_peer_spoke())
         {
-            return Err((e, prepared, send));
+            return Err((e, Some(prepared), send));
+        }
+        if self.credits.caps.max_send_wr < 2 {
+            return Err((EMSGSIZE, Some(prepared), send));
+        }
+        // The region's state changes with the post, under its lock (taken
+        // before the QP's, as `register` does).
+        let mr = prepared.mr.clone();
+        let mut reg = mr.registration();
+        if reg.is_valid() {
+            drop(reg);
+            return Err((EBUSY, Some(prepared), send));
         }
         let credits = self
             .credits
@@ -2407,7 +2433,10 @@ impl<C: CompletionHandler> Qp<C> {
             .and_then(|reg| Ok((reg, self.credits.take(WrQueue::Send)?)));
         let (reg_credit, send_credit) = match credits {
             Ok(both) => both,
-            Err(e) => return Err((e, prepared, send)),
+            Err(e) => {
+                drop(reg);
+                return Err((e, Some(prepared), send));
+            }
         };
         let work = KBox::new(
             Work {
@@ -2426,7 +2455,10 @@ impl<C: CompletionHandler> Qp<C> {
         );
         let work = match work {
             Ok(work) => work,
-            Err(e) => return Err((e.into(), prepared, send)),
+            Err(e) => {
+                drop(reg);
+                return Err((e.into(), Some(prepared), send));
+            }
         };
         let mut inner = send.0;
         let mut sge = bindings::ib_sge::default();
@@ -2434,15 +2466,11 @@ impl<C: CompletionHandler> Qp<C> {
         inner.prepare_send(send_credit, send_done::<C>, &mut send_wr, &mut sge);
         let unsignaled = inner.unsignaled;
 
-        // The region's state changes with the post, under its lock (taken
-        // before the QP's, as `register` does).
-        let mr = prepared.mr.clone();
-        let mut reg = mr.registration();
         let guard = self.raw.lock();
         let Some(raw) = *guard else {
             drop((guard, reg));
             inner.credit = None;
-            return Err((ENOTCONN, prepared, SendBuffer(inner)));
+            return Err((ENOTCONN, Some(prepared), SendBuffer(inner)));
         };
         let (work, inner) = (KBox::into_raw(work), KBox::into_raw(inner));
         // SAFETY: Both are live until their completion or the failure
@@ -2464,8 +2492,8 @@ impl<C: CompletionHandler> Qp<C> {
             )
         };
         // The SEND, posted after the registration, completes after it and
-        // gives it back; if it takes the last credit it is signaled.
-        let signaled = !unsignaled || self.credits.takes_the_last_send_credit();
+        // gives it back; it is signaled if it leaves under two credits.
+        let signaled = !unsignaled || self.credits.leaves_under_two_send_credits();
         self.credits.push_send(reg_entry, Signaling::UnsignaledWork);
         self.credits.push_send(
             send_entry,
@@ -2491,17 +2519,31 @@ impl<C: CompletionHandler> Qp<C> {
         // driver copies it.
         // SAFETY: As above; `refused` is writable for the call.
         let posted = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), first, &mut refused) };
+        let only_send_refused = posted != 0 && ptr::eq(refused, &raw const send_wr);
         if let Err(e) = self.post_outcome(raw, posted, first, refused) {
             self.credits.remove_send(reg_entry);
             self.credits.remove_send(send_entry);
-            drop(guard);
             // SAFETY: The driver took neither: this is their only owner.
             let (work, mut inner) = unsafe { (KBox::from_raw(work), KBox::from_raw(inner)) };
-            // The credits go, and stop tracking the requests.
+            // The credits go and stop tracking the requests while the
+            // QP's lock still keeps a shutdown's reclaim off them.
             drop(work);
             inner.credit = None;
+            drop((guard, reg));
+            return Err((e, Some(prepared), SendBuffer(inner)));
+        }
+        if only_send_refused {
+            // The registration is the driver's (flushed now that the QP is
+            // in the error state); the SEND, which it never had, is the
+            // caller's again, not left to be given back as done.
+            self.credits.remove_send(send_entry);
+            // SAFETY: The driver refused it: this is its only owner.
+            let mut inner = unsafe { KBox::from_raw(inner) };
+            inner.credit = None;
+            drop(guard);
+            let _ = prepared.posted(&mut reg);
             drop(reg);
-            return Err((e, prepared, SendBuffer(inner)));
+            return Err((Error::from_errno(posted), None, SendBuffer(inner)));
         }
         drop(guard);
         Ok(prepared.posted(&mut reg))
@@ -3687,8 +3729,8 @@ impl Work {
 
 /// # Safety
 ///
-/// Called by the CQ for a work request posted by [`Qp::post_work`] on a QP
-/// whose CQ is a `Cq<C>`.
+/// Called by the CQ for a work request posted by [`Qp::post_work`] or
+/// [`Qp::register_then_send`] on a QP whose CQ is a `Cq<C>`.
 unsafe extern "C" fn work_done<C: CompletionHandler>(
     cq: *mut bindings::ib_cq,
     wc: *mut bindings::ib_wc,
