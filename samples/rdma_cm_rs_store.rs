@@ -26,9 +26,12 @@
 //! after the bytes.
 //!
 //! What a real target is made of, each from the layer:
-//! * one PD, one CQ and one shared receive queue per device, from an IB
-//!   client ([`rdma::client`]): requests of every connection on a device
-//!   land in its SRQ, and [`RecvBuffer::qp_num`] says which connection;
+//! * one PD and one shared receive queue per device, from an IB client
+//!   ([`rdma::client`]): requests of every connection on a device land in
+//!   its SRQ, and [`RecvBuffer::qp_num`] says which connection;
+//! * a CQ per completion vector of the device (up to [`MAX_CQS`]), each
+//!   connection on the one with the most room, so that completions are
+//!   spread over the device's vectors (and the CPUs they interrupt);
 //! * the R/W API ([`Qp::rdma_rw`], [`Qp::rdma_rw_then_send`]) moving
 //!   [`SgBuffer`]s of pages directly from and to the client's buffers,
 //!   registering READ sinks itself on iWARP;
@@ -59,7 +62,9 @@ use rdma::{
     net::NetNs,
     pd::Pd,
     sg::SgBuffer,
-    verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, RwDone, RwOp, SendBuffer, Srq},
+    verbs::{
+        CompletionHandler, Cq, PollContext, Qp, QpCaps, RecvBuffer, RwDone, RwOp, SendBuffer, Srq,
+    },
 };
 
 module! {
@@ -92,6 +97,8 @@ const SRQ_DEPTH: u32 = 64;
 const QUEUE_DEPTH: u32 = 16;
 /// Connections one device's CQ takes.
 const MAX_CONNS: u32 = 32;
+/// At most this many CQs per device, one per completion vector.
+const MAX_CQS: u32 = 4;
 
 const OP_PUT: u8 = 1;
 const OP_GET: u8 = 2;
@@ -344,11 +351,26 @@ impl CompletionHandler for StoreHandler {
 
 /// What the sample keeps on each device.
 struct StoreDevice {
-    cq: Arc<Cq<StoreHandler>>,
+    /// One per completion vector used, vector `i` at `i`.
+    cqs: KVec<Arc<Cq<StoreHandler>>>,
     shared: Arc<DeviceShared>,
 }
 
-/// The sample's IB client: a PD, an SRQ and a CQ on each device.
+impl StoreDevice {
+    /// The CQ for a new connection, and its index: the one with the most
+    /// room, so that connections spread over the vectors and one is
+    /// refused only when no CQ has room for it.
+    fn cq_for_a_connection(&self) -> Result<(usize, &Arc<Cq<StoreHandler>>)> {
+        self.cqs
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, cq)| cq.free_entries())
+            .ok_or(ENODEV)
+    }
+}
+
+/// The sample's IB client: a PD, an SRQ and a CQ per completion vector on
+/// each device.
 struct StoreDevices(Arc<Store>);
 
 impl Client for StoreDevices {
@@ -375,20 +397,29 @@ impl Client for StoreDevices {
             }),
             GFP_KERNEL,
         )?;
+        // Each CQ has room for the SRQ (reserved once on every CQ its QPs
+        // receive on) and for its share of the device's connections.
+        let vectors = dev.num_comp_vectors().clamp(1, MAX_CQS);
         let per_conn = conn_caps(dev).send_cq_entries()?;
-        let entries = SRQ_DEPTH + MAX_CONNS * per_conn;
-        let cq = Cq::alloc(dev, entries, StoreHandler(shared.clone()))?;
+        let entries = SRQ_DEPTH + MAX_CONNS.div_ceil(vectors) * per_conn;
+        let mut cqs = KVec::with_capacity(vectors as usize, GFP_KERNEL)?;
+        for vector in 0..vectors {
+            let handler = StoreHandler(shared.clone());
+            let cq = Cq::alloc_with(dev, entries, vector, PollContext::Workqueue, handler)?;
+            cqs.push(cq, GFP_KERNEL)?;
+        }
         for _ in 0..SRQ_DEPTH {
             srq.post_recv(RecvBuffer::new(&pd, REQUEST_LEN)?)
                 .map_err(|(e, _)| e)?;
         }
         pr_info!(
-            "{}: added: one PD, an SRQ of {} requests and a CQ of {} entries\n",
+            "{}: added: one PD, an SRQ of {} requests and {} CQ(s) of {} entries, one per completion vector\n",
             BStr::from_bytes(dev.name().as_bytes()),
             SRQ_DEPTH,
+            vectors,
             entries
         );
-        Ok(StoreDevice { cq, shared })
+        Ok(StoreDevice { cqs, shared })
     }
 
     fn remove(&self, dev: &Device, data: Arc<StoreDevice>) {
@@ -431,7 +462,15 @@ impl StoreCm {
         let device = service.devices.device_data(&dev).ok_or(ENODEV)?;
         let shared = &device.shared;
         let caps = conn_caps(&dev);
-        let qp = id.create_qp_on_srq(&shared.pd, &device.cq, &device.cq, &shared.srq, caps)?;
+        let (index, cq) = device.cq_for_a_connection()?;
+        let qp = id.create_qp_on_srq(&shared.pd, cq, cq, &shared.srq, caps)?;
+        pr_info!(
+            "{}: connection of QP {} on CQ {} of {}\n",
+            BStr::from_bytes(dev.name().as_bytes()),
+            qp.qp_num(),
+            index,
+            device.cqs.len()
+        );
         shared
             .conns
             .lock()

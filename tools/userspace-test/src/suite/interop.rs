@@ -318,18 +318,71 @@ pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
 /// GET past the store's end refused with EINVAL.
 pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
     const SIZE: u32 = 4 << 20;
+    const CONNS: usize = 4;
     let port = ctx.port();
     let size = format!("size={SIZE}");
+    let dev = format!("{}0", ctx.transport.name());
     crate::sample_module::with_loaded("rdma_cm_rs_store", port, &[&size], || {
         let addr = SocketAddr::new(ctx.local4, port);
         let call = Call::start(
             &ctx.agent,
-            &format!("store addr={addr} conns=4 rounds=12 size={SIZE}"),
+            &format!("store addr={addr} conns={CONNS} rounds=12 size={SIZE}"),
         )?;
         let r = call.result().context("the store client")?;
         note(&format!("store client against the sample: {r:?}"));
+        // The connections spread over the sample's CQs, one per completion
+        // vector of the device: as many used as there are, up to CONNS.
+        let (cqs, used) = store_cqs_used(&dev, port)?;
+        ensure!(
+            used.len() == cqs.min(CONNS),
+            "{dev}: {CONNS} connections used CQs {used:?} of the sample's {cqs}"
+        );
+        note(&format!(
+            "{dev}: {CONNS} connections on CQs {used:?} of the sample's {cqs}"
+        ));
         Ok(())
     })
+}
+
+/// What the storage sample loaded for `port` (its lines of the kernel log
+/// from its "listening" line on; loads are one at a time) says of `dev`:
+/// how many CQs it made there, and which of them its connections used.
+fn store_cqs_used(dev: &str, port: u16) -> Result<(usize, std::collections::BTreeSet<usize>)> {
+    let out = std::process::Command::new("dmesg")
+        .output()
+        .context("dmesg")?;
+    let log = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = log.lines().collect();
+    let listening = "rdma_cm_rs_store: store of ";
+    let marker = format!(" listening on 0.0.0.0:{port}");
+    let start = lines
+        .iter()
+        .rposition(|l| l.contains(listening) && l.ends_with(&marker))
+        .context("the sample's listening line")?;
+    let added = format!("rdma_cm_rs_store: {dev}: added: ");
+    let cqs = lines[..start]
+        .iter()
+        .rev()
+        .find_map(|l| {
+            let rest = &l[l.find(&added)? + added.len()..];
+            let count = rest.split(" and ").nth(1)?.split(' ').next()?;
+            count.parse::<usize>().ok()
+        })
+        .context("the sample's added line")?;
+    let conn = format!("rdma_cm_rs_store: {dev}: connection of QP ");
+    let used = lines[start..]
+        .iter()
+        .filter_map(|l| {
+            let rest = &l[l.find(&conn)? + conn.len()..];
+            rest.split(" on CQ ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    Ok((cqs, used))
 }
 
 /// Whether a line of the kernel log satisfies `want` within 5 s.
