@@ -144,6 +144,26 @@ fn param() -> cm::Param {
     cm::Param::with_data(&[])
 }
 
+/// A counterpart's one connection: listens on `addr`, says it is ready,
+/// makes the connection of the request with `conn_of` (which adds its
+/// regions before the accept), accepts and waits for ESTABLISHED.  The
+/// listener comes back with the connection and what `conn_of` made: the
+/// caller holds it while it serves.
+fn accept_one<'ch, R>(
+    ctx: &Ctx,
+    ch: &'ch Channel,
+    addr: &SocketAddr,
+    conn_of: impl FnOnce(cm::ConnRequest<'ch>) -> Result<(Conn<'ch>, R)>,
+) -> Result<(cm::Id<'ch>, Conn<'ch>, R)> {
+    let listener = ctx.check(cm::listen(ch, addr, 4))?;
+    ctx.ready();
+    let mut ev = ch.expect(EventType::ConnectRequest, T)?;
+    let (conn, made) = conn_of(ev.take_request()?)?;
+    conn.accept(&param())?;
+    ch.expect(EventType::Established, T)?;
+    Ok((listener, conn, made))
+}
+
 /// The counterpart listener's backlog: the most ucma takes
 /// (`net.rdma_ucm.max_backlog`, 1024), so that a burst of a thousand
 /// requests is not refused while it accepts the ones before.
@@ -227,16 +247,14 @@ pub fn data_server(addr: SocketAddr, region: usize) -> Result<Peer> {
         move |ctx| {
             cm::set_busy_poll(true);
             let ch = ctx.check(Channel::new())?;
-            let _listener = ctx.check(cm::listen(&ch, &addr, 4))?;
-            ctx.ready();
-            let mut ev = ch.expect(EventType::ConnectRequest, T)?;
-            // Receives for a whole window of the sender and more: a
-            // receiver out of receives answers with an RNR NAK, and the
-            // sender waits the CM's RNR timer (655 ms) before it retries.
-            let mut conn = Conn::with_recv_depth(ev.take_request()?, 4 * cm::SEND_WINDOW)?;
-            let r = conn.add_region(&vec![0u8; region], true, true)?;
-            conn.accept(&param())?;
-            ch.expect(EventType::Established, T)?;
+            let (_listener, mut conn, r) = accept_one(&ctx, &ch, &addr, |request| {
+                // Receives for a whole window of the sender and more: a
+                // receiver out of receives answers with an RNR NAK, and the
+                // sender waits the CM's RNR timer (655 ms) before it retries.
+                let mut conn = Conn::with_recv_depth(request, 4 * cm::SEND_WINDOW)?;
+                let r = conn.add_region(&vec![0u8; region], true, true)?;
+                Ok((conn, r))
+            })?;
             let (raddr, rkey, len) = conn.region_key(r);
             let mut adv = Vec::with_capacity(16);
             adv.extend_from_slice(&raddr.to_le_bytes());
@@ -275,13 +293,11 @@ pub fn store_server(addr: SocketAddr, size: usize) -> Result<Peer> {
         move |ctx| {
             cm::set_busy_poll(true);
             let ch = ctx.check(Channel::new())?;
-            let _listener = ctx.check(cm::listen(&ch, &addr, 4))?;
-            ctx.ready();
-            let mut ev = ch.expect(EventType::ConnectRequest, T)?;
-            let mut conn = Conn::new(ev.take_request()?)?;
-            let store = conn.add_region(&vec![0u8; size], false, false)?;
-            conn.accept(&param())?;
-            ch.expect(EventType::Established, T)?;
+            let (_listener, mut conn, store) = accept_one(&ctx, &ch, &addr, |request| {
+                let mut conn = Conn::new(request)?;
+                let store = conn.add_region(&vec![0u8; size], false, false)?;
+                Ok((conn, store))
+            })?;
             let mut served = 0usize;
             let start = std::time::Instant::now();
             loop {
