@@ -435,6 +435,8 @@ fn conn_caps(dev: &Device) -> QpCaps {
         max_recv_wr: 0,
         max_inline_data: 0,
         max_send_sge: dev.caps().max_send_sge.min(16),
+        // Its receives come from the device's SRQ.
+        max_recv_sge: 0,
         max_rdma_ctxs: QUEUE_DEPTH,
     }
 }

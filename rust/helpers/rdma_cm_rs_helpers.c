@@ -426,6 +426,24 @@ void rdma_cm_rs_dma_unmap_sg(struct ib_device *dev, struct scatterlist *sgl,
 }
 
 /*
+ * The first @mapped DMA segments of a scatterlist ib_dma_map_sg() mapped
+ * (@mapped is what it returned) as SGEs of @lkey, into @out (room for
+ * @mapped entries).
+ */
+void rdma_cm_rs_sg_dma_sges(struct scatterlist *sgl, int mapped, u32 lkey,
+			    struct ib_sge *out)
+{
+	struct scatterlist *sg;
+	int i;
+
+	for_each_sg(sgl, sg, mapped, i) {
+		out[i].addr = sg_dma_address(sg);
+		out[i].length = sg_dma_len(sg);
+		out[i].lkey = lkey;
+	}
+}
+
+/*
  * Syncs @len bytes at @offset of a bidirectionally mapped scatterlist of
  * @mapped DMA segments, for the CPU or for the device: only the segments
  * (and the parts of them) the range covers.

@@ -67,6 +67,8 @@ int rdma_cm_rs_dma_map_sg(struct ib_device *dev, struct scatterlist *sgl,
 			  unsigned int nents);
 void rdma_cm_rs_dma_unmap_sg(struct ib_device *dev, struct scatterlist *sgl,
 			     unsigned int nents);
+void rdma_cm_rs_sg_dma_sges(struct scatterlist *sgl, int mapped, u32 lkey,
+			    struct ib_sge *out);
 void rdma_cm_rs_sync_sg_range(struct ib_device *dev, struct scatterlist *sgl,
 			      unsigned int mapped, size_t offset, size_t len,
 			      bool for_cpu);

@@ -121,6 +121,13 @@ impl SgBuffer {
         self.len
     }
 
+    /// The entries of the buffer's scatterlist: one for each run of
+    /// physically adjacent pages.  A send or receive with the buffer
+    /// attached takes one gather or scatter entry for each.
+    pub fn entries(&self) -> u32 {
+        self.sgl().1
+    }
+
     /// Never: a buffer has at least one byte.
     pub fn is_empty(&self) -> bool {
         false

@@ -1906,13 +1906,31 @@ mod sync_tests {
         send_log: AtomicU64,
         /// `work_ok` when the last send was given back.
         work_ok_at_send: AtomicU32,
+        /// Sends and receives given back with their pages attached.
+        send_pages_back: AtomicU32,
+        recv_pages_back: AtomicU32,
     }
 
     /// FNV-1a of `bytes`: enough to tell a message from a damaged one.
     fn digest(bytes: &[u8]) -> u32 {
-        bytes.iter().fold(0x811c_9dc5u32, |h, &b| {
-            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-        })
+        digest_on(0x811c_9dc5, bytes)
+    }
+
+    /// [`digest`] of bytes that follow those whose digest is `h`.
+    fn digest_on(h: u32, bytes: &[u8]) -> u32 {
+        bytes
+            .iter()
+            .fold(h, |h, &b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+    }
+
+    /// The digest of the first `len` bytes of `pages`, following `h`.
+    fn digest_pages(h: u32, pages: &SgBuffer, len: usize) -> Result<u32> {
+        let mut bytes = KVec::new();
+        bytes.resize(len, 0, GFP_KERNEL)?;
+        if len > 0 {
+            pages.read(0, &mut bytes)?;
+        }
+        Ok(digest_on(h, &bytes))
     }
 
     struct Recording(Arc<QpSeen>);
@@ -1925,11 +1943,16 @@ mod sync_tests {
             if result.is_ok() {
                 let rkey = buf.invalidated_rkey().unwrap_or(0);
                 self.0.invalidated_rkey.store(rkey, Ordering::Release);
-                let len = buf.data().len() as u32;
+                // A message is the buffer's bytes, then what went into its
+                // pages.
+                let len = (buf.data().len() + buf.paged_len()) as u32;
                 self.0.last_len.store(len, Ordering::Release);
-                self.0
-                    .last_digest
-                    .store(digest(buf.data()), Ordering::Release);
+                let mut h = digest(buf.data());
+                if let Some(pages) = buf.pages() {
+                    h = digest_pages(h, pages, buf.paged_len()).unwrap_or(0);
+                    self.0.recv_pages_back.fetch_add(1, Ordering::AcqRel);
+                }
+                self.0.last_digest.store(h, Ordering::Release);
                 let qp_num = buf.qp_num().unwrap_or(0);
                 self.0.last_qp_num.store(qp_num, Ordering::Release);
                 self.0.received.fetch_add(1, Ordering::AcqRel);
@@ -1948,6 +1971,9 @@ mod sync_tests {
             }
             let work_ok = self.0.work_ok.load(Ordering::Acquire);
             self.0.work_ok_at_send.store(work_ok, Ordering::Release);
+            if buf.pages().is_some() {
+                self.0.send_pages_back.fetch_add(1, Ordering::AcqRel);
+            }
             self.0.sends_back.fetch_add(1, Ordering::AcqRel);
         }
         fn work_done(&self, _done: WorkDone, result: Result) {
@@ -1992,19 +2018,34 @@ mod sync_tests {
     /// A QP with a [`Recording`] handler on a CQ polled from `poll`, and
     /// four receives posted (which it does not post again).
     fn recording_qp(id: &CmId<Node>, seen: &Arc<QpSeen>, poll: PollContext) -> Result<RecordingQp> {
+        recording_qp_with(id, seen, poll, RECORDING_CAPS, RECORDING_CAPS.max_recv_wr)
+    }
+
+    /// The queues of a [`recording_qp`].
+    const RECORDING_CAPS: QpCaps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_inline_data: INLINE as u32,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_rdma_ctxs: 2,
+    };
+
+    /// [`recording_qp`] with `caps`, and `recvs` receives of 64 bytes
+    /// posted.
+    fn recording_qp_with(
+        id: &CmId<Node>,
+        seen: &Arc<QpSeen>,
+        poll: PollContext,
+        caps: QpCaps,
+        recvs: u32,
+    ) -> Result<RecordingQp> {
         id.with_lock(|l| {
             let dev = l.device()?;
             let pd = Pd::alloc(&dev)?;
-            let caps = QpCaps {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_inline_data: INLINE as u32,
-                max_send_sge: 4,
-                max_rdma_ctxs: 2,
-            };
             let cq = Cq::alloc_with(&dev, caps.cq_entries()?, 0, poll, Recording(seen.clone()))?;
             let qp = l.create_qp(&pd, &cq, caps)?;
-            for _ in 0..caps.max_recv_wr {
+            for _ in 0..recvs {
                 qp.post_recv(RecvBuffer::new(&pd, 64)?)
                     .map_err(|(e, _)| e)?;
             }
@@ -2808,6 +2849,128 @@ mod sync_tests {
     #[test]
     fn registration_chained_on_iwarp() {
         chained_registration(SIW_IP, 7207);
+    }
+
+    /// Sends gather the buffer's bytes and attached pages, receives
+    /// scatter into the buffer and then its pages (rxe).
+    #[test]
+    fn pages_gathered_and_scattered() {
+        gather_and_scatter(RXE_IP, 7209);
+    }
+
+    /// [`pages_gathered_and_scattered`] on siw.
+    #[test]
+    fn pages_gathered_and_scattered_on_iwarp() {
+        gather_and_scatter(SIW_IP, 7210);
+    }
+
+    /// `len` bytes of a pattern that differs from offset to offset and
+    /// from `seed` to `seed`.
+    fn pattern(len: usize, seed: u8) -> KVec<u8> {
+        let mut bytes = KVec::new();
+        for i in 0..len {
+            let _ = bytes.push((i * 7) as u8 ^ (i >> 8) as u8 ^ seed, GFP_KERNEL);
+        }
+        bytes
+    }
+
+    /// The client sends a 16-byte header from its buffer and 2 pages and
+    /// 100 bytes from attached pages into the server's receive of 16 bytes
+    /// and 3 pages; the server answers with attached pages alone (40
+    /// bytes, no bytes of the buffer's own) into the client's plain
+    /// receive.  Every byte arrives in order, and each buffer comes back
+    /// with its pages.  Refused before the post, the pages still attached:
+    /// more entries than the QP's `max_send_sge` (the server's is 1)
+    /// (`EMSGSIZE`), pages on an inline send (`EINVAL`), a receive with
+    /// pages on an SRQ (`EMSGSIZE`).
+    fn gather_and_scatter(ip: [u8; 4], port: u16) {
+        const HEAD: usize = 16;
+        const PAGED: usize = 2 * 4096 + 100;
+        const ANSWER: usize = 40;
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening_at(&ns, ip, port) else {
+            return;
+        };
+        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let s_seen = server_seen.clone();
+        let server_caps = QpCaps {
+            max_send_sge: 1,
+            ..RECORDING_CAPS
+        };
+        let (client, (client_qp, _client_cq), client_seen, server, server_qp) =
+            connect_client(&world, &ns, &addr, PollContext::Workqueue, move |server| {
+                recording_qp_with(server, &s_seen, PollContext::Workqueue, server_caps, 0)
+                    .map(|(qp, _)| qp)
+            });
+        let (c_pd, s_pd) = (client_qp.pd().clone(), server_qp.pd().clone());
+        let header = pattern(HEAD, 1);
+        let paged = pattern(PAGED, 2);
+        let answer = pattern(ANSWER, 3);
+
+        // The server's receive: 16 bytes, then 3 pages.
+        let mut recv = RecvBuffer::new(&s_pd, HEAD).unwrap();
+        assert!(recv
+            .attach_pages(SgBuffer::new(3 * 4096).unwrap())
+            .is_none());
+        let recv_posted = server_qp.post_recv(recv).is_ok();
+        // The client's send: the header, then 2 pages and 100 bytes.
+        let mut send = SendBuffer::new(&c_pd, HEAD).unwrap();
+        send.fill(&header).unwrap();
+        let mut pages = SgBuffer::new(PAGED).unwrap();
+        pages.write(0, &paged).unwrap();
+        send.attach_pages(pages);
+        let sent = client_qp.post_send(send).is_ok();
+        let arrived = wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);
+        let (s_len, s_digest) = (
+            server_seen.last_len.load(Ordering::Acquire),
+            server_seen.last_digest.load(Ordering::Acquire),
+        );
+        let send_back = wait_until(|| client_seen.send_pages_back.load(Ordering::Acquire) == 1);
+
+        // Refusals on the server's QP: a header and pages are two entries,
+        // over its one.
+        let mut too_many = SendBuffer::new(&s_pd, 8).unwrap();
+        too_many.fill(b"header").unwrap();
+        too_many.attach_pages(SgBuffer::new(ANSWER).unwrap());
+        let over_sge = server_qp.post_send(too_many).err();
+        let over_sge = over_sge.map(|(e, buf)| (e, buf.pages().is_some()));
+        let mut inline = SendBuffer::new(&s_pd, 8).unwrap();
+        inline.set_inline(true);
+        inline.attach_pages(SgBuffer::new(ANSWER).unwrap());
+        let inline = server_qp.post_send(inline).err();
+        let inline = inline.map(|(e, buf)| (e, buf.pages().is_some()));
+        let srq = Srq::<Recording>::new(&s_pd, 4).unwrap();
+        let mut on_srq = RecvBuffer::new(&s_pd, 8).unwrap();
+        on_srq.attach_pages(SgBuffer::new(ANSWER).unwrap());
+        let on_srq = srq.post_recv(on_srq).err();
+        let on_srq = on_srq.map(|(e, buf)| (e, buf.pages().is_some()));
+        drop(srq);
+
+        // The answer: pages alone, one entry.
+        let mut reply = SendBuffer::new(&s_pd, 8).unwrap();
+        let mut pages = SgBuffer::new(ANSWER).unwrap();
+        pages.write(0, &answer).unwrap();
+        reply.attach_pages(pages);
+        let answered = server_qp.post_send(reply).is_ok();
+        let answer_arrived = wait_until(|| client_seen.received.load(Ordering::Acquire) == 1);
+        let (c_len, c_digest) = (
+            client_seen.last_len.load(Ordering::Acquire),
+            client_seen.last_digest.load(Ordering::Acquire),
+        );
+        let answer_back = wait_until(|| server_seen.send_pages_back.load(Ordering::Acquire) == 1);
+        let recv_back = server_seen.recv_pages_back.load(Ordering::Acquire);
+        drop((client_qp, client, server_qp, server, listener, world));
+
+        assert!(recv_posted && sent && arrived && send_back);
+        assert_eq!(s_len as usize, HEAD + PAGED);
+        assert_eq!(s_digest, digest_on(digest(&header), &paged));
+        assert_eq!(recv_back, 1);
+        assert_eq!(over_sge, Some((EMSGSIZE, true)));
+        assert_eq!(inline, Some((EINVAL, true)));
+        assert_eq!(on_srq, Some((EMSGSIZE, true)));
+        assert!(answered && answer_arrived && answer_back);
+        assert_eq!(c_len as usize, ANSWER);
+        assert_eq!(c_digest, digest(&answer));
     }
 
     /// What a SEND advertising `region` carries: address, key, length.

@@ -189,7 +189,8 @@ pub struct RwDone {
 /// destroyed from a workqueue: its QP's shutdown could otherwise wait for
 /// this very context.
 pub trait CompletionHandler: Send + Sync + 'static {
-    /// A receive completed: `Ok(len)` bytes arrived, or the error (ECANCELED
+    /// A receive completed: `Ok(len)` bytes arrived (into the buffer, and
+    /// past its capacity into its attached pages), or the error (ECANCELED
     /// when the QP was flushed).
     fn recv_done(&self, buf: RecvBuffer, result: Result<usize>);
     /// A send completed.
@@ -638,7 +639,11 @@ impl<C: CompletionHandler> Drop for Cq<C> {
 /// # Invariants
 ///
 /// `data` is DMA-mapped at `dma` for `dev` in `direction` while the object
-/// lives; `cqe` is the completion entry the QP reports it with.
+/// lives; `cqe` is the completion entry the QP reports it with.  `pages`
+/// are the consumer's and reachable by no device; `mapped` pages are the
+/// device's, and exist only while the buffer is posted (a buffer comes
+/// back to the consumer through [`Buffer::handed_back`], which unmaps
+/// them).
 #[repr(C)]
 struct Buffer {
     cqe: bindings::ib_cqe,
@@ -671,6 +676,13 @@ struct Buffer {
     offset: usize,
     len: usize,
     data: KVec<u8>,
+    /// Pages attached by the consumer: sent after `data`'s bytes, or
+    /// received into once `data` is full.
+    pages: Option<SgBuffer>,
+    /// Receives: the bytes the last completion put into `pages`.
+    paged_len: usize,
+    /// `pages` while the request is posted, with its gather list.
+    mapped: Option<MappedPages>,
 }
 
 // SAFETY: The device is only passed to the DMA API, which may be called
@@ -724,9 +736,54 @@ impl Buffer {
                 offset: 0,
                 len: 0,
                 data,
+                pages: None,
+                paged_len: 0,
+                mapped: None,
             },
             GFP_KERNEL,
         )?)
+    }
+
+    /// Maps the attached pages, if any, for a request of at most `max_sge`
+    /// entries whose first `head_len` bytes are the buffer's own (none for
+    /// 0): `EMSGSIZE` for more entries, the pages left attached on any
+    /// failure.
+    fn map_pages(&mut self, head_len: usize, max_sge: u32) -> Result {
+        let Some(pages) = self.pages.take() else {
+            return Ok(());
+        };
+        let head = (head_len > 0).then(|| self.sge(head_len));
+        match MappedPages::map(pages, &self.pd, head, max_sge) {
+            Ok(mapped) => {
+                self.mapped = Some(mapped);
+                Ok(())
+            }
+            Err((e, pages)) => {
+                self.pages = Some(pages);
+                Err(e)
+            }
+        }
+    }
+
+    /// Ends the device's access to the pages of a request that completed
+    /// or was never posted: unmapped, they are the consumer's again.
+    fn handed_back(mut self: KBox<Self>) -> KBox<Self> {
+        if let Some(mapped) = self.mapped.take() {
+            self.pages = Some(mapped.unmap());
+        }
+        self
+    }
+
+    /// Points `wr`'s gather or scatter list at the request's entries:
+    /// `single` (the buffer's own bytes, filled by the caller and living
+    /// across the post), or with pages mapped, their list, which lives in
+    /// the buffer until the completion.
+    fn sg_list(&self, single: &mut bindings::ib_sge) -> (*mut bindings::ib_sge, i32) {
+        match &self.mapped {
+            // Drivers only read the list (`ib_sge *` for C's sake).
+            Some(mapped) => (mapped.sges.as_ptr().cast_mut(), mapped.sges.len() as i32),
+            None => (single, 1),
+        }
     }
 
     fn dev(&self) -> &Device {
@@ -757,12 +814,12 @@ impl Buffer {
     /// `sge` must live across the post.
     fn fill_send_wr(&self, wr: &mut bindings::ib_send_wr, sge: &mut bindings::ib_sge) {
         *sge = self.sge(self.len);
+        // Never together with pages (`Qp::check_send`).
         if self.inline {
             sge.addr = self.data.as_ptr() as u64;
             wr.send_flags |= bindings::ib_send_flags_IB_SEND_INLINE;
         }
-        wr.sg_list = sge;
-        wr.num_sge = 1;
+        (wr.sg_list, wr.num_sge) = self.sg_list(sge);
         wr.opcode = match (self.imm, self.invalidate) {
             (Some(imm), _) => {
                 wr.ex.imm_data = imm.to_be();
@@ -837,6 +894,106 @@ impl Drop for Buffer {
     }
 }
 
+/// Pages attached to a posted send or receive: mapped for the device, and
+/// the request's list of entries (the buffer's own bytes first, if any,
+/// then the pages' DMA segments).
+///
+/// # Invariants
+///
+/// `pages`' scatterlist is mapped (`ib_dma_map_sg`, both directions) for
+/// `pd`'s device until the object is dropped or [`Self::unmap`]ped; each
+/// entry of `sges` after the buffer's own is one of its DMA segments, of
+/// `pd`'s local DMA key.
+struct MappedPages {
+    pages: SgBuffer,
+    pd: Arc<Pd>,
+    sges: KVec<bindings::ib_sge>,
+}
+
+impl MappedPages {
+    /// Maps `pages` for `pd`'s device behind `head`, for a request of at
+    /// most `max_sge` entries (`EMSGSIZE` for more, counted before
+    /// mapping: as many as the scatterlist has).  On failure the pages
+    /// come back unmapped.
+    fn map(
+        pages: SgBuffer,
+        pd: &Arc<Pd>,
+        head: Option<bindings::ib_sge>,
+        max_sge: u32,
+    ) -> core::result::Result<Self, (Error, SgBuffer)> {
+        let (sgl, nents) = pages.sgl();
+        let wanted = nents as usize + usize::from(head.is_some());
+        if wanted > max_sge as usize {
+            return Err((EMSGSIZE, pages));
+        }
+        let mut sges = match KVec::with_capacity(wanted, GFP_KERNEL) {
+            Ok(sges) => sges,
+            Err(e) => return Err((e.into(), pages)),
+        };
+        if let Some(head) = head {
+            // Cannot fail: the capacity is there.
+            let _ = sges.push(head, GFP_KERNEL);
+        }
+        let dev = pd.device().as_ptr();
+        // SAFETY: `sgl` is the live scatterlist of `nents` entries of pages
+        // the buffer owns, mapped by nothing (the consumer gave it); `dev`
+        // is live (held by `pd`).  `ib_dma_map_sg` may be called in any
+        // context.
+        let mapped = unsafe { bindings::rdma_cm_rs_dma_map_sg(dev, sgl, nents) };
+        if mapped <= 0 {
+            return Err((ENOMEM, pages));
+        }
+        let first = sges.len();
+        // `ib_dma_map_sg` merges entries, never adds any.
+        let mapped = mapped.min(nents as i32);
+        // SAFETY: `sgl`'s first `mapped` entries are DMA segments just
+        // mapped; `sges` has room for `mapped` more entries after
+        // `first`, which the call writes, and which then hold valid values.
+        unsafe {
+            bindings::rdma_cm_rs_sg_dma_sges(
+                sgl,
+                mapped,
+                pd.local_dma_lkey(),
+                sges.as_mut_ptr().add(first),
+            );
+            sges.inc_len(mapped as usize);
+        }
+        // INVARIANT: Mapped just above, the segments listed after the head.
+        Ok(Self {
+            pages,
+            pd: pd.clone(),
+            sges,
+        })
+    }
+
+    fn unmap_dma(&self) {
+        let (sgl, nents) = self.pages.sgl();
+        // SAFETY: Mapped for this device with these entries (type
+        // invariants); called once, by `unmap` or the drop.
+        unsafe { bindings::rdma_cm_rs_dma_unmap_sg(self.pd.device().as_ptr(), sgl, nents) };
+    }
+
+    /// Unmaps the pages, which are then the CPU's again (the unmapping
+    /// syncs what the device wrote for it).
+    fn unmap(self) -> SgBuffer {
+        self.unmap_dma();
+        let this = core::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again: each field is
+        // moved out once, here.
+        unsafe {
+            drop(ptr::read(&this.pd));
+            drop(ptr::read(&this.sges));
+            ptr::read(&this.pages)
+        }
+    }
+}
+
+impl Drop for MappedPages {
+    fn drop(&mut self) {
+        self.unmap_dma();
+    }
+}
+
 /// A receive buffer: DMA-mapped, owned by the consumer while not posted.
 pub struct RecvBuffer(KBox<Buffer>);
 
@@ -848,6 +1005,44 @@ impl RecvBuffer {
             capacity,
             bindings::dma_data_direction::DMA_FROM_DEVICE,
         )?))
+    }
+
+    /// The buffer of a request that completed or was never posted.
+    fn back(inner: KBox<Buffer>) -> Self {
+        Self(inner.handed_back())
+    }
+
+    /// Attaches `pages` to receive into once the buffer's own bytes are
+    /// full (a scatter list: the buffer's capacity first, then the
+    /// pages), returning the pages attached before.  A receive with pages
+    /// takes one scatter entry for the buffer and one for each entry of
+    /// the pages' scatterlist ([`SgBuffer::entries`]), within the QP's
+    /// [`QpCaps::max_recv_sge`] (`EMSGSIZE` from the post otherwise); RC
+    /// QPs only (`EOPNOTSUPP` from a UD QP's post, `EMSGSIZE` from an
+    /// [`Srq`]'s, whose receives take one entry).  The pages are mapped for
+    /// the device from the post to the completion, which hands them back
+    /// attached, with what arrived in them ([`Self::paged_len`]).
+    pub fn attach_pages(&mut self, pages: SgBuffer) -> Option<SgBuffer> {
+        self.0.paged_len = 0;
+        self.0.pages.replace(pages)
+    }
+
+    /// Takes the attached pages off (a receive then fills only the
+    /// buffer).
+    pub fn detach_pages(&mut self) -> Option<SgBuffer> {
+        self.0.paged_len = 0;
+        self.0.pages.take()
+    }
+
+    /// The attached pages.
+    pub fn pages(&self) -> Option<&SgBuffer> {
+        self.0.pages.as_ref()
+    }
+
+    /// The bytes the last completion put into the attached pages, from
+    /// their start: the message's bytes past [`Self::capacity`].
+    pub fn paged_len(&self) -> usize {
+        self.0.paged_len
     }
 
     /// The bytes the last completion delivered (on a UD QP, the payload
@@ -901,6 +1096,42 @@ impl SendBuffer {
             capacity,
             bindings::dma_data_direction::DMA_TO_DEVICE,
         )?))
+    }
+
+    /// The buffer of a request that completed or was never posted.
+    fn back(inner: KBox<Buffer>) -> Self {
+        Self(inner.handed_back())
+    }
+
+    /// Attaches `pages`, whose bytes are sent after the buffer's own (a
+    /// gather list, as a ULP sends a header it built and data it did not
+    /// copy), returning the pages attached before.  The message is then
+    /// [`Self::data`] followed by all of the pages' [`SgBuffer::len`]
+    /// bytes.  A send with pages takes one gather entry for the buffer's
+    /// bytes (none if it has none) and one for each entry of the pages'
+    /// scatterlist ([`SgBuffer::entries`]), within the QP's
+    /// [`QpCaps::max_send_sge`] (`EMSGSIZE` from the post otherwise); not
+    /// inline (`EINVAL`), RC QPs only (`EOPNOTSUPP` from
+    /// [`Qp::post_send_ud`]).  The pages are mapped for the device from the
+    /// post to the completion, which hands them back attached.
+    pub fn attach_pages(&mut self, pages: SgBuffer) -> Option<SgBuffer> {
+        self.0.pages.replace(pages)
+    }
+
+    /// Takes the attached pages off (a send then carries only the
+    /// buffer's bytes).
+    pub fn detach_pages(&mut self) -> Option<SgBuffer> {
+        self.0.pages.take()
+    }
+
+    /// The attached pages.
+    pub fn pages(&self) -> Option<&SgBuffer> {
+        self.0.pages.as_ref()
+    }
+
+    /// The attached pages, to fill in before the buffer is posted.
+    pub fn pages_mut(&mut self) -> Option<&mut SgBuffer> {
+        self.0.pages.as_mut()
     }
 
     /// Replaces the contents; `EMSGSIZE` if `data` does not fit.
@@ -984,9 +1215,15 @@ pub struct QpCaps {
     /// Scatter/gather entries one RDMA request of the R/W API
     /// ([`Qp::rdma_rw`]) may gather from or scatter to, at most the
     /// device's `max_send_sge` (the create fails otherwise); 0 means 1.
-    /// More entries take fewer requests for a buffer of many pages.  The
-    /// layer's own sends carry one.
+    /// More entries take fewer requests for a buffer of many pages.  A
+    /// SEND takes one, or with pages attached
+    /// ([`SendBuffer::attach_pages`]) one more for each of their entries.
     pub max_send_sge: u32,
+    /// Scatter entries one receive may fill: one for the buffer, and one
+    /// for each entry of the pages attached to it
+    /// ([`RecvBuffer::attach_pages`]); at most the device's
+    /// `max_recv_sge` (the create fails otherwise); 0 means 1.
+    pub max_recv_sge: u32,
     /// Transfers of the R/W API in flight, in the core's contexts: the
     /// layer counts [`RW_SLOTS_PER_CTX`] send-queue slots for each (a
     /// registration, the RDMA request, an invalidation, as devices that
@@ -1632,6 +1869,9 @@ pub struct Qp<C: CompletionHandler> {
     send_room: u32,
     recv_room: u32,
     max_inline_data: u32,
+    /// The entries one send, and one receive, may have.
+    max_send_sge: u32,
+    max_recv_sge: u32,
     credits: Arc<WrCredits>,
     pd: Arc<Pd>,
     send_cq: Arc<Cq<C>>,
@@ -1688,7 +1928,7 @@ impl<C: CompletionHandler> Qp<C> {
             if qp_type != QpType::Rc {
                 return Err(EOPNOTSUPP);
             }
-            if !Arc::ptr_eq(&srq.pd, pd) || caps.max_recv_wr != 0 {
+            if !Arc::ptr_eq(&srq.pd, pd) || caps.max_recv_wr != 0 || caps.max_recv_sge > 1 {
                 return Err(EINVAL);
             }
         }
@@ -1735,7 +1975,7 @@ impl<C: CompletionHandler> Qp<C> {
             attr.srq = srq.as_ptr();
         } else {
             attr.cap.max_recv_wr = caps.max_recv_wr.checked_add(1).ok_or(EINVAL)?;
-            attr.cap.max_recv_sge = 1;
+            attr.cap.max_recv_sge = caps.max_recv_sge.max(1);
         }
         let credits = WrCredits::new(caps, false)?;
         send_cq.reserve(send_room)?;
@@ -1768,6 +2008,8 @@ impl<C: CompletionHandler> Qp<C> {
                 send_room,
                 recv_room,
                 max_inline_data: caps.max_inline_data,
+                max_send_sge: caps.max_send_sge.max(1),
+                max_recv_sge: caps.max_recv_sge.max(1),
                 credits,
                 pd: pd.clone(),
                 send_cq: send_cq.clone(),
@@ -1939,8 +2181,12 @@ impl<C: CompletionHandler> Qp<C> {
         Ok(())
     }
 
-    /// An inline send fits the QP's inline limit (`EMSGSIZE`).
+    /// An inline send fits the QP's inline limit (`EMSGSIZE`) and has no
+    /// pages, which the driver would not copy (`EINVAL`).
     fn check_inline(&self, buf: &SendBuffer) -> Result {
+        if buf.0.inline && buf.0.pages.is_some() {
+            return Err(EINVAL);
+        }
         if buf.0.inline && buf.0.len > self.max_inline_data as usize {
             return Err(EMSGSIZE);
         }
@@ -2130,10 +2376,14 @@ impl<C: CompletionHandler> Qp<C> {
         if on_ud && buf.0.data.len() <= GRH_SIZE {
             return Err((EINVAL, buf));
         }
+        // A datagram arrives whole into one buffer, behind its GRH.
+        if on_ud && buf.0.pages.is_some() {
+            return Err((EOPNOTSUPP, buf));
+        }
         // Tracked under the QP's lock, before the post (the completion may
         // run before it returns); a failure untracks it, still under the
         // lock: a shutdown never reclaims a receive that was not posted.
-        post_recv_buffer::<C>(buf, &self.credits, on_ud, |wr| {
+        post_recv_buffer::<C>(buf, &self.credits, on_ud, self.max_recv_sge, |wr| {
             let mut refused = ptr::null();
             // SAFETY: `raw` is live under the lock; the request and its SGE
             // live across the call; `refused` is writable for it.
@@ -2181,8 +2431,9 @@ impl<C: CompletionHandler> Qp<C> {
         if buf.0.len > self.max_datagram() {
             return Err((EMSGSIZE, buf));
         }
-        // A datagram invalidates nothing (SEND_WITH_INV is RC only).
-        if buf.0.invalidate.is_some() {
+        // A datagram invalidates nothing (SEND_WITH_INV is RC only), and
+        // is one buffer's bytes.
+        if buf.0.invalidate.is_some() || buf.0.pages.is_some() {
             return Err((EOPNOTSUPP, buf));
         }
         // Selective signaling is for RC: the shutdown's marker, which
@@ -2210,6 +2461,10 @@ impl<C: CompletionHandler> Qp<C> {
             Err(e) => return Err((e, buf)),
         };
         let mut inner = buf.0;
+        let head_len = inner.len;
+        if let Err(e) = inner.map_pages(head_len, self.max_send_sge) {
+            return Err((e, SendBuffer(inner)));
+        }
         let mut sge = bindings::ib_sge::default();
         let mut send_wr: bindings::ib_send_wr = pin_init::zeroed();
         inner.prepare_send(credit, send_done::<C>, &mut send_wr, &mut sge);
@@ -2264,7 +2519,7 @@ impl<C: CompletionHandler> Qp<C> {
             let mut inner = unsafe { KBox::from_raw(leaked) };
             inner.credit = None;
             inner.dest = None;
-            return Err((e, SendBuffer(inner)));
+            return Err((e, SendBuffer::back(inner)));
         }
         Ok(())
     }
@@ -2461,6 +2716,11 @@ impl<C: CompletionHandler> Qp<C> {
             }
         };
         let mut inner = send.0;
+        let head_len = inner.len;
+        if let Err(e) = inner.map_pages(head_len, self.max_send_sge) {
+            drop(reg);
+            return Err((e, Some(prepared), SendBuffer(inner)));
+        }
         let mut sge = bindings::ib_sge::default();
         let mut send_wr: bindings::ib_send_wr = pin_init::zeroed();
         inner.prepare_send(send_credit, send_done::<C>, &mut send_wr, &mut sge);
@@ -2470,7 +2730,7 @@ impl<C: CompletionHandler> Qp<C> {
         let Some(raw) = *guard else {
             drop((guard, reg));
             inner.credit = None;
-            return Err((ENOTCONN, Some(prepared), SendBuffer(inner)));
+            return Err((ENOTCONN, Some(prepared), SendBuffer::back(inner)));
         };
         let (work, inner) = (KBox::into_raw(work), KBox::into_raw(inner));
         // SAFETY: Both are live until their completion or the failure
@@ -2530,7 +2790,7 @@ impl<C: CompletionHandler> Qp<C> {
             drop(work);
             inner.credit = None;
             drop((guard, reg));
-            return Err((e, Some(prepared), SendBuffer(inner)));
+            return Err((e, Some(prepared), SendBuffer::back(inner)));
         }
         if only_send_refused {
             // The registration is the driver's (flushed now that the QP is
@@ -2543,7 +2803,7 @@ impl<C: CompletionHandler> Qp<C> {
             drop(guard);
             let _ = prepared.posted(&mut reg);
             drop(reg);
-            return Err((Error::from_errno(posted), None, SendBuffer(inner)));
+            return Err((Error::from_errno(posted), None, SendBuffer::back(inner)));
         }
         drop(guard);
         Ok(prepared.posted(&mut reg))
@@ -2722,6 +2982,16 @@ impl<C: CompletionHandler> Qp<C> {
         };
         let Ok(room) = KBox::<RwWork>::new_uninit(GFP_KERNEL) else {
             return Err((ENOMEM, buf, then));
+        };
+        let then = match then {
+            Some(mut send) => {
+                let head_len = send.0.len;
+                if let Err(e) = send.0.map_pages(head_len, self.max_send_sge) {
+                    return Err((e, buf, Some(send)));
+                }
+                Some(send)
+            }
+            None => None,
         };
         let mut cqe: bindings::ib_cqe = pin_init::zeroed();
         cqe.done = Some(rw_done::<C>);
@@ -3169,7 +3439,8 @@ impl<C: CompletionHandler> Srq<C> {
         if !Arc::ptr_eq(&self.pd, &buf.0.pd) {
             return Err((EINVAL, buf));
         }
-        post_recv_buffer::<C>(buf, &self.credits, false, |wr| {
+        // The SRQ's receives take one entry each (`rdma_cm_rs_create_srq`).
+        post_recv_buffer::<C>(buf, &self.credits, false, 1, |wr| {
             let (srq, mut refused) = (self.as_ptr(), ptr::null());
             // SAFETY: Live SRQ (type invariants); the request and its SGE
             // live across the call; drivers serialise concurrent posts;
@@ -3323,7 +3594,8 @@ unsafe extern "C" fn qp_event_callback<C: CompletionHandler>(
     qp.send_cq.handler().qp_event(qp.qp_num(), event);
 }
 
-/// Posts `buf` as a receive of its full capacity, counted and tracked by
+/// Posts `buf` as a receive of its full capacity and its pages (at most
+/// `max_sge` entries, `EMSGSIZE` otherwise), counted and tracked by
 /// `credits` (`ENOSPC` when they are all taken), with `post`, which hands
 /// the request to the driver and fails only if the driver did not take it;
 /// the buffer's completion runs [`recv_done`] on the CQ of `C` it
@@ -3332,6 +3604,7 @@ fn post_recv_buffer<C: CompletionHandler>(
     buf: RecvBuffer,
     credits: &Arc<WrCredits>,
     on_ud: bool,
+    max_sge: u32,
     post: impl FnOnce(&bindings::ib_recv_wr) -> Result,
 ) -> core::result::Result<(), (Error, RecvBuffer)> {
     let credit = match credits.take(WrQueue::Recv) {
@@ -3339,13 +3612,18 @@ fn post_recv_buffer<C: CompletionHandler>(
         Err(e) => return Err((e, buf)),
     };
     let mut inner = buf.0;
+    let capacity = inner.data.len();
+    if let Err(e) = inner.map_pages(capacity, max_sge) {
+        return Err((e, RecvBuffer(inner)));
+    }
     inner.credit = Some(credit);
     inner.on_ud = on_ud;
     // The CPU may have read the buffer since its last use: give it back to
     // the device before the device writes it.
     inner.sync_for_device(inner.data.len());
     inner.cqe.done = Some(recv_done::<C>);
-    let mut sge = inner.sge(inner.data.len());
+    let mut sge = inner.sge(capacity);
+    let (sg_list, num_sge) = inner.sg_list(&mut sge);
     let leaked = KBox::into_raw(inner);
     // SAFETY: `leaked` is live until its completion or the failure below.
     let cqe = unsafe { &raw mut (*leaked).cqe };
@@ -3358,14 +3636,14 @@ fn post_recv_buffer<C: CompletionHandler>(
     }
     let mut wr: bindings::ib_recv_wr = pin_init::zeroed();
     wr.__bindgen_anon_1.wr_cqe = cqe;
-    wr.sg_list = &mut sge;
-    wr.num_sge = 1;
+    wr.sg_list = sg_list;
+    wr.num_sge = num_sge;
     // The buffer stays allocated and mapped until its completion recovers it.
     if let Err(e) = post(&wr) {
         // SAFETY: The driver refused it: nothing else owns the buffer.
         let mut inner = unsafe { KBox::from_raw(leaked) };
         inner.credit = None;
-        return Err((e, RecvBuffer(inner)));
+        return Err((e, RecvBuffer::back(inner)));
     }
     Ok(())
 }
@@ -3433,7 +3711,7 @@ impl RwWork {
     /// held them), for a post that did not happen.
     fn refused(self: KBox<Self>, error: Error) -> (Error, SgBuffer, Option<SendBuffer>) {
         let work = KBox::into_inner(self);
-        (error, work.done.buf, work.then_send.map(SendBuffer))
+        (error, work.done.buf, work.then_send.map(SendBuffer::back))
     }
 }
 
@@ -3497,7 +3775,7 @@ fn hand_back_rw<C: CompletionHandler>(handler: &C, mut work: KBox<RwWork>, resul
     } = KBox::into_inner(work);
     handler.rw_done(done, result);
     if let Some(send) = then_send {
-        handler.send_done(SendBuffer(send), result);
+        handler.send_done(SendBuffer::back(send), result);
     }
 }
 
@@ -3538,9 +3816,16 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
     buf.invalidate = None;
     buf.datagram = None;
     buf.qp_num = None;
+    buf.paged_len = 0;
     let result = wc_result(wc).and_then(|()| {
         let total = (wc.byte_len as usize).min(buf.data.len());
         buf.sync_for_cpu(total);
+        // Past the buffer, the pages (unmapped, and so synced for the CPU,
+        // when the buffer is handed back).
+        if let Some(mapped) = &buf.mapped {
+            let paged = wc.byte_len as usize - total;
+            buf.paged_len = paged.min(mapped.pages.len());
+        }
         if wc.wc_flags & bindings::ib_wc_flags_IB_WC_WITH_IMM as i32 != 0 {
             // SAFETY: With IB_WC_WITH_IMM the device set `imm_data`.
             buf.imm = Some(u32::from_be(unsafe { wc.ex.imm_data }));
@@ -3565,13 +3850,13 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
         } else {
             buf.len = total;
         }
-        Ok(buf.len)
+        Ok(buf.len + buf.paged_len)
     });
     if let Some(credit) = credit {
         // On success the peer has spoken: held sends may go.
         buf.qp_num = credit.credits.received_on(wc.qp, result.is_ok());
     }
-    handler.recv_done(RecvBuffer(buf), result);
+    handler.recv_done(RecvBuffer::back(buf), result);
 }
 
 /// # Safety
@@ -3600,7 +3885,7 @@ unsafe extern "C" fn send_done<C: CompletionHandler>(
 fn send_completed<C: CompletionHandler>(handler: &C, mut buf: KBox<Buffer>, result: Result) {
     buf.credit = None;
     buf.dest = None;
-    handler.send_done(SendBuffer(buf), result);
+    handler.send_done(SendBuffer::back(buf), result);
 }
 
 /// The marker a shutdown posts after unsignaled sends: its completion, which
