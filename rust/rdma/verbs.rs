@@ -45,6 +45,9 @@
 //!   complete on.  Its buffers are its own until a completion hands one to
 //!   the handler of the QP that took it; those left at its destruction
 //!   are freed then.
+//! * Pages attached to a send or a receive ([`SendBuffer::attach_pages`])
+//!   go with their buffer: mapped for the device from the post to the
+//!   completion, and handed back unmapped and attached with it.
 //! * A transfer of the R/W API ([`Qp::rdma_rw`]) owns its [`SgBuffer`]
 //!   from post to completion, mapped for the QP's device meanwhile, and
 //!   hands it back unmapped to [`CompletionHandler::rw_done`].
