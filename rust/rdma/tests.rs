@@ -1622,7 +1622,7 @@ mod sync_tests {
         cm::*,
         conn_param::ConnParam,
         event::*,
-        mr::{Mr, MrAccess, RemoteRegion},
+        mr::{Mr, MrAccess, MrPool, PoolOwner, RemoteRegion},
         net::NetNs,
         pd::Pd,
         poller::BusyPoller,
@@ -2258,6 +2258,135 @@ mod sync_tests {
         assert!(new_key.is_some_and(|k| k != advertised.rkey));
     }
 
+    /// What an [`MrPool`]'s owner was given back: (tag, digest of the
+    /// pages, their length), in order.
+    struct PagesBack(Arc<Mutex<KVec<(u64, u32, usize)>>>);
+
+    impl PoolOwner for PagesBack {
+        fn region_ended(&self, tag: u64, pages: SgBuffer) {
+            let h = digest_pages(0x811c_9dc5, &pages, pages.len()).unwrap_or(0);
+            let _ = self.0.lock().push((tag, h, pages.len()), GFP_KERNEL);
+        }
+    }
+
+    /// An MR pool of two lends its MRs to regions over pages
+    /// (`ENOSPC` for a third, `EINVAL` beyond its length, the pages back
+    /// each time), and takes each back as the region goes: as it is after
+    /// a local invalidation completed (region A, which the peer wrote) or
+    /// a peer's SEND_WITH_INV (region D), deregistered and replaced with a
+    /// key still live (regions B and F).  The pages go to the pool's
+    /// owner with what the peer wrote.  A key of a region that went (A's)
+    /// reaches nothing: the peer's WRITE with it fails (`EACCES`) and the
+    /// region now on that pool's MRs (F) is untouched.
+    #[test]
+    fn mr_pool_lends_and_takes_back() {
+        const LEN: usize = 16384;
+        let Some(pair) = connected_pair(&NetNs::init(), 7211) else {
+            return;
+        };
+        let (c_pd, s_pd) = (pair.client_qp.pd().clone(), pair.server_qp.pd().clone());
+        let (client_seen, server_seen) = (pair.client_seen.clone(), pair.server_seen.clone());
+        let access = MrAccess {
+            remote_read: true,
+            remote_write: true,
+        };
+        let seen_back = Arc::pin_init(new_mutex!(KVec::new()), GFP_KERNEL).unwrap();
+        let owner = Arc::new(PagesBack(seen_back.clone()), GFP_KERNEL).unwrap();
+        let no_size = MrPool::new(&c_pd, 0, LEN).err();
+        let pool = MrPool::with_owner(&c_pd, 2, LEN, owner).unwrap();
+        let size = (pool.size(), pool.available(), pool.max_len());
+
+        let a = Mr::from_pool(&pool, SgBuffer::new(LEN).unwrap(), 1).ok();
+        let too_long = Mr::from_pool(&pool, SgBuffer::new(LEN + 1).unwrap(), 9).err();
+        let too_long = too_long.map(|(e, buf)| (e, buf.len()));
+        let b = Mr::from_pool(&pool, SgBuffer::new(LEN).unwrap(), 2).ok();
+        let third = Mr::from_pool(&pool, SgBuffer::new(LEN).unwrap(), 3).err();
+        let third = third.map(|(e, buf)| (e, buf.len()));
+        let all_lent = pool.available();
+        let (Some(a), Some(b)) = (a, b) else {
+            drop(pair);
+            panic!("the pool lent no region");
+        };
+
+        // The peer writes A through its key; A is invalidated locally.
+        let pattern = pattern(LEN, 4);
+        let region_a = pair.client_qp.register(&a, access, 10).ok();
+        let src = Mr::new(&s_pd, LEN).unwrap();
+        src.write(0, &pattern).unwrap();
+        let src_registered = pair.server_qp.register(&src, MrAccess::LOCAL, 20).is_ok();
+        let written = region_a.is_some_and(|region| {
+            pair.server_qp
+                .rdma(WorkOp::RdmaWrite, &src, 0, region, 21)
+                .is_ok()
+        }) && wait_until(|| server_seen.work_ok.load(Ordering::Acquire) == 2);
+        let invalidated = pair.client_qp.invalidate(&a, 11).is_ok()
+            && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == 2);
+        drop(a);
+        let after_a = (pool.available(), pool.replaced());
+
+        // B goes registered: its MR is deregistered and replaced.
+        let b_registered = pair.client_qp.register(&b, access, 12).is_ok()
+            && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == 3);
+        drop(b);
+        let after_b = (pool.available(), pool.replaced());
+
+        // D is invalidated by the peer's SEND_WITH_INV.
+        let d = Mr::from_pool(&pool, SgBuffer::new(LEN).unwrap(), 4).ok();
+        let region_d = d
+            .as_ref()
+            .and_then(|d| pair.client_qp.register(d, access, 13).ok());
+        let d_registered = wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == 4);
+        let mut inv = SendBuffer::new(&s_pd, 8).unwrap();
+        inv.fill(b"inv").unwrap();
+        inv.set_invalidate(region_d.map(|r| r.rkey));
+        let inv_sent = pair.server_qp.post_send(inv).is_ok();
+        let inv_arrived = wait_until(|| client_seen.received.load(Ordering::Acquire) == 1);
+        let d_unregistered = d.as_ref().is_some_and(|d| !d.is_registered());
+        drop(d);
+        let after_d = (pool.available(), pool.replaced());
+
+        // F, registered, on one of the pool's MRs: A's old key reaches
+        // nothing.
+        let f = Mr::from_pool(&pool, SgBuffer::new(LEN).unwrap(), 5).ok();
+        let f_registered = f
+            .as_ref()
+            .is_some_and(|f| pair.client_qp.register(f, access, 14).is_ok())
+            && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == 5);
+        let stale = region_a.is_some_and(|region| {
+            pair.server_qp
+                .rdma(WorkOp::RdmaWrite, &src, 0, region, 22)
+                .is_ok()
+        }) && wait_until(|| server_seen.refused_work.load(Ordering::Acquire) == 1);
+        let mut f_bytes = KVec::new();
+        f_bytes.resize(LEN, 0xffu8, GFP_KERNEL).unwrap();
+        let f_read = f.as_ref().is_some_and(|f| f.read(0, &mut f_bytes).is_ok());
+        let f_untouched = f_bytes.iter().all(|&b| b == 0);
+        drop(f);
+        let after_f = (pool.available(), pool.replaced());
+        drop((src, pool, pair));
+        let back = core::mem::take(&mut *seen_back.lock());
+
+        assert_eq!(no_size, Some(EINVAL));
+        assert_eq!(size, (2, 2, LEN));
+        assert_eq!(too_long, Some((EINVAL, LEN + 1)));
+        assert_eq!(third, Some((ENOSPC, LEN)));
+        assert_eq!(all_lent, 0);
+        assert!(src_registered && written && invalidated);
+        assert_eq!(after_a, (1, 0));
+        assert!(b_registered);
+        assert_eq!(after_b, (2, 1));
+        assert!(d_registered && inv_sent && inv_arrived && d_unregistered);
+        assert_eq!(after_d, (2, 1));
+        assert!(f_registered && stale && f_read && f_untouched);
+        assert_eq!(after_f, (2, 2));
+        let zero = digest(&[0u8; LEN]);
+        assert_eq!(back.len(), 4);
+        assert_eq!(back[0], (1, digest(&pattern), LEN));
+        assert_eq!(back[1], (2, zero, LEN));
+        assert_eq!(back[2], (4, zero, LEN));
+        assert_eq!(back[3], (5, zero, LEN));
+    }
+
     /// A send of the QP's inline size posted inline arrives whole; one byte
     /// more is refused before the post (`EMSGSIZE`) and comes back.
     #[test]
@@ -2855,13 +2984,13 @@ mod sync_tests {
     /// scatter into the buffer and then its pages (rxe).
     #[test]
     fn pages_gathered_and_scattered() {
-        gather_and_scatter(RXE_IP, 7209);
+        gather_and_scatter(RXE_IP, 7209, false);
     }
 
     /// [`pages_gathered_and_scattered`] on siw.
     #[test]
     fn pages_gathered_and_scattered_on_iwarp() {
-        gather_and_scatter(SIW_IP, 7210);
+        gather_and_scatter(SIW_IP, 7210, true);
     }
 
     /// `len` bytes of a pattern that differs from offset to offset and
@@ -2882,8 +3011,11 @@ mod sync_tests {
     /// with its pages.  Refused before the post, the pages still attached:
     /// more entries than the QP's `max_send_sge` (the server's is 1)
     /// (`EMSGSIZE`), pages on an inline send (`EINVAL`), a receive with
-    /// pages on an SRQ (`EMSGSIZE`).
-    fn gather_and_scatter(ip: [u8; 4], port: u16) {
+    /// pages on an SRQ (`EMSGSIZE`).  A second send with pages, unsignaled,
+    /// comes back by itself on iWARP (signaled by the layer: siw would send
+    /// it straight from the pages), and not before a later completion on
+    /// RoCE.
+    fn gather_and_scatter(ip: [u8; 4], port: u16, iwarp: bool) {
         const HEAD: usize = 16;
         const PAGED: usize = 2 * 4096 + 100;
         const ANSWER: usize = 40;
@@ -2927,6 +3059,23 @@ mod sync_tests {
         );
         let send_back = wait_until(|| client_seen.send_pages_back.load(Ordering::Acquire) == 1);
 
+        // The same again, unsignaled.
+        let mut recv = RecvBuffer::new(&s_pd, HEAD).unwrap();
+        recv.attach_pages(SgBuffer::new(3 * 4096).unwrap());
+        let second_recv_posted = server_qp.post_recv(recv).is_ok();
+        let mut send = SendBuffer::new(&c_pd, HEAD).unwrap();
+        send.fill(&header).unwrap();
+        let mut pages = SgBuffer::new(PAGED).unwrap();
+        pages.write(0, &paged).unwrap();
+        send.attach_pages(pages);
+        send.set_unsignaled(true);
+        let second_sent = client_qp.post_send(send).is_ok();
+        let second_arrived = wait_until(|| server_seen.received.load(Ordering::Acquire) == 2);
+        let second_digest = server_seen.last_digest.load(Ordering::Acquire);
+        // Time for a completion to arrive, if one comes.
+        fsleep(Delta::from_millis(50));
+        let unsignaled_back = client_seen.send_pages_back.load(Ordering::Acquire);
+
         // Refusals on the server's QP: a header and pages are two entries,
         // over its one.
         let mut too_many = SendBuffer::new(&s_pd, 8).unwrap();
@@ -2964,7 +3113,10 @@ mod sync_tests {
         assert!(recv_posted && sent && arrived && send_back);
         assert_eq!(s_len as usize, HEAD + PAGED);
         assert_eq!(s_digest, digest_on(digest(&header), &paged));
-        assert_eq!(recv_back, 1);
+        assert!(second_recv_posted && second_sent && second_arrived);
+        assert_eq!(second_digest, s_digest);
+        assert_eq!(unsignaled_back, if iwarp { 2 } else { 1 });
+        assert_eq!(recv_back, 2);
         assert_eq!(over_sge, Some((EMSGSIZE, true)));
         assert_eq!(inline, Some((EINVAL, true)));
         assert_eq!(on_srq, Some((EMSGSIZE, true)));

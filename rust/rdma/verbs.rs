@@ -749,17 +749,19 @@ impl Buffer {
 
     /// Maps the attached pages, if any, for a request of at most `max_sge`
     /// entries whose first `head_len` bytes are the buffer's own (none for
-    /// 0): `EMSGSIZE` for more entries, the pages left attached on any
-    /// failure.
-    fn map_pages(&mut self, head_len: usize, max_sge: u32) -> Result {
+    /// 0), and returns the request's list of entries, which the poster
+    /// keeps across the post (the completion, which may run before the
+    /// post returns, frees nothing of it): `EMSGSIZE` for more entries,
+    /// the pages left attached on any failure.
+    fn map_pages(&mut self, head_len: usize, max_sge: u32) -> Result<Option<SgeList>> {
         let Some(pages) = self.pages.take() else {
-            return Ok(());
+            return Ok(None);
         };
         let head = (head_len > 0).then(|| self.sge(head_len));
         match MappedPages::map(pages, &self.pd, head, max_sge) {
-            Ok(mapped) => {
+            Ok((mapped, list)) => {
                 self.mapped = Some(mapped);
-                Ok(())
+                Ok(Some(list))
             }
             Err((e, pages)) => {
                 self.pages = Some(pages);
@@ -777,14 +779,16 @@ impl Buffer {
         self
     }
 
-    /// Points `wr`'s gather or scatter list at the request's entries:
-    /// `single` (the buffer's own bytes, filled by the caller and living
-    /// across the post), or with pages mapped, their list, which lives in
-    /// the buffer until the completion.
-    fn sg_list(&self, single: &mut bindings::ib_sge) -> (*mut bindings::ib_sge, i32) {
-        match &self.mapped {
+    /// A request's list of entries: `list` ([`Self::map_pages`]'s, with
+    /// pages), or `single` (the buffer's own bytes, filled by the caller).
+    /// Both are the poster's, alive across the post.
+    fn sg_list(
+        single: &mut bindings::ib_sge,
+        list: Option<&SgeList>,
+    ) -> (*mut bindings::ib_sge, i32) {
+        match list {
             // Drivers only read the list (`ib_sge *` for C's sake).
-            Some(mapped) => (mapped.sges.as_ptr().cast_mut(), mapped.sges.len() as i32),
+            Some(list) => (list.as_ptr().cast_mut(), list.len() as i32),
             None => (single, 1),
         }
     }
@@ -795,18 +799,19 @@ impl Buffer {
 
     /// Readies the buffer to be posted as a SEND holding `credit`: synced
     /// for the device, its completion entry calling `done`, `wr` filled
-    /// (naming `sge`, filled too).
+    /// (naming `sge`, filled too, or with pages `list`).
     fn prepare_send(
         &mut self,
         credit: Credit,
         done: unsafe extern "C" fn(*mut bindings::ib_cq, *mut bindings::ib_wc),
         wr: &mut bindings::ib_send_wr,
         sge: &mut bindings::ib_sge,
+        list: Option<&SgeList>,
     ) {
         self.credit = Some(credit);
         self.sync_for_device(self.len);
         self.cqe.done = Some(done);
-        self.fill_send_wr(wr, sge);
+        self.fill_send_wr(wr, sge, list);
     }
 
     /// Sends: fills `wr` with a SEND of the buffer's bytes as `sge`
@@ -814,15 +819,21 @@ impl Buffer {
     /// invalidation) and, inline, the bytes' CPU address, which drivers
     /// copy from during the post (mlx5's `set_data_inl_seg`, rxe's
     /// `copy_inline_data_to_wqe`) rather than from their DMA address.
-    /// `sge` must live across the post.
-    fn fill_send_wr(&self, wr: &mut bindings::ib_send_wr, sge: &mut bindings::ib_sge) {
+    /// `sge` and `list` (the entries with pages, [`Self::map_pages`]'s)
+    /// must live across the post.
+    fn fill_send_wr(
+        &self,
+        wr: &mut bindings::ib_send_wr,
+        sge: &mut bindings::ib_sge,
+        list: Option<&SgeList>,
+    ) {
         *sge = self.sge(self.len);
         // Never together with pages (`Qp::check_send`).
         if self.inline {
             sge.addr = self.data.as_ptr() as u64;
             wr.send_flags |= bindings::ib_send_flags_IB_SEND_INLINE;
         }
-        (wr.sg_list, wr.num_sge) = self.sg_list(sge);
+        (wr.sg_list, wr.num_sge) = Self::sg_list(sge, list);
         wr.opcode = match (self.imm, self.invalidate) {
             (Some(imm), _) => {
                 wr.ex.imm_data = imm.to_be();
@@ -897,33 +908,32 @@ impl Drop for Buffer {
     }
 }
 
-/// Pages attached to a posted send or receive: mapped for the device, and
-/// the request's list of entries (the buffer's own bytes first, if any,
-/// then the pages' DMA segments).
+/// A request's list of entries with pages: the buffer's own bytes first,
+/// if any, then the pages' DMA segments.
+type SgeList = KVec<bindings::ib_sge>;
+
+/// Pages attached to a posted send or receive, mapped for the device.
 ///
 /// # Invariants
 ///
 /// `pages`' scatterlist is mapped (`ib_dma_map_sg`, both directions) for
-/// `pd`'s device until the object is dropped or [`Self::unmap`]ped; each
-/// entry of `sges` after the buffer's own is one of its DMA segments, of
-/// `pd`'s local DMA key.
+/// `pd`'s device until the object is dropped or [`Self::unmap`]ped.
 struct MappedPages {
     pages: SgBuffer,
     pd: Arc<Pd>,
-    sges: KVec<bindings::ib_sge>,
 }
 
 impl MappedPages {
-    /// Maps `pages` for `pd`'s device behind `head`, for a request of at
-    /// most `max_sge` entries (`EMSGSIZE` for more, counted before
-    /// mapping: as many as the scatterlist has).  On failure the pages
-    /// come back unmapped.
+    /// Maps `pages` for `pd`'s device, and lists them behind `head` for a
+    /// request of at most `max_sge` entries (`EMSGSIZE` for more, counted
+    /// before mapping: as many as the scatterlist has), each segment of
+    /// `pd`'s local DMA key.  On failure the pages come back unmapped.
     fn map(
         pages: SgBuffer,
         pd: &Arc<Pd>,
         head: Option<bindings::ib_sge>,
         max_sge: u32,
-    ) -> core::result::Result<Self, (Error, SgBuffer)> {
+    ) -> core::result::Result<(Self, SgeList), (Error, SgBuffer)> {
         let (sgl, nents) = pages.sgl();
         let wanted = nents as usize + usize::from(head.is_some());
         if wanted > max_sge as usize {
@@ -961,12 +971,14 @@ impl MappedPages {
             );
             sges.inc_len(mapped as usize);
         }
-        // INVARIANT: Mapped just above, the segments listed after the head.
-        Ok(Self {
-            pages,
-            pd: pd.clone(),
+        // INVARIANT: Mapped just above.
+        Ok((
+            Self {
+                pages,
+                pd: pd.clone(),
+            },
             sges,
-        })
+        ))
     }
 
     fn unmap_dma(&self) {
@@ -985,7 +997,6 @@ impl MappedPages {
         // moved out once, here.
         unsafe {
             drop(ptr::read(&this.pd));
-            drop(ptr::read(&this.sges));
             ptr::read(&this.pages)
         }
     }
@@ -1116,7 +1127,10 @@ impl SendBuffer {
     /// [`QpCaps::max_send_sge`] (`EMSGSIZE` from the post otherwise); not
     /// inline (`EINVAL`), RC QPs only (`EOPNOTSUPP` from
     /// [`Qp::post_send_ud`]).  The pages are mapped for the device from the
-    /// post to the completion, which hands them back attached.
+    /// post to the completion, which hands them back attached.  On iWARP
+    /// such a send is signaled even if [`Self::set_unsignaled`] asked
+    /// otherwise: siw sends an unsignaled one straight from the pages, and
+    /// TCP may still retransmit from them when a later request completes.
     pub fn attach_pages(&mut self, pages: SgBuffer) -> Option<SgBuffer> {
         self.0.pages.replace(pages)
     }
@@ -2196,6 +2210,16 @@ impl<C: CompletionHandler> Qp<C> {
         Ok(())
     }
 
+    /// Whether a send with pages (`list`) must be signaled whatever its
+    /// buffer asks: on iWARP, where siw transmits an unsignaled send of a
+    /// page or more straight from its pages (`MSG_SPLICE_PAGES`), and TCP
+    /// may retransmit from them after a later signaled request completed,
+    /// which would hand them back to be rewritten too early.  A signaled
+    /// send is copied, and its own completion hands the pages back.
+    fn signals_pages(&self, list: Option<&SgeList>) -> bool {
+        list.is_some() && self.device().transport() == Transport::Iwarp
+    }
+
     fn check_type(&self, want: QpType) -> Result {
         if self.qp_type == want {
             Ok(())
@@ -2465,13 +2489,20 @@ impl<C: CompletionHandler> Qp<C> {
         };
         let mut inner = buf.0;
         let head_len = inner.len;
-        if let Err(e) = inner.map_pages(head_len, self.max_send_sge) {
-            return Err((e, SendBuffer(inner)));
-        }
+        let list = match inner.map_pages(head_len, self.max_send_sge) {
+            Ok(list) => list,
+            Err(e) => return Err((e, SendBuffer(inner))),
+        };
         let mut sge = bindings::ib_sge::default();
         let mut send_wr: bindings::ib_send_wr = pin_init::zeroed();
-        inner.prepare_send(credit, send_done::<C>, &mut send_wr, &mut sge);
-        let unsignaled = inner.unsignaled;
+        inner.prepare_send(
+            credit,
+            send_done::<C>,
+            &mut send_wr,
+            &mut sge,
+            list.as_ref(),
+        );
+        let unsignaled = inner.unsignaled && !self.signals_pages(list.as_ref());
         // The request keeps the address handle; a copy of its fields goes
         // into the work request.
         let ud = dest.as_ref().map(|d| (d.ah.as_ptr(), d.qp_num, d.qkey));
@@ -2531,6 +2562,7 @@ impl<C: CompletionHandler> Qp<C> {
         &self,
         done: WorkDone,
         cpu_sync: Option<(usize, usize)>,
+        reg_key: Option<u32>,
         fill: impl FnOnce(&mut bindings::ib_send_wr) -> *const bindings::ib_send_wr,
     ) -> Result {
         self.check_type(QpType::Rc)?;
@@ -2542,6 +2574,7 @@ impl<C: CompletionHandler> Qp<C> {
                     done: Some(work_done::<C>),
                 },
                 cpu_sync,
+                reg_key,
                 credit,
                 done,
             },
@@ -2582,6 +2615,7 @@ impl<C: CompletionHandler> Qp<C> {
             return Err(EBUSY);
         }
         let mut wr_reg: bindings::ib_reg_wr = pin_init::zeroed();
+        let key = prepared.region.rkey;
         self.post_work(
             WorkDone {
                 op: WorkOp::Register,
@@ -2589,6 +2623,7 @@ impl<C: CompletionHandler> Qp<C> {
                 mr: mr.clone(),
             },
             None,
+            Some(key),
             |wr| {
                 wr_reg.wr = *wr;
                 prepared.fill_reg_wr(&mut wr_reg, self.device().transport());
@@ -2620,6 +2655,9 @@ impl<C: CompletionHandler> Qp<C> {
         // peer) and its key forgotten; the new one is recorded before the
         // post, so a remote invalidation of it is never missed.
         reg.valid = false;
+        // A peer's invalidation of the last key is recorded before the
+        // record goes (the MR's reuse depends on it).
+        let _ = reg.no_live_key();
         reg.withdraw_remote(mr.pd());
         let (addr, lkey, rkey) = mr.map_for_registration(&mut reg)?;
         let key = mr.pd().publish_key(rkey)?;
@@ -2702,6 +2740,7 @@ impl<C: CompletionHandler> Qp<C> {
                     done: Some(work_done::<C>),
                 },
                 cpu_sync: None,
+                reg_key: Some(prepared.region.rkey),
                 credit: reg_credit,
                 done: WorkDone {
                     op: WorkOp::Register,
@@ -2720,14 +2759,23 @@ impl<C: CompletionHandler> Qp<C> {
         };
         let mut inner = send.0;
         let head_len = inner.len;
-        if let Err(e) = inner.map_pages(head_len, self.max_send_sge) {
-            drop(reg);
-            return Err((e, Some(prepared), SendBuffer(inner)));
-        }
+        let list = match inner.map_pages(head_len, self.max_send_sge) {
+            Ok(list) => list,
+            Err(e) => {
+                drop(reg);
+                return Err((e, Some(prepared), SendBuffer(inner)));
+            }
+        };
         let mut sge = bindings::ib_sge::default();
         let mut send_wr: bindings::ib_send_wr = pin_init::zeroed();
-        inner.prepare_send(send_credit, send_done::<C>, &mut send_wr, &mut sge);
-        let unsignaled = inner.unsignaled;
+        inner.prepare_send(
+            send_credit,
+            send_done::<C>,
+            &mut send_wr,
+            &mut sge,
+            list.as_ref(),
+        );
+        let unsignaled = inner.unsignaled && !self.signals_pages(list.as_ref());
 
         let guard = self.raw.lock();
         let Some(raw) = *guard else {
@@ -2830,6 +2878,7 @@ impl<C: CompletionHandler> Qp<C> {
                 mr: mr.clone(),
             },
             None,
+            Some(rkey),
             |wr| {
                 wr.opcode = bindings::ib_wr_opcode_IB_WR_LOCAL_INV;
                 wr.ex.invalidate_rkey = rkey;
@@ -2892,6 +2941,7 @@ impl<C: CompletionHandler> Qp<C> {
                 mr: mr.clone(),
             },
             cpu_sync,
+            None,
             |wr| {
                 rdma.wr = *wr;
                 rdma.wr.opcode = opcode;
@@ -2986,15 +3036,16 @@ impl<C: CompletionHandler> Qp<C> {
         let Ok(room) = KBox::<RwWork>::new_uninit(GFP_KERNEL) else {
             return Err((ENOMEM, buf, then));
         };
-        let then = match then {
+        // The SEND's list with pages, kept across the post.
+        let (then, then_list) = match then {
             Some(mut send) => {
                 let head_len = send.0.len;
-                if let Err(e) = send.0.map_pages(head_len, self.max_send_sge) {
-                    return Err((e, buf, Some(send)));
+                match send.0.map_pages(head_len, self.max_send_sge) {
+                    Ok(list) => (Some(send), list),
+                    Err(e) => return Err((e, buf, Some(send))),
                 }
-                Some(send)
             }
-            None => None,
+            None => (None, None),
         };
         let mut cqe: bindings::ib_cqe = pin_init::zeroed();
         cqe.done = Some(rw_done::<C>);
@@ -3083,7 +3134,7 @@ impl<C: CompletionHandler> Qp<C> {
         let mut send_wr: bindings::ib_send_wr = pin_init::zeroed();
         let chain = match &work.then_send {
             Some(send) => {
-                send.fill_send_wr(&mut send_wr, &mut send_sge);
+                send.fill_send_wr(&mut send_wr, &mut send_sge, then_list.as_ref());
                 send_wr.__bindgen_anon_1.wr_cqe = cqe;
                 send_wr.send_flags |= bindings::ib_send_flags_IB_SEND_SIGNALED;
                 &raw mut send_wr
@@ -3616,9 +3667,11 @@ fn post_recv_buffer<C: CompletionHandler>(
     };
     let mut inner = buf.0;
     let capacity = inner.data.len();
-    if let Err(e) = inner.map_pages(capacity, max_sge) {
-        return Err((e, RecvBuffer(inner)));
-    }
+    // Kept across the post.
+    let list = match inner.map_pages(capacity, max_sge) {
+        Ok(list) => list,
+        Err(e) => return Err((e, RecvBuffer(inner))),
+    };
     inner.credit = Some(credit);
     inner.on_ud = on_ud;
     // The CPU may have read the buffer since its last use: give it back to
@@ -3626,7 +3679,7 @@ fn post_recv_buffer<C: CompletionHandler>(
     inner.sync_for_device(inner.data.len());
     inner.cqe.done = Some(recv_done::<C>);
     let mut sge = inner.sge(capacity);
-    let (sg_list, num_sge) = inner.sg_list(&mut sge);
+    let (sg_list, num_sge) = Buffer::sg_list(&mut sge, list.as_ref());
     let leaked = KBox::into_raw(inner);
     // SAFETY: `leaked` is live until its completion or the failure below.
     let cqe = unsafe { &raw mut (*leaked).cqe };
@@ -3968,6 +4021,7 @@ impl PreparedRegistration {
     fn posted(&mut self, reg: &mut Registration) -> RemoteRegion {
         reg.valid = true;
         reg.prepared = false;
+        reg.live_key = Some(self.region.rkey);
         reg.lkey = self.lkey;
         reg.rkey = self.region.rkey;
         reg.iova = self.region.addr;
@@ -3996,6 +4050,8 @@ struct Work {
     cqe: bindings::ib_cqe,
     /// The range of the region to sync for the CPU on success.
     cpu_sync: Option<(usize, usize)>,
+    /// A registration's or an invalidation's remote key.
+    reg_key: Option<u32>,
     /// Returned when the work is taken apart at its completion.
     credit: Credit,
     done: WorkDone,
@@ -4037,13 +4093,30 @@ unsafe extern "C" fn work_done<C: CompletionHandler>(
 /// Hands memory work that is done back to `handler`, the region's state
 /// following its result.
 fn work_completed<C: CompletionHandler>(handler: &C, work: KBox<Work>, result: Result) {
-    let Work { done, cpu_sync, .. } = KBox::into_inner(work);
+    let Work {
+        done,
+        cpu_sync,
+        reg_key,
+        ..
+    } = KBox::into_inner(work);
     match (done.op, &result) {
         // The region is free again: a failed registration grants nothing.
-        (WorkOp::Register, Err(_)) => done.mr.registration().valid = false,
+        (WorkOp::Register, Err(_)) => {
+            let mut reg = done.mr.registration();
+            reg.valid = false;
+            if let Some(key) = reg_key {
+                reg.key_ended(key);
+            }
+        }
         // A failed invalidation may leave the keys valid: refuse to
         // register again; dropping the region still revokes everything.
         (WorkOp::Invalidate, Err(_)) => done.mr.registration().valid = true,
+        // The key grants nothing any more.
+        (WorkOp::Invalidate, Ok(())) => {
+            if let Some(key) = reg_key {
+                done.mr.registration().key_ended(key);
+            }
+        }
         _ => {}
     }
     if let (Some((offset, len)), Ok(())) = (cpu_sync, &result) {
