@@ -22,7 +22,10 @@
 //! * The last reference deregisters the region (`ib_dereg_mr`), after which
 //!   its keys no longer grant any access, and only then unmaps and frees the
 //!   memory.  A peer holding a stale remote key fails with a remote access
-//!   error instead of touching freed memory.
+//!   error instead of touching freed memory.  A region of an [`MrPool`]
+//!   whose MR holds no live key (never registered, or its registration
+//!   known to be invalidated or failed) gives the MR back to the pool
+//!   instead; one whose key may be live is deregistered all the same.
 //! * While registered with remote access the memory may change under the
 //!   CPU at any time.  Rust code therefore never holds a reference into it:
 //!   [`Mr::read`] and [`Mr::write`] copy through C, and the bytes of a copy
