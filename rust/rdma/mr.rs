@@ -22,10 +22,7 @@
 //! * The last reference deregisters the region (`ib_dereg_mr`), after which
 //!   its keys no longer grant any access, and only then unmaps and frees the
 //!   memory.  A peer holding a stale remote key fails with a remote access
-//!   error instead of touching freed memory.  A region of an [`MrPool`]
-//!   whose MR holds no live key (never registered, or its registration
-//!   known to be invalidated or failed) gives the MR back to the pool
-//!   instead; one whose key may be live is deregistered all the same.
+//!   error instead of touching freed memory.
 //! * While registered with remote access the memory may change under the
 //!   CPU at any time.  Rust code therefore never holds a reference into it:
 //!   [`Mr::read`] and [`Mr::write`] copy through C, and the bytes of a copy
@@ -55,7 +52,7 @@ use kernel::{
     new_mutex,
     page::PAGE_SIZE,
     prelude::*,
-    sync::{Arc, Mutex, MutexGuard, UniqueArc},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 fn buffer_layout(capacity: usize) -> Result<Layout> {
@@ -154,36 +151,9 @@ pub(crate) struct Registration {
     /// The current registration's remote key as its PD records it, which
     /// a peer's remote invalidation marks.
     pub(crate) remote: Option<Arc<RemoteKey>>,
-    /// The remote key of the last registration posted, until its end is
-    /// known to have executed on the device (a local invalidation of it
-    /// completed, a peer's remote invalidation of it arrived, or the
-    /// registration itself failed): while set, the device may let a peer
-    /// reach the memory under it.
-    pub(crate) live_key: Option<u32>,
 }
 
 impl Registration {
-    /// Records that the registration under `key` ended on the device: its
-    /// registration failed, or an invalidation of it completed.  A later
-    /// registration's key stays live.
-    pub(crate) fn key_ended(&mut self, key: u32) {
-        if self.live_key == Some(key) {
-            self.live_key = None;
-        }
-    }
-
-    /// Whether the device holds no key of the region that grants access:
-    /// what reusing its MR for other memory needs.  A peer's invalidation
-    /// of the current key counts once it arrived.
-    pub(crate) fn no_live_key(&mut self) -> bool {
-        if self.live_key == Some(self.rkey)
-            && self.remote.as_ref().is_some_and(|k| k.is_invalidated())
-        {
-            self.live_key = None;
-        }
-        self.live_key.is_none()
-    }
-
     /// Whether the region is registered for anything posted next: a
     /// registration posted, and neither a local invalidation posted after
     /// it nor a remote one received.
@@ -234,12 +204,6 @@ struct MrResources {
     /// Dropped only once the MR is deregistered: a PD with a live MR must
     /// not be freed (nor its device released).
     pd: ManuallyDrop<Arc<Pd>>,
-    /// The pool the MR was lent by, and the region's tag for the pool's
-    /// owner; dropped, as `pd`, only once the MR is back or deregistered.
-    pool: ManuallyDrop<Option<(Arc<MrPool>, u64)>>,
-    /// Set by the region's drop: the device holds no key of the MR, which
-    /// may go back to its pool as it is.
-    reusable: bool,
 }
 
 /// A memory region for fast registration, with its own buffer: see the
@@ -334,8 +298,6 @@ impl Mr {
             },
             len,
             pd: ManuallyDrop::new(pd.clone()),
-            pool: ManuallyDrop::new(None),
-            reusable: false,
         };
         Self::with_resources(res)
     }
@@ -384,90 +346,29 @@ impl Mr {
             },
             len,
             pd: ManuallyDrop::new(pd.clone()),
-            pool: ManuallyDrop::new(None),
-            reusable: false,
         };
         Self::with_resources(res)
     }
 
-    /// A region over the pages of `buf` with an MR lent by `pool` (no
-    /// allocation), its length `buf.len()`, on the pool's PD.  The buffer
-    /// is the region's memory until the region goes; then the MR goes back
-    /// to the pool, and the pages to the pool's owner
-    /// ([`PoolOwner::region_ended`] with `tag`) or are freed.  On failure
-    /// the buffer comes back: `ENOSPC` with every MR of the pool lent
-    /// (one comes back when a region of it goes), `EINVAL` for more bytes
-    /// than the pool's MRs map ([`MrPool::max_len`]), `ENOMEM` if the
-    /// pages cannot be mapped.
-    pub fn from_pool(
-        pool: &Arc<MrPool>,
-        buf: SgBuffer,
-        tag: u64,
-    ) -> core::result::Result<Arc<Self>, (Error, SgBuffer)> {
-        if buf.len() > pool.max_len() {
-            return Err((EINVAL, buf));
-        }
-        // First what can fail without undoing anything.
-        let Ok(room) = UniqueArc::<Self>::new_uninit(GFP_KERNEL) else {
-            return Err((ENOMEM, buf));
-        };
-        let pd = &pool.pd;
-        let dev = pd.device();
-        let (sgl, nents) = buf.sgl();
-        // SAFETY: `sgl` is the buffer's unmapped scatterlist of `nents`
-        // entries over pages it owns; the device is valid while `pd` is.
-        let mapped = unsafe { bindings::rdma_cm_rs_dma_map_sg(dev.as_ptr(), sgl, nents) };
-        let Ok(mapped @ 1..) = u32::try_from(mapped) else {
-            return Err((ENOMEM, buf));
-        };
-        let Some(raw) = pool.lend() else {
-            // SAFETY: Mapped above, unmapped once, before the buffer goes
-            // back.
-            unsafe { bindings::rdma_cm_rs_dma_unmap_sg(dev.as_ptr(), sgl, nents) };
-            return Err((ENOSPC, buf));
-        };
-        let len = buf.len();
-        // INVARIANT: The MR is lent to the region (an FRWR MR of the pool's
-        // PD, no key of it live) and the pages mapped above.
-        let res = MrResources {
-            raw,
-            memory: Memory::Pages {
-                buf: ManuallyDrop::new(buf),
-                mapped,
-            },
-            len,
-            pd: ManuallyDrop::new(pd.clone()),
-            pool: ManuallyDrop::new(Some((pool.clone(), tag))),
-            reusable: true,
-        };
-        let Ok(mr) = room.pin_init_with(Self::init(res));
-        Ok(mr.into())
-    }
-
     fn with_resources(res: MrResources) -> Result<Arc<Self>> {
-        Arc::pin_init(Self::init(res), GFP_KERNEL)
-    }
-
-    /// The region of `res`, whose MR no registration uses.
-    fn init(res: MrResources) -> impl PinInit<Self> {
         let raw = res.raw.as_ptr();
-        // SAFETY: The MR is live and no registration of it is posted or
-        // being set up: nothing changes its keys meanwhile.
+        // SAFETY: A fresh MR: its keys are set and nothing changes them yet.
         let (lkey, rkey) = unsafe { ((*raw).lkey, (*raw).rkey) };
-        pin_init!(Self {
-            res,
-            reg <- new_mutex!(Registration {
-                valid: false,
-                prepared: false,
-                remote: None,
-                // A lent MR's next key differs from its last region's.
-                next_key: (rkey as u8).wrapping_add(1),
-                lkey,
-                rkey,
-                iova: 0,
-                live_key: None,
+        Arc::pin_init(
+            pin_init!(Self {
+                res,
+                reg <- new_mutex!(Registration {
+                    valid: false,
+                    prepared: false,
+                    remote: None,
+                    next_key: (rkey as u8).wrapping_add(1),
+                    lkey,
+                    rkey,
+                    iova: 0,
+                }),
             }),
-        })
+            GFP_KERNEL,
+        )
     }
 
     /// The region's length in bytes.
@@ -627,34 +528,21 @@ impl Mr {
 #[pinned_drop]
 impl PinnedDrop for Mr {
     fn drop(self: Pin<&mut Self>) {
-        let this = self.project();
-        let mut reg = this.reg.lock();
-        // No work request names the region any more (each holds a
-        // reference): what the device last did with its keys is known.
-        let reusable = reg.no_live_key() && !reg.prepared;
-        reg.withdraw_remote(&this.res.pd);
-        drop(reg);
-        this.res.reusable = reusable;
+        self.reg.lock().withdraw_remote(&self.res.pd);
     }
 }
 
 impl Drop for MrResources {
     fn drop(&mut self) {
-        // A lent MR no key of which is live goes back to its pool as it is:
-        // the device reaches nothing through it.  Any other MR is
-        // deregistered, which revokes every key before the memory goes.
-        let back_to_pool = self.reusable && self.pool.is_some();
-        if !back_to_pool {
-            // SAFETY: Live MR (no work request names it any more),
-            // deregistered once, here, and never used after.
-            let ret = unsafe { bindings::rdma_cm_rs_dereg_mr(self.raw.as_ptr()) };
-            if ret != 0 {
-                // The device may still reach the memory: leaking it, and
-                // the PD, pool and device reference the MR needs, is the
-                // only safe answer.
-                pr_err!("ib_dereg_mr failed ({ret}), leaking the region\n");
-                return;
-            }
+        // Deregistration revokes every key before the memory goes: no work
+        // request names this MR any more (each holds a reference).
+        // SAFETY: Live MR, deregistered once, here.
+        let ret = unsafe { bindings::rdma_cm_rs_dereg_mr(self.raw.as_ptr()) };
+        if ret != 0 {
+            // The device may still reach the memory: leaking it, and the PD
+            // and device reference the MR needs, is the only safe answer.
+            pr_err!("ib_dereg_mr failed ({ret}), leaking the region\n");
+            return;
         }
         let dev = self.pd.device().as_ptr();
         match &mut self.memory {
@@ -682,227 +570,14 @@ impl Drop for MrResources {
             Memory::Pages { buf, .. } => {
                 let (sgl, nents) = buf.sgl();
                 // SAFETY: As above; mapped from these `nents` entries, then
-                // the buffer is taken once, here, unmapped, and never used
-                // through `self` again.
-                let buf = unsafe {
+                // the buffer is freed once, here, unmapped.
+                unsafe {
                     bindings::rdma_cm_rs_dma_unmap_sg(dev, sgl, nents);
-                    ManuallyDrop::take(buf)
-                };
-                match &*self.pool {
-                    Some((pool, tag)) => pool.region_ended(*tag, buf),
-                    None => drop(buf),
+                    ManuallyDrop::drop(buf);
                 }
-            }
-        }
-        // SAFETY: Taken once, here, after the MR is deregistered or free of
-        // keys; never used again.
-        if let Some((pool, _)) = unsafe { ManuallyDrop::take(&mut self.pool) } {
-            if back_to_pool {
-                pool.give_back(self.raw);
-            } else {
-                pool.replace_deregistered();
             }
         }
         // SAFETY: Dropped once, here, after the MR is gone; never used again.
         unsafe { ManuallyDrop::drop(&mut self.pd) };
-    }
-}
-
-/// The owner of an [`MrPool`]: given back the pages of its regions.
-pub trait PoolOwner: Send + Sync {
-    /// The region made with `tag` ([`Mr::from_pool`]) is gone, its MR back
-    /// in the pool: its pages are unmapped and reachable by no device, the
-    /// owner's again.  Called where the region's last reference went
-    /// (process context, possibly a [`super::verbs::CompletionHandler`]
-    /// callback of the QP that used it last).
-    fn region_ended(&self, tag: u64, pages: SgBuffer);
-}
-
-/// FRWR MRs allocated once for a PD and lent to regions
-/// ([`Mr::from_pool`]), as ULPs keep one MR pool per queue or device
-/// instead of allocating an MR per I/O.
-///
-/// The pool is the PD's, not a QP's (`ib_mr_pool_*` keeps its MRs on a QP,
-/// and `ib_destroy_qp` warns while one is out): a region may outlive the
-/// QP that registered it.  A region that goes while a key of its MR may
-/// still be live (registered, and neither invalidated by a completed
-/// `LOCAL_INV` nor by a peer's SEND_WITH_INV) does not give that MR back:
-/// it is deregistered, which revokes the key, and the pool allocates a new
-/// one in its place ([`Self::replaced`]).
-///
-/// # Invariants
-///
-/// Each MR in `free` is a live FRWR MR allocated on `pd` for `max_pages`
-/// pages, no key of which grants access, owned by the pool, which
-/// deregisters it at its drop.  An MR lent to a region is that region's
-/// until it gives it back or deregisters it; the region holds the pool.
-#[pin_data(PinnedDrop)]
-pub struct MrPool {
-    pd: Arc<Pd>,
-    max_pages: u32,
-    owner: Option<Arc<dyn PoolOwner>>,
-    #[pin]
-    state: Mutex<PoolState>,
-}
-
-struct PoolState {
-    free: KVec<NonNull<bindings::ib_mr>>,
-    size: u32,
-    replaced: u32,
-}
-
-// SAFETY: The MRs are only handed out and deregistered under the state's
-// lock; an FRWR MR may be used from any thread.
-unsafe impl Send for PoolState {}
-
-impl MrPool {
-    /// `size` FRWR MRs on `pd` for regions of up to `max_len` bytes, whose
-    /// pages are freed when a region goes.  `EINVAL` for a size or length
-    /// of 0 or more pages than the device's fast registration maps
-    /// (`max_fast_reg_page_list_len`), `EOPNOTSUPP` without fast
-    /// registration.
-    pub fn new(pd: &Arc<Pd>, size: u32, max_len: usize) -> Result<Arc<Self>> {
-        Self::create(pd, size, max_len, None)
-    }
-
-    /// [`Self::new`], the pages of each region that goes handed to
-    /// `owner`.
-    pub fn with_owner(
-        pd: &Arc<Pd>,
-        size: u32,
-        max_len: usize,
-        owner: Arc<dyn PoolOwner>,
-    ) -> Result<Arc<Self>> {
-        Self::create(pd, size, max_len, Some(owner))
-    }
-
-    fn create(
-        pd: &Arc<Pd>,
-        size: u32,
-        max_len: usize,
-        owner: Option<Arc<dyn PoolOwner>>,
-    ) -> Result<Arc<Self>> {
-        let dev = pd.device();
-        if !dev.has_fast_registration() {
-            return Err(EOPNOTSUPP);
-        }
-        let pages = max_len.div_ceil(PAGE_SIZE);
-        if size == 0 || pages == 0 || pages > dev.max_fast_reg_page_list_len() as usize {
-            return Err(EINVAL);
-        }
-        // Room for every MR the pool will have: giving one back never
-        // allocates.
-        let free = KVec::with_capacity(size as usize, GFP_KERNEL)?;
-        // INVARIANT: Filled below with MRs allocated for the pool; on a
-        // failure the pool is dropped, which deregisters those.
-        let pool = Arc::pin_init(
-            pin_init!(Self {
-                pd: pd.clone(),
-                max_pages: pages as u32,
-                owner,
-                state <- new_mutex!(PoolState {
-                    free,
-                    size,
-                    replaced: 0,
-                }),
-            }),
-            GFP_KERNEL,
-        )?;
-        for _ in 0..size {
-            let raw = pool.alloc_mr()?;
-            // Cannot fail: the capacity is there.
-            pool.state.lock().free.push(raw, GFP_KERNEL)?;
-        }
-        Ok(pool)
-    }
-
-    /// A new MR for the pool.
-    fn alloc_mr(&self) -> Result<NonNull<bindings::ib_mr>> {
-        // SAFETY: `pd` is live; `max_pages` is within the device's limit.
-        let raw = unsafe { bindings::rdma_cm_rs_alloc_mr(self.pd.as_ptr(), self.max_pages) };
-        NonNull::new(kernel::error::from_err_ptr(raw)?).ok_or(ENOMEM)
-    }
-
-    /// An MR of the pool for a region, if one is free.
-    fn lend(&self) -> Option<NonNull<bindings::ib_mr>> {
-        self.state.lock().free.pop()
-    }
-
-    /// Takes back a lent MR no key of which is live.
-    fn give_back(&self, raw: NonNull<bindings::ib_mr>) {
-        let mut state = self.state.lock();
-        // Cannot fail: the pool's room holds all of its MRs.
-        if state.free.push(raw, GFP_KERNEL).is_err() {
-            drop(state);
-            // SAFETY: The pool's MR, lent and back, used by nothing.
-            unsafe { bindings::rdma_cm_rs_dereg_mr(raw.as_ptr()) };
-        }
-    }
-
-    /// A lent MR was deregistered: a new one takes its place, or the pool
-    /// shrinks by one if none can be allocated.
-    fn replace_deregistered(&self) {
-        let raw = self.alloc_mr();
-        let mut state = self.state.lock();
-        state.replaced += 1;
-        match raw {
-            Ok(raw) if state.free.push(raw, GFP_KERNEL).is_ok() => {}
-            other => {
-                state.size -= 1;
-                drop(state);
-                if let Ok(raw) = other {
-                    // SAFETY: Allocated just above, used by nothing.
-                    unsafe { bindings::rdma_cm_rs_dereg_mr(raw.as_ptr()) };
-                }
-                pr_warn!("MR pool: an MR could not be replaced, the pool shrinks by one\n");
-            }
-        }
-    }
-
-    /// Hands a gone region's pages to the owner, or frees them.
-    fn region_ended(&self, tag: u64, pages: SgBuffer) {
-        if let Some(owner) = &self.owner {
-            owner.region_ended(tag, pages);
-        }
-    }
-
-    /// The MRs the pool has (lent or free).
-    pub fn size(&self) -> u32 {
-        self.state.lock().size
-    }
-
-    /// The MRs free to lend.
-    pub fn available(&self) -> u32 {
-        self.state.lock().free.len() as u32
-    }
-
-    /// The MRs deregistered because their region went with a key live,
-    /// and replaced.
-    pub fn replaced(&self) -> u32 {
-        self.state.lock().replaced
-    }
-
-    /// The most bytes one region of the pool maps.
-    pub fn max_len(&self) -> usize {
-        self.max_pages as usize * PAGE_SIZE
-    }
-
-    /// The pool's PD: its regions are of this one.
-    pub fn pd(&self) -> &Arc<Pd> {
-        &self.pd
-    }
-}
-
-#[pinned_drop]
-impl PinnedDrop for MrPool {
-    fn drop(self: Pin<&mut Self>) {
-        // Every lent MR is back or deregistered: each region holds the
-        // pool.
-        let free = core::mem::take(&mut self.state.lock().free);
-        for raw in free {
-            // SAFETY: A free MR of the pool (type invariants), used by
-            // nothing, deregistered once, here.
-            unsafe { bindings::rdma_cm_rs_dereg_mr(raw.as_ptr()) };
-        }
     }
 }

@@ -1622,7 +1622,7 @@ mod sync_tests {
         cm::*,
         conn_param::ConnParam,
         event::*,
-        mr::{Mr, MrAccess, MrPool, PoolOwner, RemoteRegion},
+        mr::{Mr, MrAccess, RemoteRegion},
         net::NetNs,
         pd::Pd,
         poller::BusyPoller,
@@ -2256,135 +2256,6 @@ mod sync_tests {
         assert_eq!(invalidated, advertised.rkey);
         assert!(unregistered);
         assert!(new_key.is_some_and(|k| k != advertised.rkey));
-    }
-
-    /// What an [`MrPool`]'s owner was given back: (tag, digest of the
-    /// pages, their length), in order.
-    struct PagesBack(Arc<Mutex<KVec<(u64, u32, usize)>>>);
-
-    impl PoolOwner for PagesBack {
-        fn region_ended(&self, tag: u64, pages: SgBuffer) {
-            let h = digest_pages(0x811c_9dc5, &pages, pages.len()).unwrap_or(0);
-            let _ = self.0.lock().push((tag, h, pages.len()), GFP_KERNEL);
-        }
-    }
-
-    /// An MR pool of two lends its MRs to regions over pages
-    /// (`ENOSPC` for a third, `EINVAL` beyond its length, the pages back
-    /// each time), and takes each back as the region goes: as it is after
-    /// a local invalidation completed (region A, which the peer wrote) or
-    /// a peer's SEND_WITH_INV (region D), deregistered and replaced with a
-    /// key still live (regions B and F).  The pages go to the pool's
-    /// owner with what the peer wrote.  A key of a region that went (A's)
-    /// reaches nothing: the peer's WRITE with it fails (`EACCES`) and the
-    /// region now on that pool's MRs (F) is untouched.
-    #[test]
-    fn mr_pool_lends_and_takes_back() {
-        const LEN: usize = 16384;
-        let Some(pair) = connected_pair(&NetNs::init(), 7211) else {
-            return;
-        };
-        let (c_pd, s_pd) = (pair.client_qp.pd().clone(), pair.server_qp.pd().clone());
-        let (client_seen, server_seen) = (pair.client_seen.clone(), pair.server_seen.clone());
-        let access = MrAccess {
-            remote_read: true,
-            remote_write: true,
-        };
-        let seen_back = Arc::pin_init(new_mutex!(KVec::new()), GFP_KERNEL).unwrap();
-        let owner = Arc::new(PagesBack(seen_back.clone()), GFP_KERNEL).unwrap();
-        let no_size = MrPool::new(&c_pd, 0, LEN).err();
-        let pool = MrPool::with_owner(&c_pd, 2, LEN, owner).unwrap();
-        let size = (pool.size(), pool.available(), pool.max_len());
-
-        let a = Mr::from_pool(&pool, SgBuffer::new(LEN).unwrap(), 1).ok();
-        let too_long = Mr::from_pool(&pool, SgBuffer::new(LEN + 1).unwrap(), 9).err();
-        let too_long = too_long.map(|(e, buf)| (e, buf.len()));
-        let b = Mr::from_pool(&pool, SgBuffer::new(LEN).unwrap(), 2).ok();
-        let third = Mr::from_pool(&pool, SgBuffer::new(LEN).unwrap(), 3).err();
-        let third = third.map(|(e, buf)| (e, buf.len()));
-        let all_lent = pool.available();
-        let (Some(a), Some(b)) = (a, b) else {
-            drop(pair);
-            panic!("the pool lent no region");
-        };
-
-        // The peer writes A through its key; A is invalidated locally.
-        let pattern = pattern(LEN, 4);
-        let region_a = pair.client_qp.register(&a, access, 10).ok();
-        let src = Mr::new(&s_pd, LEN).unwrap();
-        src.write(0, &pattern).unwrap();
-        let src_registered = pair.server_qp.register(&src, MrAccess::LOCAL, 20).is_ok();
-        let written = region_a.is_some_and(|region| {
-            pair.server_qp
-                .rdma(WorkOp::RdmaWrite, &src, 0, region, 21)
-                .is_ok()
-        }) && wait_until(|| server_seen.work_ok.load(Ordering::Acquire) == 2);
-        let invalidated = pair.client_qp.invalidate(&a, 11).is_ok()
-            && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == 2);
-        drop(a);
-        let after_a = (pool.available(), pool.replaced());
-
-        // B goes registered: its MR is deregistered and replaced.
-        let b_registered = pair.client_qp.register(&b, access, 12).is_ok()
-            && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == 3);
-        drop(b);
-        let after_b = (pool.available(), pool.replaced());
-
-        // D is invalidated by the peer's SEND_WITH_INV.
-        let d = Mr::from_pool(&pool, SgBuffer::new(LEN).unwrap(), 4).ok();
-        let region_d = d
-            .as_ref()
-            .and_then(|d| pair.client_qp.register(d, access, 13).ok());
-        let d_registered = wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == 4);
-        let mut inv = SendBuffer::new(&s_pd, 8).unwrap();
-        inv.fill(b"inv").unwrap();
-        inv.set_invalidate(region_d.map(|r| r.rkey));
-        let inv_sent = pair.server_qp.post_send(inv).is_ok();
-        let inv_arrived = wait_until(|| client_seen.received.load(Ordering::Acquire) == 1);
-        let d_unregistered = d.as_ref().is_some_and(|d| !d.is_registered());
-        drop(d);
-        let after_d = (pool.available(), pool.replaced());
-
-        // F, registered, on one of the pool's MRs: A's old key reaches
-        // nothing.
-        let f = Mr::from_pool(&pool, SgBuffer::new(LEN).unwrap(), 5).ok();
-        let f_registered = f
-            .as_ref()
-            .is_some_and(|f| pair.client_qp.register(f, access, 14).is_ok())
-            && wait_until(|| client_seen.work_ok.load(Ordering::Acquire) == 5);
-        let stale = region_a.is_some_and(|region| {
-            pair.server_qp
-                .rdma(WorkOp::RdmaWrite, &src, 0, region, 22)
-                .is_ok()
-        }) && wait_until(|| server_seen.refused_work.load(Ordering::Acquire) == 1);
-        let mut f_bytes = KVec::new();
-        f_bytes.resize(LEN, 0xffu8, GFP_KERNEL).unwrap();
-        let f_read = f.as_ref().is_some_and(|f| f.read(0, &mut f_bytes).is_ok());
-        let f_untouched = f_bytes.iter().all(|&b| b == 0);
-        drop(f);
-        let after_f = (pool.available(), pool.replaced());
-        drop((src, pool, pair));
-        let back = core::mem::take(&mut *seen_back.lock());
-
-        assert_eq!(no_size, Some(EINVAL));
-        assert_eq!(size, (2, 2, LEN));
-        assert_eq!(too_long, Some((EINVAL, LEN + 1)));
-        assert_eq!(third, Some((ENOSPC, LEN)));
-        assert_eq!(all_lent, 0);
-        assert!(src_registered && written && invalidated);
-        assert_eq!(after_a, (1, 0));
-        assert!(b_registered);
-        assert_eq!(after_b, (2, 1));
-        assert!(d_registered && inv_sent && inv_arrived && d_unregistered);
-        assert_eq!(after_d, (2, 1));
-        assert!(f_registered && stale && f_read && f_untouched);
-        assert_eq!(after_f, (2, 2));
-        let zero = digest(&[0u8; LEN]);
-        assert_eq!(back.len(), 4);
-        assert_eq!(back[0], (1, digest(&pattern), LEN));
-        assert_eq!(back[1], (2, zero, LEN));
-        assert_eq!(back[2], (4, zero, LEN));
-        assert_eq!(back[3], (5, zero, LEN));
     }
 
     /// A send of the QP's inline size posted inline arrives whole; one byte

@@ -2562,7 +2562,6 @@ impl<C: CompletionHandler> Qp<C> {
         &self,
         done: WorkDone,
         cpu_sync: Option<(usize, usize)>,
-        reg_key: Option<u32>,
         fill: impl FnOnce(&mut bindings::ib_send_wr) -> *const bindings::ib_send_wr,
     ) -> Result {
         self.check_type(QpType::Rc)?;
@@ -2574,7 +2573,6 @@ impl<C: CompletionHandler> Qp<C> {
                     done: Some(work_done::<C>),
                 },
                 cpu_sync,
-                reg_key,
                 credit,
                 done,
             },
@@ -2615,7 +2613,6 @@ impl<C: CompletionHandler> Qp<C> {
             return Err(EBUSY);
         }
         let mut wr_reg: bindings::ib_reg_wr = pin_init::zeroed();
-        let key = prepared.region.rkey;
         self.post_work(
             WorkDone {
                 op: WorkOp::Register,
@@ -2623,7 +2620,6 @@ impl<C: CompletionHandler> Qp<C> {
                 mr: mr.clone(),
             },
             None,
-            Some(key),
             |wr| {
                 wr_reg.wr = *wr;
                 prepared.fill_reg_wr(&mut wr_reg, self.device().transport());
@@ -2655,9 +2651,6 @@ impl<C: CompletionHandler> Qp<C> {
         // peer) and its key forgotten; the new one is recorded before the
         // post, so a remote invalidation of it is never missed.
         reg.valid = false;
-        // A peer's invalidation of the last key is recorded before the
-        // record goes (the MR's reuse depends on it).
-        let _ = reg.no_live_key();
         reg.withdraw_remote(mr.pd());
         let (addr, lkey, rkey) = mr.map_for_registration(&mut reg)?;
         let key = mr.pd().publish_key(rkey)?;
@@ -2740,7 +2733,6 @@ impl<C: CompletionHandler> Qp<C> {
                     done: Some(work_done::<C>),
                 },
                 cpu_sync: None,
-                reg_key: Some(prepared.region.rkey),
                 credit: reg_credit,
                 done: WorkDone {
                     op: WorkOp::Register,
@@ -2878,7 +2870,6 @@ impl<C: CompletionHandler> Qp<C> {
                 mr: mr.clone(),
             },
             None,
-            Some(rkey),
             |wr| {
                 wr.opcode = bindings::ib_wr_opcode_IB_WR_LOCAL_INV;
                 wr.ex.invalidate_rkey = rkey;
@@ -2941,7 +2932,6 @@ impl<C: CompletionHandler> Qp<C> {
                 mr: mr.clone(),
             },
             cpu_sync,
-            None,
             |wr| {
                 rdma.wr = *wr;
                 rdma.wr.opcode = opcode;
@@ -4021,7 +4011,6 @@ impl PreparedRegistration {
     fn posted(&mut self, reg: &mut Registration) -> RemoteRegion {
         reg.valid = true;
         reg.prepared = false;
-        reg.live_key = Some(self.region.rkey);
         reg.lkey = self.lkey;
         reg.rkey = self.region.rkey;
         reg.iova = self.region.addr;
@@ -4050,8 +4039,6 @@ struct Work {
     cqe: bindings::ib_cqe,
     /// The range of the region to sync for the CPU on success.
     cpu_sync: Option<(usize, usize)>,
-    /// A registration's or an invalidation's remote key.
-    reg_key: Option<u32>,
     /// Returned when the work is taken apart at its completion.
     credit: Credit,
     done: WorkDone,
@@ -4093,30 +4080,13 @@ unsafe extern "C" fn work_done<C: CompletionHandler>(
 /// Hands memory work that is done back to `handler`, the region's state
 /// following its result.
 fn work_completed<C: CompletionHandler>(handler: &C, work: KBox<Work>, result: Result) {
-    let Work {
-        done,
-        cpu_sync,
-        reg_key,
-        ..
-    } = KBox::into_inner(work);
+    let Work { done, cpu_sync, .. } = KBox::into_inner(work);
     match (done.op, &result) {
         // The region is free again: a failed registration grants nothing.
-        (WorkOp::Register, Err(_)) => {
-            let mut reg = done.mr.registration();
-            reg.valid = false;
-            if let Some(key) = reg_key {
-                reg.key_ended(key);
-            }
-        }
+        (WorkOp::Register, Err(_)) => done.mr.registration().valid = false,
         // A failed invalidation may leave the keys valid: refuse to
         // register again; dropping the region still revokes everything.
         (WorkOp::Invalidate, Err(_)) => done.mr.registration().valid = true,
-        // The key grants nothing any more.
-        (WorkOp::Invalidate, Ok(())) => {
-            if let Some(key) = reg_key {
-                done.mr.registration().key_ended(key);
-            }
-        }
         _ => {}
     }
     if let (Some((offset, len)), Ok(())) = (cpu_sync, &result) {
