@@ -29,8 +29,9 @@
 //! * one PD and one shared receive queue per device, from an IB client
 //!   ([`rdma::client`]): requests of every connection on a device land in
 //!   its SRQ, and [`RecvBuffer::qp_num`] says which connection;
-//! * a CQ per completion vector of the device (up to [`MAX_CQS`]), each
-//!   connection on the one with the most room, so that completions are
+//! * a pool of CQs per device ([`CqPool`]): connections take the device's
+//!   completion vectors in turn, each on the CQ of its vector with the
+//!   most room (a CQ is made when none has room), so that completions are
 //!   spread over the device's vectors (and the CPUs they interrupt);
 //! * the R/W API ([`Qp::rdma_rw`], [`Qp::rdma_rw_then_send`]) moving
 //!   [`SgBuffer`]s of pages directly from and to the client's buffers,
@@ -56,6 +57,7 @@ use rdma::{
     addr::{SocketAddr, AF_INET},
     client::{Client, ClientRegistration, ClientSlot},
     cm::{CmId, ConnectRequest, DestroyQueue, Handler, LockedId, PortSpace, QpType},
+    cq_pool::CqPool,
     device::Device,
     event::{Event, EventType},
     mr::RemoteRegion,
@@ -63,7 +65,7 @@ use rdma::{
     pd::Pd,
     sg::SgBuffer,
     verbs::{
-        CompletionHandler, Cq, PollContext, Qp, QpCaps, RecvBuffer, RwDone, RwOp, SendBuffer, Srq,
+        CompletionHandler, PollContext, Qp, QpCaps, RecvBuffer, RwDone, RwOp, SendBuffer, Srq,
     },
 };
 
@@ -95,9 +97,10 @@ pub const MAX_IO: u32 = 64 * 1024;
 const SRQ_DEPTH: u32 = 64;
 /// Requests in flight on one connection (its R/W transfers and answers).
 const QUEUE_DEPTH: u32 = 16;
-/// Connections one device's CQ takes.
+/// Connections one device's CQ takes, over each of its first four
+/// vectors (the pool makes another CQ past that).
 const MAX_CONNS: u32 = 32;
-/// At most this many CQs per device, one per completion vector.
+/// The vectors a CQ's share of the connections is counted over.
 const MAX_CQS: u32 = 4;
 
 const OP_PUT: u8 = 1;
@@ -302,7 +305,8 @@ impl DeviceShared {
     }
 }
 
-/// The completion handler of a device's CQ.
+/// The completion handler of a device's CQs.
+#[derive(Clone)]
 struct StoreHandler(Arc<DeviceShared>);
 
 impl CompletionHandler for StoreHandler {
@@ -351,26 +355,11 @@ impl CompletionHandler for StoreHandler {
 
 /// What the sample keeps on each device.
 struct StoreDevice {
-    /// One per completion vector used, vector `i` at `i`.
-    cqs: KVec<Arc<Cq<StoreHandler>>>,
+    cqs: Arc<CqPool<StoreHandler>>,
     shared: Arc<DeviceShared>,
 }
 
-impl StoreDevice {
-    /// The CQ for a new connection, and its index: the one with the most
-    /// room, so that connections spread over the vectors and one is
-    /// refused only when no CQ has room for it.
-    fn cq_for_a_connection(&self) -> Result<(usize, &Arc<Cq<StoreHandler>>)> {
-        self.cqs
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, cq)| cq.free_entries())
-            .ok_or(ENODEV)
-    }
-}
-
-/// The sample's IB client: a PD, an SRQ and a CQ per completion vector on
-/// each device.
+/// The sample's IB client: a PD, an SRQ and a pool of CQs on each device.
 struct StoreDevices(Arc<Store>);
 
 impl Client for StoreDevices {
@@ -402,22 +391,18 @@ impl Client for StoreDevices {
         let vectors = dev.num_comp_vectors().clamp(1, MAX_CQS);
         let per_conn = conn_caps(dev).send_cq_entries()?;
         let entries = SRQ_DEPTH + MAX_CONNS.div_ceil(vectors) * per_conn;
-        let mut cqs = KVec::with_capacity(vectors as usize, GFP_KERNEL)?;
-        for vector in 0..vectors {
-            let handler = StoreHandler(shared.clone());
-            let cq = Cq::alloc_with(dev, entries, vector, PollContext::Workqueue, handler)?;
-            cqs.push(cq, GFP_KERNEL)?;
-        }
+        let handler = StoreHandler(shared.clone());
+        let cqs = CqPool::new(dev, entries, PollContext::Workqueue, handler)?;
         for _ in 0..SRQ_DEPTH {
             srq.post_recv(RecvBuffer::new(&pd, REQUEST_LEN)?)
                 .map_err(|(e, _)| e)?;
         }
         pr_info!(
-            "{}: added: one PD, an SRQ of {} requests and {} CQ(s) of {} entries, one per completion vector\n",
+            "{}: added: one PD, an SRQ of {} requests and a pool of CQs of {} entries over {} completion vector(s)\n",
             BStr::from_bytes(dev.name().as_bytes()),
             SRQ_DEPTH,
-            vectors,
-            entries
+            entries,
+            dev.num_comp_vectors()
         );
         Ok(StoreDevice { cqs, shared })
     }
@@ -464,14 +449,22 @@ impl StoreCm {
         let device = service.devices.device_data(&dev).ok_or(ENODEV)?;
         let shared = &device.shared;
         let caps = conn_caps(&dev);
-        let (index, cq) = device.cq_for_a_connection()?;
-        let qp = id.create_qp_on_srq(&shared.pd, cq, cq, &shared.srq, caps)?;
+        // The next vector's CQ with room; the first QP on a CQ needs room
+        // for the SRQ's receives too, which the pool finds by trying.
+        let (index, vector, qp) =
+            device
+                .cqs
+                .with_cq(caps.send_cq_entries()?, None, |index, cq| {
+                    let qp = id.create_qp_on_srq(&shared.pd, cq, cq, &shared.srq, caps)?;
+                    Ok((index, cq.comp_vector(), qp))
+                })?;
         pr_info!(
-            "{}: connection of QP {} on CQ {} of {}\n",
+            "{}: connection of QP {} on CQ {} of {} (vector {})\n",
             BStr::from_bytes(dev.name().as_bytes()),
             qp.qp_num(),
             index,
-            device.cqs.len()
+            device.cqs.len(),
+            vector
         );
         shared
             .conns

@@ -20,7 +20,8 @@
 //!   regions, address handles and datagram destinations, CQs, RC and UD
 //!   queue pairs, shared receive queues, buffers and work requests (the
 //!   R/W API's transfers among them), all bound to one device.  They know
-//!   nothing of the CM.
+//!   nothing of the CM.  [`cq_pool`]: a device's CQs shared by many QPs
+//!   over its completion vectors.
 //! * [`net`]: network namespaces.
 //! * [`addr`], [`conn_param`], [`event`]: socket addresses, connection
 //!   parameters with the man pages' limits, typed events.
@@ -43,6 +44,7 @@ pub mod callback;
 pub mod client;
 pub mod cm;
 pub mod conn_param;
+pub mod cq_pool;
 pub mod deferred;
 pub mod device;
 pub mod event;

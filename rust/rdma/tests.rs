@@ -351,6 +351,7 @@ mod id_tests {
         addr::SocketAddr,
         bindings,
         cm::*,
+        cq_pool::CqPool,
         deferred::flush_deferred_destroys,
         device::Transport,
         event::*,
@@ -428,6 +429,7 @@ mod id_tests {
         assert!(PortSpace::Ib.carries(QpType::Rc));
     }
 
+    #[derive(Clone)]
     struct Nop;
     impl Handler for Nop {
         fn event(&self, _id: &LockedId<'_>, _event: &Event<'_>) {}
@@ -639,6 +641,94 @@ mod id_tests {
         assert_eq!(late.err().map(|(e, _)| e), Some(ENOTCONN));
         drop(qp);
         assert_eq!(cq.free_entries(), 10);
+    }
+
+    /// A CQ pool places each QP on the CQ of its vector with the most
+    /// room, and makes a CQ when none has room: two QPs that each fill a CQ
+    /// on vector 0 get two CQs, one on vector 1 (when the device has two) a
+    /// third; once the first QP is gone, a fourth goes on its CQ again.
+    /// `ENOSPC` from the placement tries the next CQ, then a new one (not
+    /// kept if it refuses too); another error is returned as it is; a pool
+    /// of no entries or of direct CQs is refused.
+    #[test]
+    fn cq_pool_places_qps_by_room_and_vector() {
+        let caps = QpCaps {
+            max_send_wr: 2,
+            max_recv_wr: 2,
+            ..QpCaps::default()
+        };
+        let mut ids = KVec::new();
+        for _ in 0..4 {
+            let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+            if let Err(e) = id.with_lock(|l| l.bind(&rxe_addr())) {
+                super::skip_without_devices(e);
+                return;
+            }
+            ids.push(Some(id), GFP_KERNEL).unwrap();
+        }
+        let made = ids[0].as_ref().unwrap().with_lock(|l| {
+            let dev = l.device()?;
+            let pd = Pd::alloc(&dev)?;
+            let entries = caps.cq_entries()?;
+            let refused = (
+                CqPool::new(&dev, 0, PollContext::Workqueue, Nop).err(),
+                CqPool::new(&dev, entries, PollContext::Direct, Nop).err(),
+            );
+            let pool = CqPool::new(&dev, entries, PollContext::Workqueue, Nop)?;
+            Ok((dev.num_comp_vectors(), pd, entries, refused, pool))
+        });
+        let (vectors, pd, entries, refused, pool) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                super::skip_without_devices(e);
+                return;
+            }
+        };
+        // Creates a QP for `ids[i]` through the pool on `vector`: the CQ's
+        // index and vector, and the QP.
+        let place = |ids: &KVec<Option<CmId<Nop>>>, i: usize, vector: u32| {
+            let id = ids[i].as_ref().ok_or(EINVAL)?;
+            id.with_lock(|l| {
+                pool.with_cq(entries, Some(vector), |index, cq| {
+                    let qp = l.create_qp(&pd, cq, caps)?;
+                    Ok((index, cq.comp_vector(), qp))
+                })
+            })
+        };
+        let first = place(&ids, 0, 0).map(|(i, v, qp)| (i, v, Some(qp)));
+        let second = place(&ids, 1, 0).map(|(i, v, qp)| (i, v, Some(qp)));
+        let third = place(&ids, 2, 1).map(|(i, v, qp)| (i, v, Some(qp)));
+        let made_three = pool.len();
+        // Another error than ENOSPC comes back as it is, the CQ made for
+        // it not kept.
+        let other_error = pool
+            .with_cq(entries, Some(0), |_, _| Err::<(), _>(EPERM))
+            .err();
+        let after_error = pool.len();
+        // The first QP goes with its id: its CQ has room again.
+        let first = first.map(|(i, v, _)| (i, v));
+        ids[0] = None;
+        let fourth = place(&ids, 3, 0).map(|(i, v, _)| (i, v));
+        // ENOSPC moves on to the next CQ of the vector (both have the
+        // room asked for, none), and from the last to a new one, not kept
+        // when that refuses too.
+        let next = pool.with_cq(0, Some(0), |i, _| if i == 0 { Err(ENOSPC) } else { Ok(i) });
+        let tried = pool.with_cq(0, Some(0), |_, _| Err::<(), _>(ENOSPC)).err();
+        let made_in_all = pool.len();
+        let second = second.map(|(i, v, _)| (i, v));
+        let third = third.map(|(i, v, _)| (i, v));
+        drop((ids, pool, pd));
+        assert_eq!(refused, (Some(EINVAL), Some(EINVAL)));
+        assert_eq!(first, Ok((0, 0)));
+        assert_eq!(second, Ok((1, 0)));
+        assert_eq!(third, Ok((2, 1 % vectors.max(1))));
+        assert_eq!(made_three, 3);
+        assert_eq!(other_error, Some(EPERM));
+        assert_eq!(after_error, 3);
+        assert_eq!(fourth, Ok((0, 0)));
+        assert_eq!(next, Ok(1));
+        assert_eq!(tried, Some(ENOSPC));
+        assert_eq!(made_in_all, 3);
     }
 
     /// A QP whose queues complete on two CQs reserves each queue's

@@ -37,6 +37,7 @@ use crate::rping;
 use crate::uapi::*;
 use anyhow::{bail, ensure, Context, Result};
 use std::{
+    collections::BTreeSet,
     net::SocketAddr,
     time::{Duration, Instant},
 };
@@ -330,15 +331,15 @@ pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
         )?;
         let r = call.result().context("the store client")?;
         note(&format!("store client against the sample: {r:?}"));
-        // The connections spread over the sample's CQs, one per completion
-        // vector of the device: as many used as there are, up to CONNS.
-        let (cqs, used) = store_cqs_used(&dev, port)?;
+        // The connections take the device's completion vectors in turn:
+        // as many vectors used as there are, up to CONNS.
+        let (vectors, used, cqs) = store_vectors_used(&dev, port)?;
         ensure!(
-            used.len() == cqs.min(CONNS),
-            "{dev}: {CONNS} connections used CQs {used:?} of the sample's {cqs}"
+            used.len() == vectors.min(CONNS),
+            "{dev}: {CONNS} connections used vectors {used:?} of the device's {vectors}"
         );
         note(&format!(
-            "{dev}: {CONNS} connections on CQs {used:?} of the sample's {cqs}"
+            "{dev}: {CONNS} connections on vectors {used:?} of {vectors}, CQs {cqs:?} of the sample's pool"
         ));
         Ok(())
     })
@@ -346,13 +347,10 @@ pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
 
 /// What the storage sample loaded for `port` (its lines of the kernel log
 /// from its "listening" line on; loads are one at a time) says of `dev`:
-/// how many CQs it made there, and which of them its connections used.
-fn store_cqs_used(dev: &str, port: u16) -> Result<(usize, std::collections::BTreeSet<usize>)> {
-    let out = std::process::Command::new("dmesg")
-        .output()
-        .context("dmesg")?;
-    let log = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = log.lines().collect();
+/// how many completion vectors the device has, which of them its
+/// connections' CQs are on, and which CQs of its pool they used.
+fn store_vectors_used(dev: &str, port: u16) -> Result<(usize, BTreeSet<usize>, BTreeSet<usize>)> {
+    let lines = dmesg_lines()?;
     let listening = "rdma_cm_rs_store: store of ";
     let marker = format!(" listening on 0.0.0.0:{port}");
     let start = lines
@@ -360,42 +358,56 @@ fn store_cqs_used(dev: &str, port: u16) -> Result<(usize, std::collections::BTre
         .rposition(|l| l.contains(listening) && l.ends_with(&marker))
         .context("the sample's listening line")?;
     let added = format!("rdma_cm_rs_store: {dev}: added: ");
-    let cqs = lines[..start]
+    let vectors = lines[..start]
         .iter()
         .rev()
         .find_map(|l| {
             let rest = &l[l.find(&added)? + added.len()..];
-            let count = rest.split(" and ").nth(1)?.split(' ').next()?;
+            let count = rest.split(" over ").nth(1)?.split(' ').next()?;
             count.parse::<usize>().ok()
         })
         .context("the sample's added line")?;
     let conn = format!("rdma_cm_rs_store: {dev}: connection of QP ");
-    let used = lines[start..]
-        .iter()
-        .filter_map(|l| {
-            let rest = &l[l.find(&conn)? + conn.len()..];
-            rest.split(" on CQ ")
-                .nth(1)?
-                .split(' ')
-                .next()?
-                .parse()
-                .ok()
-        })
-        .collect();
-    Ok((cqs, used))
+    let (mut used, mut cqs) = (BTreeSet::new(), BTreeSet::new());
+    for l in &lines[start..] {
+        let Some(at) = l.find(&conn) else {
+            continue;
+        };
+        // "<qp> on CQ <i> of <n> (vector <v>)"
+        let rest = &l[at + conn.len()..];
+        let cq = rest
+            .split(" on CQ ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next());
+        let vector = rest
+            .split("(vector ")
+            .nth(1)
+            .and_then(|r| r.strip_suffix(')'));
+        let (Some(cq), Some(vector)) = (cq, vector) else {
+            bail!("a connection line of the sample without its CQ: {l}");
+        };
+        cqs.insert(cq.parse()?);
+        used.insert(vector.parse()?);
+    }
+    Ok((vectors, used, cqs))
+}
+
+/// The kernel log's lines.
+fn dmesg_lines() -> Result<Vec<String>> {
+    let out = std::process::Command::new("dmesg")
+        .output()
+        .context("dmesg")?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect())
 }
 
 /// Whether a line of the kernel log satisfies `want` within 5 s.
 /// The kernel log's lines that `want` matches.
 fn dmesg_count(want: impl Fn(&str) -> bool) -> usize {
-    std::process::Command::new("dmesg")
-        .output()
-        .map(|out| {
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter(|l| want(l))
-                .count()
-        })
+    dmesg_lines()
+        .map(|lines| lines.iter().filter(|l| want(l)).count())
         .unwrap_or(0)
 }
 
