@@ -619,28 +619,43 @@ mod id_tests {
                 return;
             }
         };
-        assert_eq!(too_small, Some(ENOSPC));
-        assert_eq!(small_free, 9);
-        assert_eq!(busy, Some(EBUSY));
-        assert_eq!(cq.free_entries(), 0);
+        let full = cq.free_entries();
         // No more requests in flight than the caps: the CQ cannot overflow.
+        let mut posted = 0;
         for _ in 0..4 {
-            let posted = qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap());
-            assert!(posted.is_ok());
+            let buf = RecvBuffer::new(qp.pd(), 8);
+            posted += u32::from(buf.is_ok_and(|buf| qp.post_recv(buf).is_ok()));
         }
-        let fifth = qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap());
-        assert_eq!(fifth.err().map(|(e, _)| e), Some(ENOSPC));
+        let post = |pd: &Arc<Pd>| {
+            let buf = RecvBuffer::new(pd, 8).map_err(|e| (e, None))?;
+            qp.post_recv(buf).map_err(|(e, buf)| (e, Some(buf)))
+        };
+        let fifth = post(qp.pd()).err().map(|(e, _)| e);
         // A buffer of another PD (its local key is that PD's) is refused.
-        let other_pd = Pd::alloc(qp.device()).unwrap();
-        let foreign = qp.post_recv(RecvBuffer::new(&other_pd, 8).unwrap());
-        assert_eq!(foreign.err().map(|(e, _)| e), Some(EINVAL));
+        let foreign = Pd::alloc(qp.device())
+            .map_err(|e| (e, None))
+            .and_then(|other_pd| post(&other_pd))
+            .err()
+            .map(|(e, _)| e);
         // Destroying the id shuts the QP down, flushing the four receives;
         // the room goes with the QP.
         drop(id);
-        let late = qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap());
-        assert_eq!(late.err().map(|(e, _)| e), Some(ENOTCONN));
+        let late = post(qp.pd()).err().map(|(e, _)| e);
         drop(qp);
-        assert_eq!(cq.free_entries(), 10);
+        let free_at_end = cq.free_entries();
+        // Nothing of the device is held past here: a failed assertion
+        // ends the case without unwinding, and what it held would keep
+        // the device's unregistration waiting for good.
+        drop(cq);
+        assert_eq!(too_small, Some(ENOSPC));
+        assert_eq!(small_free, 9);
+        assert_eq!(busy, Some(EBUSY));
+        assert_eq!(full, 0);
+        assert_eq!(posted, 4);
+        assert_eq!(fifth, Some(ENOSPC));
+        assert_eq!(foreign, Some(EINVAL));
+        assert_eq!(late, Some(ENOTCONN));
+        assert_eq!(free_at_end, 10);
     }
 
     /// A CQ pool places each QP on the CQ of its vector with the most
@@ -772,6 +787,19 @@ mod id_tests {
                 return;
             }
         };
+        let full = (send_cq.free_entries(), recv_cq.free_entries());
+        let post = || {
+            let buf = RecvBuffer::new(qp.pd(), 8).map_err(|e| (e, None))?;
+            qp.post_recv(buf).map_err(|(e, buf)| (e, Some(buf)))
+        };
+        let posted = (0..6).filter(|_| post().is_ok()).count();
+        let seventh = post().err().map(|(e, _)| e);
+        drop(id);
+        drop(qp);
+        let free_at_end = (send_cq.free_entries(), recv_cq.free_entries());
+        // Nothing of the device held past here (see
+        // `qps_reserve_room_for_the_drain`).
+        drop((send_cq, recv_cq));
         assert_eq!(
             (caps.send_cq_entries(), caps.recv_cq_entries()),
             (Ok(5), Ok(7))
@@ -779,15 +807,10 @@ mod id_tests {
         assert_eq!(send_too_small, Some(ENOSPC));
         assert_eq!(recv_too_small, Some(ENOSPC));
         assert_eq!(free_after_failures, (5, 7));
-        assert_eq!((send_cq.free_entries(), recv_cq.free_entries()), (0, 0));
-        for _ in 0..6 {
-            assert!(qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap()).is_ok());
-        }
-        let seventh = qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap());
-        assert_eq!(seventh.err().map(|(e, _)| e), Some(ENOSPC));
-        drop(id);
-        drop(qp);
-        assert_eq!((send_cq.free_entries(), recv_cq.free_entries()), (5, 7));
+        assert_eq!(full, (0, 0));
+        assert_eq!(posted, 6);
+        assert_eq!(seventh, Some(ENOSPC));
+        assert_eq!(free_at_end, (5, 7));
     }
 
     /// Counts the receives handed back flushed.
@@ -869,19 +892,20 @@ mod id_tests {
                 return;
             }
         };
-        assert_eq!(beyond, Some(EINVAL));
-        assert_eq!(cq.comp_vector(), last);
-        assert_eq!(cq.poll_context(), PollContext::UnboundWorkqueue);
+        let placed = (cq.comp_vector(), cq.poll_context());
         // Its workqueue polls it: nobody else may, nor may a loop.
-        assert_eq!(cq.poll(8), Err(EINVAL));
-        let poller = BusyPoller::new();
-        assert!(poller.is_ok());
-        if let Ok(poller) = poller {
-            assert_eq!(poller.start(&cq).err(), Some(EINVAL));
-        }
+        let polled = cq.poll(8);
+        let looped = BusyPoller::new().map(|poller| poller.start(&cq).err());
         drop(id);
-        assert_eq!(cq.handler().0.load(Ordering::Acquire), 6);
-        drop(qp);
+        let flushed = cq.handler().0.load(Ordering::Acquire);
+        // Nothing of the device held past here (see
+        // `qps_reserve_room_for_the_drain`).
+        drop((qp, cq));
+        assert_eq!(beyond, Some(EINVAL));
+        assert_eq!(placed, (last, PollContext::UnboundWorkqueue));
+        assert_eq!(polled, Err(EINVAL));
+        assert_eq!(looped, Ok(Some(EINVAL)));
+        assert_eq!(flushed, 6);
     }
 
     /// The one-VM test bed puts siw at 203.0.113.1, next to rxe.
@@ -2178,12 +2202,23 @@ mod sync_tests {
         read_depth: u8,
     ) -> Option<Pair> {
         let (world, listener, addr) = listening_at(ns, ip, port)?;
-        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).ok()?;
         let s_seen = server_seen.clone();
-        let (client, (client_qp, client_cq), client_seen, server, server_qp) =
+        let connected =
             connect_client_with(&world, ns, &addr, client_poll, read_depth, move |server| {
                 recording_qp(server, &s_seen, PollContext::Workqueue).map(|(qp, _)| qp)
             });
+        let (client, (client_qp, client_cq), client_seen, server, server_qp) = match connected {
+            Ok(connected) => connected,
+            Err(e) => {
+                // Nothing of the device may be held when the assertion
+                // ends the case: it does not unwind, and the device's
+                // unregistration would wait for what it held for good.
+                drop((listener, world));
+                assert_eq!(Err::<(), _>(e), Ok(()));
+                return None;
+            }
+        };
         Some(Pair {
             _client: client,
             client_qp,
@@ -2214,12 +2249,15 @@ mod sync_tests {
         addr: &SocketAddr,
         client_poll: PollContext,
         server_qp: impl FnOnce(&CmId<Node>) -> Result<Arc<Qp<Recording>>> + Send + 'static,
-    ) -> Connected {
+    ) -> Result<Connected> {
         connect_client_with(world, ns, addr, client_poll, 0, server_qp)
     }
 
     /// [`connect_client`], both sides offering `read_depth` RDMA READs in
-    /// flight each way.
+    /// flight each way.  On failure everything the attempt made is gone
+    /// (the server's id taken out of `world` once the accepting work is
+    /// done), so that the caller can let its own objects go before it
+    /// fails the case.
     fn connect_client_with(
         world: &Arc<World>,
         ns: &NetNs,
@@ -2227,49 +2265,48 @@ mod sync_tests {
         client_poll: PollContext,
         read_depth: u8,
         server_qp: impl FnOnce(&CmId<Node>) -> Result<Arc<Qp<Recording>>> + Send + 'static,
-    ) -> Connected {
+    ) -> Result<Connected> {
         let param = ConnParam::new()
             .initiator_depth(read_depth)
             .responder_resources(read_depth);
         // Without reads, the server answers with the CM's defaults.
         let server_param = (read_depth > 0).then_some(param);
-        let client = CmId::new(
-            Node::synchronous(world).unwrap(),
-            ns,
-            PortSpace::Tcp,
-            QpType::Rc,
-        )
-        .unwrap();
-        assert!(client
-            .resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))
-            .is_ok());
-        assert!(client.resolve_route_sync(ms(2000), Some(ms(5000))).is_ok());
-        let client_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
-        let client_qp = recording_qp(&client, &client_seen, client_poll).unwrap();
-        let made = Arc::pin_init(new_mutex!(None), GFP_KERNEL).unwrap();
+        let client = CmId::new(Node::synchronous(world)?, ns, PortSpace::Tcp, QpType::Rc)?;
+        client.resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))?;
+        client.resolve_route_sync(ms(2000), Some(ms(5000)))?;
+        let client_seen = Arc::new(QpSeen::default(), GFP_KERNEL)?;
+        let client_qp = recording_qp(&client, &client_seen, client_poll)?;
+        let made = Arc::pin_init(new_mutex!(None), GFP_KERNEL)?;
 
         let (w, s_qp) = (world.clone(), made.clone());
-        let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
-            let server = if wait_until(|| w.seen.lock().server.is_some()) {
-                w.seen.lock().server.clone()
-            } else {
-                None
-            };
-            let accepted = server.ok_or(ENOENT).and_then(|server| {
-                *s_qp.lock() = Some(server_qp(&server)?);
-                server.accept_sync(server_param.as_ref(), Some(ms(5000)))
-            });
-            w.seen.lock().accepted = Some(accepted);
-        });
-        assert!(spawned.is_ok());
+        workqueue::system()
+            .try_spawn(GFP_KERNEL, move || {
+                let server = if wait_until(|| w.seen.lock().server.is_some()) {
+                    w.seen.lock().server.clone()
+                } else {
+                    None
+                };
+                let accepted = server.ok_or(ENOENT).and_then(|server| {
+                    *s_qp.lock() = Some(server_qp(&server)?);
+                    server.accept_sync(server_param.as_ref(), Some(ms(5000)))
+                });
+                w.seen.lock().accepted = Some(accepted);
+            })
+            .map_err(|_| ENOMEM)?;
         let connected = client.connect_sync(&param, Some(ms(5000)));
-        assert!(wait_until(|| world.seen.lock().accepted.is_some()));
+        // The work waits 5 s for the request and 5 s for its accept.
+        let finished = (0..3).any(|_| wait_until(|| world.seen.lock().accepted.is_some()));
         let accepted = world.seen.lock().accepted.take();
-        assert!(matches!(accepted, Some(Ok(_))));
-        assert!(connected.is_ok());
-        let server = world.seen.lock().server.take().unwrap();
-        let server_qp = made.lock().take().unwrap();
-        (client, client_qp, client_seen, server, server_qp)
+        let server = world.seen.lock().server.take();
+        let server_qp = made.lock().take();
+        match (finished, accepted, connected, server, server_qp) {
+            (true, Some(Ok(_)), Ok(_), Some(server), Some(server_qp)) => {
+                Ok((client, client_qp, client_seen, server, server_qp))
+            }
+            (false, ..) => Err(ETIMEDOUT),
+            (_, Some(Err(e)), ..) | (_, _, Err(e), ..) => Err(e),
+            _ => Err(EPROTO),
+        }
     }
 
     /// An RDMA WRITE with a key the server never gave out: the server's QP
@@ -2282,20 +2319,21 @@ mod sync_tests {
             return;
         };
         let mr = Mr::new(pair.client_qp.pd(), 64).unwrap();
-        assert!(pair.client_qp.register(&mr, MrAccess::LOCAL, 1).is_ok());
+        let registered = pair.client_qp.register(&mr, MrAccess::LOCAL, 1).is_ok();
         let nowhere = RemoteRegion {
             addr: 0x1000,
             rkey: 0x5eed_0001,
             len: 16,
         };
-        assert!(pair
+        let written = pair
             .client_qp
             .rdma(WorkOp::RdmaWrite, &mr, 0, nowhere, 2)
-            .is_ok());
+            .is_ok();
         let (server_seen, client_seen) = (pair.server_seen.clone(), pair.client_seen.clone());
         let reported = wait_until(|| server_seen.access_errors.load(Ordering::Acquire) > 0);
         let refused = wait_until(|| client_seen.refused_work.load(Ordering::Acquire) > 0);
         drop((mr, pair));
+        assert!(registered && written);
         // The server's QP reported the access error; the client's WRITE
         // failed with EACCES.
         assert!(reported);
@@ -2319,7 +2357,7 @@ mod sync_tests {
             remote_write: true,
         };
         let advertised = pair.server_qp.register(&region, access, 1).unwrap();
-        assert!(region.is_registered());
+        let registered = region.is_registered();
 
         let mut both = SendBuffer::new(pair.client_qp.pd(), 16).unwrap();
         both.fill(b"both").unwrap();
@@ -2340,6 +2378,7 @@ mod sync_tests {
         let again = pair.server_qp.register(&region, access, 2);
         let new_key = again.as_ref().map(|r| r.rkey).ok();
         drop((region, pair));
+        assert!(registered);
         assert_eq!(refused, Some(EINVAL));
         assert!(posted);
         assert!(received);
@@ -2688,9 +2727,9 @@ mod sync_tests {
             QpType::Rc,
         )
         .unwrap();
-        assert!(probe
+        let probe_resolved = probe
             .resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)))
-            .is_ok());
+            .is_ok();
         let own_recvs = QpCaps {
             max_recv_wr: 1,
             ..caps
@@ -2720,6 +2759,17 @@ mod sync_tests {
         let after_first = cq.free_entries();
         let second = connect_client(&world, &ns, &addr, PollContext::Workqueue, on_srq());
         let after_second = cq.free_entries();
+        let (first, second) = match (first, second) {
+            (Ok(first), Ok(second)) => (first, second),
+            (first, second) => {
+                let failed = (first.err(), second.err());
+                // Nothing of the device held past here (see
+                // `qps_reserve_room_for_the_drain`).
+                drop((srq, cq, listener, world, pd, other_pd, dev));
+                assert_eq!(failed, (None, None));
+                return;
+            }
+        };
         let (first_qp, second_qp) = (first.4.qp_num(), second.4.qp_num());
 
         let own_post = first.4.post_recv(RecvBuffer::new(&pd, 64).unwrap());
@@ -2749,6 +2799,7 @@ mod sync_tests {
 
         assert_eq!(too_deep, Some(EINVAL));
         assert_eq!(empty, Some(EINVAL));
+        assert!(probe_resolved);
         assert_eq!(posted, DEPTH);
         assert_eq!(beyond_depth, Some(ENOSPC));
         assert_eq!(foreign, Some(EINVAL));
@@ -2990,11 +3041,20 @@ mod sync_tests {
             max_send_sge: 1,
             ..RECORDING_CAPS
         };
-        let (client, (client_qp, _client_cq), client_seen, server, server_qp) =
-            connect_client(&world, &ns, &addr, PollContext::Workqueue, move |server| {
-                recording_qp_with(server, &s_seen, PollContext::Workqueue, server_caps, 0)
-                    .map(|(qp, _)| qp)
-            });
+        let connected = connect_client(&world, &ns, &addr, PollContext::Workqueue, move |server| {
+            recording_qp_with(server, &s_seen, PollContext::Workqueue, server_caps, 0)
+                .map(|(qp, _)| qp)
+        });
+        let (client, (client_qp, _client_cq), client_seen, server, server_qp) = match connected {
+            Ok(connected) => connected,
+            Err(e) => {
+                // Nothing of the device held past here (see
+                // `qps_reserve_room_for_the_drain`).
+                drop((listener, world));
+                assert_eq!(Err::<(), _>(e), Ok(()));
+                return;
+            }
+        };
         let (c_pd, s_pd) = (client_qp.pd().clone(), server_qp.pd().clone());
         let header = pattern(HEAD, 1);
         let paged = pattern(PAGED, 2);
