@@ -65,6 +65,11 @@ const FUNCTIONS: &[&str] = &[
     "ibv_create_ah_from_wc",
     "ibv_destroy_ah",
     "ibv_query_qp",
+    // Memory windows (`static inline`): a store client's type 2 window,
+    // bound afresh for each request the sample answers with SEND_WITH_INV.
+    "ibv_alloc_mw",
+    "ibv_dealloc_mw",
+    "ibv_inc_rkey",
 ];
 
 /// The types `cm.rs` and `cm/ud.rs` name or reads fields of; bindgen adds what they
@@ -92,6 +97,9 @@ const TYPES: &[&str] = &[
     "ibv_grh",
     "ibv_qp_attr",
     "ibv_qp_attr_mask",
+    "ibv_mw",
+    "ibv_mw_bind_info",
+    "ibv_mw_type",
 ];
 
 /// Types the tool only passes pointers to, or never reads (fields of
@@ -103,8 +111,6 @@ const OPAQUE: &[&str] = &[
     "ibv_comp_channel",
     "ibv_srq",
     "ibv_ah",
-    "ibv_mw",
-    "ibv_mw_bind_info",
     "ibv_xrcd",
     "rdma_route",
 ];

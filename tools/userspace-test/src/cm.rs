@@ -488,6 +488,8 @@ pub struct Conn<'ch> {
     regions: Vec<(Box<[u8]>, *mut ibv_mr)>,
     /// The region [`Conn::send_stream`] sends from, once made.
     stream_region: Option<usize>,
+    /// Type 2 memory windows, with the remote key of their last binding.
+    windows: Vec<(*mut ibv_mw, u32)>,
 }
 
 /// The RDMA operations [`Conn::rdma`] posts.
@@ -520,6 +522,7 @@ impl<'ch> Conn<'ch> {
             recv_mr: ptr::null_mut(),
             send_mr: ptr::null_mut(),
             regions: Vec::new(),
+            windows: Vec::new(),
             stream_region: None,
         };
         // On error `conn` is dropped, which frees what was made.
@@ -687,6 +690,18 @@ impl<'ch> Conn<'ch> {
         remote_read: bool,
         remote_write: bool,
     ) -> Result<usize> {
+        self.add_region_with(data, remote_read, remote_write, false)
+    }
+
+    /// [`Self::add_region`], with memory windows allowed to bind to it
+    /// (`IBV_ACCESS_MW_BIND`) if `bindable`.
+    pub fn add_region_with(
+        &mut self,
+        data: &[u8],
+        remote_read: bool,
+        remote_write: bool,
+        bindable: bool,
+    ) -> Result<usize> {
         let mut buf = data.to_vec().into_boxed_slice();
         let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
         if remote_read {
@@ -694,6 +709,9 @@ impl<'ch> Conn<'ch> {
         }
         if remote_write {
             access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        if bindable {
+            access |= ibv_access_flags::IBV_ACCESS_MW_BIND.0;
         }
         clear_errno();
         // SAFETY: `self.pd` is live; `buf` is a heap allocation of the length
@@ -706,6 +724,75 @@ impl<'ch> Conn<'ch> {
         }
         self.regions.push((buf, mr));
         Ok(self.regions.len() - 1)
+    }
+
+    /// A type 2 memory window on the connection's PD, or `None` where the
+    /// device has none (siw); returns its index.  Binding it to a region
+    /// ([`Self::bind_window`]) needs the region made with `bindable`.
+    pub fn add_window(&mut self) -> Result<Option<usize>> {
+        clear_errno();
+        // SAFETY: `self.pd` is live; NULL on failure, checked.
+        let mw = unsafe { ibv_alloc_mw(self.pd, ibv_mw_type::IBV_MW_TYPE_2) };
+        if mw.is_null() {
+            let e = std::io::Error::last_os_error();
+            if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOSYS)) {
+                return Ok(None);
+            }
+            return Err(errno("ibv_alloc_mw"));
+        }
+        // SAFETY: Just allocated, live until drop.
+        let rkey = unsafe { (*mw).rkey };
+        self.windows.push((mw, rkey));
+        Ok(Some(self.windows.len() - 1))
+    }
+
+    /// Binds window `w` over all of region `i` (`IBV_WR_BIND_MW`, remote
+    /// read and write) under its next key, waits for the binding, and
+    /// returns the key: what a peer then reaches the region with, until it
+    /// invalidates the key (SEND_WITH_INV) or the window is bound again.
+    pub fn bind_window(&mut self, w: usize, i: usize) -> Result<u32> {
+        let (buf, mr) = &self.regions[i];
+        let (mw, last) = self.windows[w];
+        // SAFETY: A pure function of its argument.
+        let rkey = unsafe { ibv_inc_rkey(last) };
+        // SAFETY: ibv_send_wr is pointers, integers and unions of integers,
+        // all valid all-zero; the fields used are set below.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = 3;
+        wr.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.__bindgen_anon_2.bind_mw.mw = mw;
+        wr.__bindgen_anon_2.bind_mw.rkey = rkey;
+        wr.__bindgen_anon_2.bind_mw.bind_info.mr = *mr;
+        wr.__bindgen_anon_2.bind_mw.bind_info.addr = buf.as_ptr() as u64;
+        wr.__bindgen_anon_2.bind_mw.bind_info.length = buf.len() as u64;
+        wr.__bindgen_anon_2.bind_mw.bind_info.mw_access_flags =
+            ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+                | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        let mut bad = ptr::null_mut();
+        // SAFETY: The id's QP is live; ibv_post_send reads `wr` during the
+        // call only; the window and the region's MR are live objects of the
+        // QP's PD, and stay so while the QP lives (drop).
+        let r = unsafe { ibv_post_send((*self.id.raw).qp, &mut wr, &mut bad) };
+        if r != 0 {
+            bail!(
+                "ibv_post_send (BIND_MW): {}",
+                std::io::Error::from_raw_os_error(r)
+            );
+        }
+        let wc = Self::poll(self.send_cq, Duration::from_secs(5)).context("BIND_MW completion")?;
+        ensure!(
+            wc.wr_id == 3,
+            "completion {} while binding a window",
+            wc.wr_id
+        );
+        // The next binding names the window by its current key: the
+        // provider reads it from here (rxe's `rxe_bind_mw` refuses any
+        // other), and only an `ibv_bind_mw` of a type 1 window updates it.
+        // SAFETY: The window is live (drop); nothing else writes it.
+        unsafe { (*mw).rkey = rkey };
+        self.windows[w].1 = rkey;
+        Ok(rkey)
     }
 
     /// What a peer needs to reach region `i`: (address, rkey, length).
@@ -843,10 +930,35 @@ impl<'ch> Conn<'ch> {
     /// send's completion only after it: a round trip that does not wait for
     /// the send's ACK before it waits for the answer.
     pub fn send_then_recv(&mut self, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        self.send_then_recv_inv(data, timeout)
+            .map(|(answer, _)| answer)
+    }
+
+    /// [`Self::send_then_recv`], with the remote key of ours the answer
+    /// invalidated (a SEND_WITH_INV), if it did.
+    pub fn send_then_recv_inv(
+        &mut self,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<(Vec<u8>, Option<u32>)> {
         self.post_send(data)?;
-        let answer = self.recv(timeout)?;
+        let wc = Self::poll(self.recv_cq, timeout).context("receive completion")?;
+        // rxe writes the kernel's IB_WC_WITH_INVALIDATE (1 << 2) into a
+        // user CQ's completion (rxe_resp.c, do_complete), which librxe
+        // copies as it is: libibverbs' IBV_WC_IP_CSUM_OK, where it has
+        // IBV_WC_WITH_INV at 1 << 3.  Either bit says the member below
+        // holds the invalidated key (which the caller compares).
+        let with_inv = ibv_wc_flags::IBV_WC_WITH_INV | ibv_wc_flags::IBV_WC_IP_CSUM_OK;
+        let invalidated = if wc.wc_flags & with_inv != 0 {
+            // SAFETY: With either flag the provider set this member (a u32,
+            // valid for any bits).
+            Some(unsafe { wc.__bindgen_anon_1.invalidated_rkey })
+        } else {
+            None
+        };
+        let answer = self.take_received(wc)?;
         self.send_succeeded()?;
-        Ok(answer)
+        Ok((answer, invalidated))
     }
 
     /// The next completion of the send CQ, within 5 s, which must be a
@@ -1066,6 +1178,10 @@ impl Drop for Conn<'_> {
         unsafe {
             if self.has_qp {
                 rdma_destroy_qp(self.id.raw);
+            }
+            // Windows before the regions they may be bound to.
+            for (mw, _) in self.windows.drain(..) {
+                ibv_dealloc_mw(mw);
             }
             for (_, mr) in self.regions.drain(..) {
                 ibv_dereg_mr(mr);

@@ -331,6 +331,20 @@ pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
         )?;
         let r = call.result().context("the store client")?;
         note(&format!("store client against the sample: {r:?}"));
+        // Through memory windows where the device has them (rxe): every
+        // request of them answered with SEND_WITH_INV of its key, each
+        // checked by the client.
+        let invalidated: usize = field(&r, "invalidated")?.parse()?;
+        let windows = ctx.transport.name() == "rxe";
+        let expected = if windows {
+            CONNS * 2 * crate::store::SIZE_COUNT
+        } else {
+            0
+        };
+        ensure!(
+            invalidated == expected,
+            "{dev}: the sample invalidated {invalidated} of the client's keys, expected {expected}"
+        );
         // The connections take the device's completion vectors in turn:
         // as many vectors used as there are, up to CONNS.
         let (vectors, used, cqs) = store_vectors_used(&dev, port)?;
