@@ -3005,6 +3005,18 @@ mod sync_tests {
         gather_and_scatter(SIW_IP, 7210, true);
     }
 
+    /// Posts a SEND of `head` from a buffer of `qp`'s PD and of `paged`
+    /// from pages attached to it, unsignaled or not.
+    fn post_with_pages(qp: &Qp<Recording>, head: &[u8], paged: &[u8], unsignaled: bool) -> Result {
+        let mut send = SendBuffer::new(qp.pd(), head.len().max(1))?;
+        send.fill(head)?;
+        let mut pages = SgBuffer::new(paged.len())?;
+        pages.write(0, paged)?;
+        send.attach_pages(pages);
+        send.set_unsignaled(unsignaled);
+        qp.post_send(send).map_err(|(e, _)| e)
+    }
+
     /// `len` bytes of a pattern that differs from offset to offset and
     /// from `seed` to `seed`.
     fn pattern(len: usize, seed: u8) -> KVec<u8> {
@@ -3055,7 +3067,7 @@ mod sync_tests {
                 return;
             }
         };
-        let (c_pd, s_pd) = (client_qp.pd().clone(), server_qp.pd().clone());
+        let s_pd = server_qp.pd().clone();
         let header = pattern(HEAD, 1);
         let paged = pattern(PAGED, 2);
         let answer = pattern(ANSWER, 3);
@@ -3067,12 +3079,7 @@ mod sync_tests {
             .is_none());
         let recv_posted = server_qp.post_recv(recv).is_ok();
         // The client's send: the header, then 2 pages and 100 bytes.
-        let mut send = SendBuffer::new(&c_pd, HEAD).unwrap();
-        send.fill(&header).unwrap();
-        let mut pages = SgBuffer::new(PAGED).unwrap();
-        pages.write(0, &paged).unwrap();
-        send.attach_pages(pages);
-        let sent = client_qp.post_send(send).is_ok();
+        let sent = post_with_pages(&client_qp, &header, &paged, false).is_ok();
         let arrived = wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);
         let (s_len, s_digest) = (
             server_seen.last_len.load(Ordering::Acquire),
@@ -3084,13 +3091,7 @@ mod sync_tests {
         let mut recv = RecvBuffer::new(&s_pd, HEAD).unwrap();
         recv.attach_pages(SgBuffer::new(3 * 4096).unwrap());
         let second_recv_posted = server_qp.post_recv(recv).is_ok();
-        let mut send = SendBuffer::new(&c_pd, HEAD).unwrap();
-        send.fill(&header).unwrap();
-        let mut pages = SgBuffer::new(PAGED).unwrap();
-        pages.write(0, &paged).unwrap();
-        send.attach_pages(pages);
-        send.set_unsignaled(true);
-        let second_sent = client_qp.post_send(send).is_ok();
+        let second_sent = post_with_pages(&client_qp, &header, &paged, true).is_ok();
         let second_arrived = wait_until(|| server_seen.received.load(Ordering::Acquire) == 2);
         let second_digest = server_seen.last_digest.load(Ordering::Acquire);
         // Time for a completion to arrive, if one comes.
@@ -3117,11 +3118,7 @@ mod sync_tests {
         drop(srq);
 
         // The answer: pages alone, one entry.
-        let mut reply = SendBuffer::new(&s_pd, 8).unwrap();
-        let mut pages = SgBuffer::new(ANSWER).unwrap();
-        pages.write(0, &answer).unwrap();
-        reply.attach_pages(pages);
-        let answered = server_qp.post_send(reply).is_ok();
+        let answered = post_with_pages(&server_qp, &[], &answer, false).is_ok();
         let answer_arrived = wait_until(|| client_seen.received.load(Ordering::Acquire) == 1);
         let (c_len, c_digest) = (
             client_seen.last_len.load(Ordering::Acquire),
