@@ -97,10 +97,12 @@ pub const MAX_IO: u32 = 64 * 1024;
 const SRQ_DEPTH: u32 = 64;
 /// Requests in flight on one connection (its R/W transfers and answers).
 const QUEUE_DEPTH: u32 = 16;
-/// Connections one device's CQ takes, over each of its first four
-/// vectors (the pool makes another CQ past that).
+/// Connections a device's CQs are sized for, shared over up to
+/// [`MAX_CQS`] vectors: each CQ of the pool has room for its share (the
+/// pool makes another CQ when one is full; a device of more vectors gets
+/// more CQs, each of this size).
 const MAX_CONNS: u32 = 32;
-/// The vectors a CQ's share of the connections is counted over.
+/// The vectors [`MAX_CONNS`] is shared over when sizing a CQ.
 const MAX_CQS: u32 = 4;
 
 const OP_PUT: u8 = 1;
@@ -212,19 +214,26 @@ struct DeviceShared {
     store: Arc<Store>,
     srq: Arc<Srq<StoreHandler>>,
     pd: Arc<Pd>,
-    /// The QPs of the device's open connections.  A connection's entry
-    /// goes when it ends, which breaks the QP -> CQ -> handler -> QP cycle.
     #[pin]
-    conns: Mutex<KVec<(u32, Arc<Qp<StoreHandler>>)>>,
+    conns: Mutex<Conns>,
     #[pin]
     pending: Mutex<KVec<(u64, Pending)>>,
     next_tag: AtomicU64,
+}
+
+/// The QPs of a device's open connections, by QP number.  A connection's
+/// entry goes when it ends, which breaks the QP -> CQ -> handler -> QP
+/// cycle; all go when the device is removed, after which none is added.
+struct Conns {
+    qps: KVec<(u32, Arc<Qp<StoreHandler>>)>,
+    removed: bool,
 }
 
 impl DeviceShared {
     fn qp(&self, qp_num: u32) -> Option<Arc<Qp<StoreHandler>>> {
         let conns = self.conns.lock();
         conns
+            .qps
             .iter()
             .find(|(n, _)| *n == qp_num)
             .map(|(_, qp)| qp.clone())
@@ -380,7 +389,10 @@ impl Client for StoreDevices {
                 store: self.0.clone(),
                 srq: shared_srq,
                 pd: shared_pd,
-                conns <- new_mutex!(KVec::new()),
+                conns <- new_mutex!(Conns {
+                    qps: KVec::new(),
+                    removed: false,
+                }),
                 pending <- new_mutex!(KVec::new()),
                 next_tag: AtomicU64::new(0),
             }),
@@ -408,8 +420,23 @@ impl Client for StoreDevices {
     }
 
     fn remove(&self, dev: &Device, data: Arc<StoreDevice>) {
-        pr_info!("{}: removed\n", BStr::from_bytes(dev.name().as_bytes()));
-        drop(data);
+        // The CM tells the connections of the removal only after this
+        // (clients go in the reverse order of their registration), and
+        // their handlers then find no device data: the table lets go of
+        // the QPs here, and takes none after, or the cycle QP -> CQ ->
+        // handler -> table -> QP would hold the device for good.  The ids
+        // destroy the QPs when DEVICE_REMOVAL ends them.
+        let conns = {
+            let mut conns = data.shared.conns.lock();
+            conns.removed = true;
+            core::mem::take(&mut conns.qps)
+        };
+        pr_info!(
+            "{}: removed, {} connection(s) open\n",
+            BStr::from_bytes(dev.name().as_bytes()),
+            conns.len()
+        );
+        drop((conns, data));
     }
 }
 
@@ -466,10 +493,14 @@ impl StoreCm {
             device.cqs.len(),
             vector
         );
-        shared
-            .conns
-            .lock()
-            .push((qp.qp_num(), qp.clone()), GFP_KERNEL)?;
+        {
+            let mut conns = shared.conns.lock();
+            // The device went meanwhile: the id's DEVICE_REMOVAL ends it.
+            if conns.removed {
+                return Err(ENODEV);
+            }
+            conns.qps.push((qp.qp_num(), qp.clone()), GFP_KERNEL)?;
+        }
         // The request's read depths (the client asks for them), clamped
         // to the device.
         let accepted = id.accept(None);
@@ -484,8 +515,8 @@ impl StoreCm {
 fn forget_qp(service: &Service, dev: &Device, qp_num: u32) {
     if let Some(device) = service.devices.device_data(dev) {
         let mut conns = device.shared.conns.lock();
-        if let Some(i) = conns.iter().position(|(n, _)| *n == qp_num) {
-            let _ = conns.remove(i);
+        if let Some(i) = conns.qps.iter().position(|(n, _)| *n == qp_num) {
+            let _ = conns.qps.remove(i);
         }
     }
 }

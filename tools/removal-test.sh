@@ -8,6 +8,7 @@
 # handles, 3 datagrams not read) and a kernel-to-kernel rping session of the
 # sample on the device, `rdma link delete` must complete within 30 s, every
 # id must get DEVICE_REMOVAL, nothing of the module may stay on the device,
+# two of the module's ids connected to the storage sample must not hold it,
 # and the device must work again once re-added.  Runs the module's side in a
 # process that never opened librdmacm (rxe cannot take a device from under
 # open user verbs contexts).  Prints flat KTAP; exits non-zero on failure.
@@ -26,6 +27,30 @@ echo "$marker" >/dev/kmsg
 new_dmesg() { dmesg | sed -n "/$marker/,\$p"; }
 insmod "$built"/rdma_cm_rs_rping.ko port=7174
 result $? "device removal: insmod rdma_cm_rs_rping"
+# Two of the module's ids stay connected to the storage sample across the
+# removal.  The sample's IB client is removed before the CM tells the
+# connections (clients go in the reverse order of their registration):
+# its remove must break the cycle QP -> CQ -> handler -> the device's
+# table of connections -> QP itself, or the deletion waits for good.
+insmod "$built"/rdma_cm_rs_store.ko port=7175 size=1048576
+result $? "device removal: insmod rdma_cm_rs_store"
+# The shell reads its commands from a FIFO held open until the end: it
+# quits (its ids destroyed) when the FIFO closes.
+holder_in=$(mktemp -u /tmp/rdma-cm-rs-holder.XXXXXX)
+mkfifo "$holder_in"
+$tool ctl shell <"$holder_in" >/tmp/rdma-cm-rs-store-holder.out 2>&1 &
+holder=$!
+exec 9>"$holder_in"
+for id in 1 2; do
+	printf 'create tcp rc\nresolve-addr %s %s:7175\nevent\nresolve-route %s\nevent\nconnect %s\nevent\n' \
+		"$id" "$ip" "$id" "$id" >&9
+done
+for _ in $(seq 100); do
+	[ "$(new_dmesg | grep -c 'rdma_cm_rs_store: rxe0: connection of QP')" = 2 ] && break
+	sleep 0.1
+done
+[ "$(new_dmesg | grep -c 'rdma_cm_rs_store: rxe0: connection of QP')" = 2 ]
+result $? "device removal: two of the module's ids connected to the storage sample"
 # A kernel-to-kernel rping session runs during the removal (a ping every
 # 50 ms: in flight, not a CPU hog competing with the teardown).
 $tool ctl rping "$ip:7174" --count 100000000 --size 64 --interval-ms 50 >/dev/null 2>&1 &
@@ -59,4 +84,11 @@ $tool ctl rping "$ip:7174" --count 2 --size 64 >/dev/null 2>&1
 result $? "device removal: the sample serves again on the re-added device (with the PD its client made there)"
 rmmod rdma_cm_rs_rping
 result $? "device removal: rmmod rdma_cm_rs_rping"
+new_dmesg | grep -q "rdma_cm_rs_store: rxe0: removed"
+result $? "device removal: the storage sample's IB client saw rxe0 removed, its connections open"
+exec 9>&-
+wait $holder
+rm -f "$holder_in"
+rmmod rdma_cm_rs_store
+result $? "device removal: rmmod rdma_cm_rs_store"
 ktap_end

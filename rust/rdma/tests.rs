@@ -852,8 +852,11 @@ mod id_tests {
             }
         };
         drop(id);
-        assert_eq!(cq.handler().0.load(Ordering::Acquire), 6);
-        drop(qp);
+        let flushed = cq.handler().0.load(Ordering::Acquire);
+        // Nothing of the device held past here (see
+        // `qps_reserve_room_for_the_drain`).
+        drop((qp, cq));
+        assert_eq!(flushed, 6);
     }
 
     /// A CQ is bound to one of the device's completion vectors (one past
@@ -2214,7 +2217,11 @@ mod sync_tests {
                 // Nothing of the device may be held when the assertion
                 // ends the case: it does not unwind, and the device's
                 // unregistration would wait for what it held for good.
-                drop((listener, world));
+                drop(listener);
+                // A request adopted meanwhile would hold the world, which
+                // holds it.
+                world.seen.lock().server.take();
+                drop(world);
                 assert_eq!(Err::<(), _>(e), Ok(()));
                 return None;
             }
@@ -2294,8 +2301,9 @@ mod sync_tests {
             })
             .map_err(|_| ENOMEM)?;
         let connected = client.connect_sync(&param, Some(ms(5000)));
-        // The work waits 5 s for the request and 5 s for its accept.
-        let finished = (0..3).any(|_| wait_until(|| world.seen.lock().accepted.is_some()));
+        // The work waits 5 s for the request and 5 s for its accept: until
+        // it is done, it holds the server's id and QP.
+        let finished = (0..6).any(|_| wait_until(|| world.seen.lock().accepted.is_some()));
         let accepted = world.seen.lock().accepted.take();
         let server = world.seen.lock().server.take();
         let server_qp = made.lock().take();
@@ -2795,7 +2803,11 @@ mod sync_tests {
         let after_both_gone = cq.free_entries();
         let still_posted = srq.posted();
         let flushed = server_seen.recvs_flushed.load(Ordering::Acquire);
-        drop((srq, cq, listener));
+        // Nothing of the device held past here (see
+        // `qps_reserve_room_for_the_drain`).
+        drop((srq, cq, listener, pd, other_pd, dev));
+        world.seen.lock().server.take();
+        drop(world);
 
         assert_eq!(too_deep, Some(EINVAL));
         assert_eq!(empty, Some(EINVAL));
@@ -3057,12 +3069,16 @@ mod sync_tests {
             recording_qp_with(server, &s_seen, PollContext::Workqueue, server_caps, 0)
                 .map(|(qp, _)| qp)
         });
-        let (client, (client_qp, _client_cq), client_seen, server, server_qp) = match connected {
+        let (client, (client_qp, client_cq), client_seen, server, server_qp) = match connected {
             Ok(connected) => connected,
             Err(e) => {
                 // Nothing of the device held past here (see
                 // `qps_reserve_room_for_the_drain`).
-                drop((listener, world));
+                drop(listener);
+                // A request adopted meanwhile would hold the world, which
+                // holds it.
+                world.seen.lock().server.take();
+                drop(world);
                 assert_eq!(Err::<(), _>(e), Ok(()));
                 return;
             }
@@ -3074,9 +3090,9 @@ mod sync_tests {
 
         // The server's receive: 16 bytes, then 3 pages.
         let mut recv = RecvBuffer::new(&s_pd, HEAD).unwrap();
-        assert!(recv
+        let none_before = recv
             .attach_pages(SgBuffer::new(3 * 4096).unwrap())
-            .is_none());
+            .is_none();
         let recv_posted = server_qp.post_recv(recv).is_ok();
         // The client's send: the header, then 2 pages and 100 bytes.
         let sent = post_with_pages(&client_qp, &header, &paged, false).is_ok();
@@ -3126,7 +3142,14 @@ mod sync_tests {
         );
         let answer_back = wait_until(|| server_seen.send_pages_back.load(Ordering::Acquire) == 1);
         let recv_back = server_seen.recv_pages_back.load(Ordering::Acquire);
-        drop((client_qp, client, server_qp, server, listener, world));
+        // Nothing of the device held past here (see
+        // `qps_reserve_room_for_the_drain`).
+        drop((
+            client_qp, client_cq, client, server_qp, s_pd, server, listener,
+        ));
+        world.seen.lock().server.take();
+        drop(world);
+        assert!(none_before);
 
         assert!(recv_posted && sent && arrived && send_back);
         assert_eq!(s_len as usize, HEAD + PAGED);

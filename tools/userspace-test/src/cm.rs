@@ -950,8 +950,10 @@ impl<'ch> Conn<'ch> {
         // holds the invalidated key (which the caller compares).
         let with_inv = ibv_wc_flags::IBV_WC_WITH_INV | ibv_wc_flags::IBV_WC_IP_CSUM_OK;
         let invalidated = if wc.wc_flags & with_inv != 0 {
-            // SAFETY: With either flag the provider set this member (a u32,
-            // valid for any bits).
+            // SAFETY: A u32, valid for any bits, in a completion zeroed and
+            // then filled by the provider.  On rxe either flag says it holds
+            // the invalidated key; elsewhere IBV_WC_IP_CSUM_OK does not, and
+            // the caller's comparison with its key rejects what it holds.
             Some(unsafe { wc.__bindgen_anon_1.invalidated_rkey })
         } else {
             None
@@ -1171,17 +1173,18 @@ impl<'ch> Conn<'ch> {
 impl Drop for Conn<'_> {
     fn drop(&mut self) {
         // SAFETY: Each object is live and destroyed once, users before what
-        // they use: the QP (made in `new` when `has_qp`), then the MRs and
-        // CQs no QP uses any more, then the PD nothing of which is left.
-        // NULL ones were never made.  The id itself goes after this, with
-        // the `id` field.
+        // they use: the memory windows (a bound type 2 window holds the QP
+        // and its region: rxe's `rxe_do_bind_mw` takes both, and the QP's
+        // destruction would wait for it), the QP (made in `new` when
+        // `has_qp`), then the MRs and CQs no QP uses any more, then the PD
+        // nothing of which is left.  NULL ones were never made.  The id
+        // itself goes after this, with the `id` field.
         unsafe {
-            if self.has_qp {
-                rdma_destroy_qp(self.id.raw);
-            }
-            // Windows before the regions they may be bound to.
             for (mw, _) in self.windows.drain(..) {
                 ibv_dealloc_mw(mw);
+            }
+            if self.has_qp {
+                rdma_destroy_qp(self.id.raw);
             }
             for (_, mr) in self.regions.drain(..) {
                 ibv_dereg_mr(mr);
