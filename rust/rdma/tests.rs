@@ -971,25 +971,30 @@ mod id_tests {
                 return;
             }
         };
-        assert!(!rxe.same(&siw));
-        assert!(rxe.same(qp.device()));
+        let post_buffers = || -> Result<(Option<Error>, Option<Error>)> {
+            let recv = qp.post_recv(RecvBuffer::new(&pd_siw, 64)?);
+            let mut send = SendBuffer::new(&pd_siw, 64)?;
+            send.fill(b"x")?;
+            let send = qp.post_send(send);
+            Ok((recv.err().map(|(e, _)| e), send.err().map(|(e, _)| e)))
+        };
+        let posts = post_buffers();
+        let registered = crate::rdma::mr::Mr::new(&pd_siw, 4096).map(|mr| {
+            let refused = qp.register(&mr, crate::rdma::mr::MrAccess::LOCAL, 1).err();
+            (refused, mr.is_registered())
+        });
+        let devices = (rxe.same(&siw), rxe.same(qp.device()));
+        // Nothing of the devices held past here (see
+        // `qps_reserve_room_for_the_drain`).
+        drop((qp, pd_siw, rxe, siw));
+        drop(id);
+        drop(on_siw);
+        assert_eq!(devices, (false, true));
         assert_eq!(foreign_pd, Some(EXDEV));
         assert_eq!(foreign_cq, Some(EXDEV));
         assert_eq!(foreign_split, (Some(EXDEV), Some(EXDEV)));
-        let buf = RecvBuffer::new(&pd_siw, 64).unwrap();
-        assert_eq!(qp.post_recv(buf).err().map(|(e, _)| e), Some(EXDEV));
-        let mut send = SendBuffer::new(&pd_siw, 64).unwrap();
-        send.fill(b"x").unwrap();
-        assert_eq!(qp.post_send(send).err().map(|(e, _)| e), Some(EXDEV));
-        let mr = crate::rdma::mr::Mr::new(&pd_siw, 4096).unwrap();
-        assert_eq!(
-            qp.register(&mr, crate::rdma::mr::MrAccess::LOCAL, 1).err(),
-            Some(EXDEV)
-        );
-        assert!(!mr.is_registered());
-        drop((mr, qp, pd_siw));
-        drop(id);
-        drop(on_siw);
+        assert_eq!(posts, Ok((Some(EXDEV), Some(EXDEV))));
+        assert_eq!(registered, Ok((Some(EXDEV), false)));
     }
 
     /// What the slow handler below made, shared with the test.
@@ -1691,38 +1696,58 @@ mod mr_tests {
                 return;
             }
         };
-        assert!(mr_device_is_pd_device(&pd));
-        assert_eq!(Mr::new(&pd, 0).err(), Some(EINVAL));
-        assert_eq!(Mr::new(&pd, MAX_MR_LEN + 1).err(), Some(EINVAL));
-        let mr = Mr::new(&pd, 5000).unwrap();
-        assert_eq!(mr.len(), 5000);
-        let mut buf = [0xffu8; 8];
-        mr.read(4992, &mut buf).unwrap();
-        assert_eq!(buf, [0; 8]);
-        mr.write(4990, b"0123456789").unwrap();
-        mr.read(4992, &mut buf).unwrap();
-        assert_eq!(&buf, b"23456789");
-        assert_eq!(mr.write(4991, b"0123456789"), Err(EINVAL));
-        assert_eq!(mr.read(5000, &mut buf[..1]), Err(EINVAL));
-        assert!(!mr.is_registered());
-        // An unconnected QP refuses posts: the region stays free, and a
-        // second try behaves the same (no state leaks from the first).
-        assert!(qp.register(&mr, MrAccess::LOCAL, 1).is_err());
-        assert!(!mr.is_registered());
-        assert!(qp.register(&mr, MrAccess::LOCAL, 2).is_err());
-        assert_eq!(qp.invalidate(&mr, 3), Err(EINVAL));
+        let same_device = mr_device_is_pd_device(&pd);
+        let refused_lens = (Mr::new(&pd, 0).err(), Mr::new(&pd, MAX_MR_LEN + 1).err());
         let remote = RemoteRegion {
             addr: 0,
             rkey: 0,
             len: 8,
         };
-        // Not registered: no RDMA through it.
-        assert_eq!(qp.rdma(WorkOp::RdmaRead, &mr, 0, remote, 4), Err(EINVAL));
-        assert_eq!(qp.rdma(WorkOp::Register, &mr, 0, remote, 5), Err(EINVAL));
-        let largest = Mr::new(&pd, MAX_MR_LEN).unwrap();
-        largest.write(MAX_MR_LEN - 1, b"x").unwrap();
-        drop((largest, mr, qp, pd));
+        let checked = Mr::new(&pd, 5000).map(|mr| {
+            let mut zeroes = [0xffu8; 8];
+            let read_zeroes = mr.read(4992, &mut zeroes);
+            let written = mr.write(4990, b"0123456789");
+            let mut back = [0u8; 8];
+            let read_back = mr.read(4992, &mut back);
+            let mut one = [0u8; 1];
+            let beyond = (mr.write(4991, b"0123456789"), mr.read(5000, &mut one));
+            let free = !mr.is_registered();
+            // An unconnected QP refuses posts: the region stays free, and a
+            // second try behaves the same (no state leaks from the first).
+            let first = qp.register(&mr, MrAccess::LOCAL, 1).is_err();
+            let still_free = !mr.is_registered();
+            let second = qp.register(&mr, MrAccess::LOCAL, 2).is_err();
+            let invalidate = qp.invalidate(&mr, 3);
+            // Not registered: no RDMA through it.
+            let rdma = (
+                qp.rdma(WorkOp::RdmaRead, &mr, 0, remote, 4),
+                qp.rdma(WorkOp::Register, &mr, 0, remote, 5),
+            );
+            (
+                mr.len(),
+                (read_zeroes, zeroes, written, read_back, back),
+                beyond,
+                (free, first, still_free, second, invalidate),
+                rdma,
+            )
+        });
+        let largest = Mr::new(&pd, MAX_MR_LEN).and_then(|mr| mr.write(MAX_MR_LEN - 1, b"x"));
+        // Nothing of the device held past here (see
+        // `qps_reserve_room_for_the_drain`).
+        drop((qp, pd));
         drop(id);
+        assert!(same_device);
+        assert_eq!(refused_lens, (Some(EINVAL), Some(EINVAL)));
+        let Ok((len, copies, beyond, states, rdma)) = checked else {
+            assert!(checked.is_ok());
+            return;
+        };
+        assert_eq!(len, 5000);
+        assert_eq!(copies, (Ok(()), [0; 8], Ok(()), Ok(()), *b"23456789"));
+        assert_eq!(beyond, (Err(EINVAL), Err(EINVAL)));
+        assert_eq!(states, (true, true, true, true, Err(EINVAL)));
+        assert_eq!(rdma, (Err(EINVAL), Err(EINVAL)));
+        assert_eq!(largest, Ok(()));
     }
 
     fn mr_device_is_pd_device(pd: &kernel::sync::Arc<Pd>) -> bool {
