@@ -2239,15 +2239,7 @@ mod sync_tests {
         let (client, (client_qp, client_cq), client_seen, server, server_qp) = match connected {
             Ok(connected) => connected,
             Err(e) => {
-                // Nothing of the device may be held when the assertion
-                // ends the case: it does not unwind, and the device's
-                // unregistration would wait for what it held for good.
-                drop(listener);
-                // A request adopted meanwhile would hold the world, which
-                // holds it.
-                world.seen.lock().server.take();
-                drop(world);
-                assert_eq!(Err::<(), _>(e), Ok(()));
+                failed_to_connect(listener, world, e);
                 return None;
             }
         };
@@ -2261,6 +2253,18 @@ mod sync_tests {
             server_seen,
             _listener: listener,
         })
+    }
+
+    /// Fails the case with `e`, a connection's failure, once nothing of the
+    /// device is held: a failed assertion ends the case without unwinding,
+    /// and the device's unregistration would wait for good for what it
+    /// held.  A request adopted meanwhile would hold `world`, which holds
+    /// it: taken out first.
+    fn failed_to_connect(listener: CmId<Node>, world: Arc<World>, e: Error) {
+        drop(listener);
+        world.seen.lock().server.take();
+        drop(world);
+        assert_eq!(Err::<(), _>(e), Ok(()));
     }
 
     /// A connected client of `world`, what it is made of, and its server.
@@ -3097,14 +3101,7 @@ mod sync_tests {
         let (client, (client_qp, client_cq), client_seen, server, server_qp) = match connected {
             Ok(connected) => connected,
             Err(e) => {
-                // Nothing of the device held past here (see
-                // `qps_reserve_room_for_the_drain`).
-                drop(listener);
-                // A request adopted meanwhile would hold the world, which
-                // holds it.
-                world.seen.lock().server.take();
-                drop(world);
-                assert_eq!(Err::<(), _>(e), Ok(()));
+                failed_to_connect(listener, world, e);
                 return;
             }
         };
