@@ -947,11 +947,11 @@ impl MappedPages {
             // Cannot fail: the capacity is there.
             let _ = sges.push(head, GFP_KERNEL);
         }
+        // `ib_dma_map_sg` may be called in any context; `dev` is live (held
+        // by `pd`).
         let dev = pd.device().as_ptr();
-        // SAFETY: `sgl` is the live scatterlist of `nents` entries of pages
-        // the buffer owns, mapped by nothing (the consumer gave it); `dev`
-        // is live (held by `pd`).  `ib_dma_map_sg` may be called in any
-        // context.
+        // SAFETY: As above; `sgl` is the live scatterlist of `nents` entries
+        // of pages the buffer owns, mapped by nothing (the consumer's).
         let mapped = unsafe { bindings::rdma_cm_rs_dma_map_sg(dev, sgl, nents) };
         if mapped <= 0 {
             return Err((ENOMEM, pages));

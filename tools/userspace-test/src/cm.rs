@@ -949,11 +949,12 @@ impl<'ch> Conn<'ch> {
         // IBV_WC_WITH_INV at 1 << 3.  Either bit says the member below
         // holds the invalidated key (which the caller compares).
         let with_inv = ibv_wc_flags::IBV_WC_WITH_INV | ibv_wc_flags::IBV_WC_IP_CSUM_OK;
+        // On rxe either flag says the member holds the invalidated key;
+        // elsewhere IBV_WC_IP_CSUM_OK does not, and the caller's comparison
+        // with its key rejects what it holds.
         let invalidated = if wc.wc_flags & with_inv != 0 {
             // SAFETY: A u32, valid for any bits, in a completion zeroed and
-            // then filled by the provider.  On rxe either flag says it holds
-            // the invalidated key; elsewhere IBV_WC_IP_CSUM_OK does not, and
-            // the caller's comparison with its key rejects what it holds.
+            // then filled by the provider.
             Some(unsafe { wc.__bindgen_anon_1.invalidated_rkey })
         } else {
             None
@@ -1172,13 +1173,14 @@ impl<'ch> Conn<'ch> {
 
 impl Drop for Conn<'_> {
     fn drop(&mut self) {
-        // SAFETY: Each object is live and destroyed once, users before what
-        // they use: the memory windows (a bound type 2 window holds the QP
-        // and its region: rxe's `rxe_do_bind_mw` takes both, and the QP's
-        // destruction would wait for it), the QP (made in `new` when
-        // `has_qp`), then the MRs and CQs no QP uses any more, then the PD
-        // nothing of which is left.  NULL ones were never made.  The id
-        // itself goes after this, with the `id` field.
+        // Users go before what they use: the memory windows (a bound type 2
+        // window holds the QP and its region: rxe's `rxe_do_bind_mw` takes
+        // both, and the QP's destruction would wait for it), the QP (made in
+        // `new` when `has_qp`), then the MRs and CQs no QP uses any more,
+        // then the PD nothing of which is left.  The id goes after this,
+        // with the `id` field.
+        // SAFETY: Each object is live and destroyed once, in that order;
+        // NULL ones were never made.
         unsafe {
             for (mw, _) in self.windows.drain(..) {
                 ibv_dealloc_mw(mw);
