@@ -24,6 +24,63 @@ fn skip_without_devices(e: Error) {
     unsafe { crate::rdma::bindings::rdma_cm_rs_kunit_skip(reason.as_char_ptr()) };
 }
 
+/// Checks of a case made while it holds objects of a device, asserted
+/// once they are gone.  A KUnit assertion ends the
+/// case's thread where it stands, without running destructors: an id, a
+/// QP or a PD left behind would keep its device, and `rdma link delete`
+/// would wait for it for ever.  A case records instead, returns (which
+/// drops what it holds), and asserts last that none failed.
+struct Checks {
+    failed: KVec<CString>,
+    lost: bool,
+}
+
+impl Checks {
+    fn new() -> Self {
+        Self {
+            failed: KVec::new(),
+            lost: false,
+        }
+    }
+
+    /// Records `what` as failed unless `ok`; returns `ok`.
+    fn check(&mut self, what: &str, ok: bool) -> bool {
+        if !ok {
+            self.fail(fmt!("{what}"));
+        }
+        ok
+    }
+
+    /// Records `what` as failed unless `got == want`, with both; returns
+    /// whether they were equal.
+    fn eq<T: PartialEq + core::fmt::Debug>(&mut self, what: &str, got: T, want: T) -> bool {
+        let ok = got == want;
+        if !ok {
+            self.fail(fmt!("{what}: {got:?}, expected {want:?}"));
+        }
+        ok
+    }
+
+    fn fail(&mut self, message: core::fmt::Arguments<'_>) {
+        let recorded = CString::try_from_fmt(message)
+            .ok()
+            .is_some_and(|m| self.failed.push(m, GFP_KERNEL).is_ok());
+        // Still a failure, without its words.
+        self.lost |= !recorded;
+    }
+
+    /// Prints every failed check and returns how many there were, for the
+    /// case to assert none (`assert_eq!(checks.failures(), 0)`): only the
+    /// assertions of a `#[kunit_tests]` module's functions are KUnit's,
+    /// one here would panic the kernel.
+    fn failures(self) -> usize {
+        for message in &self.failed {
+            pr_err!("check failed: {}\n", &**message);
+        }
+        self.failed.len() + usize::from(self.lost)
+    }
+}
+
 /// Polls `done` every 10 ms for up to 5 s; whether it came true.
 fn wait_until(mut done: impl FnMut() -> bool) -> bool {
     for _ in 0..500 {
@@ -1074,22 +1131,32 @@ mod id_tests {
                 break;
             }
         }
-        assert!(routed.is_ok());
+        // Asserted once the id and the QP are gone: a failed assertion
+        // ends the case where it stands, and an id left behind would
+        // hold its device (`rdma link delete` would wait for ever).
+        let routed = routed.is_ok();
         for _ in 0..500 {
-            if made.started.load(Ordering::Acquire) {
+            if !routed || made.started.load(Ordering::Acquire) {
                 break;
             }
             fsleep(ms(10));
         }
-        assert!(made.started.load(Ordering::Acquire));
+        let started = made.started.load(Ordering::Acquire);
         // The handler is asleep inside its callback: destroy now.
         drop(id);
-        assert!(made.finished.load(Ordering::Acquire));
+        let finished = made.finished.load(Ordering::Acquire);
         let qp = made.qp.lock().take();
-        assert!(qp.is_some());
-        let Some(qp) = qp else { return };
-        let posted = qp.post_recv(RecvBuffer::new(qp.pd(), 8).unwrap());
-        assert_eq!(posted.err().map(|(e, _)| e), Some(ENOTCONN));
+        let made_qp = qp.is_some();
+        let posted = qp.as_ref().map(|qp| match RecvBuffer::new(qp.pd(), 8) {
+            Ok(buf) => qp.post_recv(buf).err().map(|(e, _)| e),
+            Err(e) => Some(e),
+        });
+        drop(qp);
+        assert!(routed);
+        assert!(started);
+        assert!(finished);
+        assert!(made_qp);
+        assert_eq!(posted, Some(Some(ENOTCONN)));
     }
 
     /// Drops another id from inside its event handler, and tries to lock
@@ -1145,11 +1212,17 @@ mod id_tests {
             }
             fsleep(ms(1));
         }
-        assert!(id.handler().fired.load(Ordering::Acquire));
-        assert!(id.handler().victim.lock().is_none());
-        assert_eq!(*id.handler().locked.lock(), Some(Err(EDEADLK)));
-        assert_eq!(flush_deferred_destroys(), Ok(()));
+        // Asserted after the drops: an id left behind by a failed
+        // assertion would hold its device.
+        let fired = id.handler().fired.load(Ordering::Acquire);
+        let victim_gone = id.handler().victim.lock().is_none();
+        let locked = *id.handler().locked.lock();
+        let flushed = flush_deferred_destroys();
         drop(id);
+        assert!(fired);
+        assert!(victim_gone);
+        assert_eq!(locked, Some(Err(EDEADLK)));
+        assert_eq!(flushed, Ok(()));
     }
 
     /// `with_lock` holds the mutex as a callback does: nested on the same
@@ -1226,7 +1299,7 @@ mod id_tests {
 
 #[kunit_tests(rdma_cm_rs_ud)]
 mod ud_tests {
-    use super::wait_until;
+    use super::{wait_until, Checks};
     use crate::rdma::{
         addr::SocketAddr,
         ah::UdDest,
@@ -1445,6 +1518,14 @@ mod ud_tests {
     /// queue's completions only, the flushed ones of the teardown included.
     #[test]
     fn sidr_lookup_and_datagrams_both_ways() {
+        let mut checks = Checks::new();
+        sidr_exchange(&mut checks);
+        assert_eq!(checks.failures(), 0);
+    }
+
+    /// The body of [`sidr_lookup_and_datagrams_both_ways`]: everything of
+    /// the device it makes is dropped when it returns.
+    fn sidr_exchange(c: &mut Checks) {
         let world = Arc::pin_init(
             pin_init!(World {
                 seen <- new_mutex!(Seen::default()),
@@ -1466,12 +1547,15 @@ mod ud_tests {
             super::skip_without_devices(e);
             return;
         }
-        listener.listen(4).unwrap();
+        if !c.eq("listen", listener.listen(4), Ok(())) {
+            return;
+        }
         let client = CmId::new(node(true), &ns, PortSpace::Udp, QpType::Ud).unwrap();
-        client
-            .with_lock(|l| l.resolve_addr(None, &addr, ms(2000)))
-            .unwrap();
-        assert!(wait_until(|| world.seen.lock().dest.is_some()));
+        let resolving = client.with_lock(|l| l.resolve_addr(None, &addr, ms(2000)));
+        if !c.eq("the client's resolve_addr", resolving, Ok(())) {
+            return;
+        }
+        let looked_up = wait_until(|| world.seen.lock().dest.is_some());
         let (dest, client_qp, client_inbox, server_qp, server_inbox, data, a137, again, c181) = {
             let mut seen = world.seen.lock();
             let client_side = seen.client_side.take();
@@ -1500,20 +1584,22 @@ mod ud_tests {
             Some(server_inbox),
         ) = (dest, client_qp, client_inbox, server_qp, server_inbox)
         else {
-            panic!(
-                "the SIDR exchange did not complete: the client's error {:?}, its QP made {}, the server's QP made {}",
-                client_error,
-                client_made,
-                server_made
+            c.check("the SIDR reply within 5 s", looked_up);
+            c.eq(
+                "the SIDR exchange (the client's error, its QP made, the server's QP made)",
+                (client_error, client_made, server_made),
+                (Some(None), true, true),
             );
+            world.seen.lock().server.take();
+            return;
         };
-        assert_eq!(c181, Some(EINVAL));
-        assert_eq!(a137, Some(EINVAL));
-        assert_eq!(again, Some(EINVAL));
+        c.eq("connect with 181 bytes", c181, Some(EINVAL));
+        c.eq("accept with 137 bytes", a137, Some(EINVAL));
+        c.eq("a second accept", again, Some(EINVAL));
         // The CM pads the SIDR request's private data to 180 bytes.
-        assert_eq!(data, 180);
-        assert_eq!(dest.qp_num(), server_qp.qp_num());
-        assert_eq!(dest.qkey(), server_qp.qkey());
+        c.eq("the request's private data", data, 180);
+        c.eq("the reply's QP", dest.qp_num(), server_qp.qp_num());
+        c.eq("the reply's Q_Key", dest.qkey(), server_qp.qkey());
 
         let pd = client_qp.pd();
         let mut zeros = KVec::new();
@@ -1523,62 +1609,93 @@ mod ud_tests {
         let mut big = SendBuffer::new(pd, zeros.len()).unwrap();
         big.fill(&zeros).unwrap();
         let refused = client_qp.post_send_ud(big, &dest).err().map(|(e, _)| e);
-        assert_eq!(refused, Some(EMSGSIZE));
+        c.eq("a datagram above the MTU", refused, Some(EMSGSIZE));
         // Selective signaling is RC's (the shutdown's marker is a WRITE).
         let mut quiet = SendBuffer::new(pd, 64).unwrap();
         quiet.set_unsignaled(true);
         let refused = client_qp.post_send_ud(quiet, &dest).err().map(|(e, _)| e);
-        assert_eq!(refused, Some(EINVAL));
+        c.eq("an unsignaled datagram", refused, Some(EINVAL));
 
         let mut ping = SendBuffer::new(pd, 64).unwrap();
         ping.fill(b"ud ping").unwrap();
         ping.set_imm(Some(client_qp.qp_num()));
-        assert!(client_qp.post_send_ud(ping, &dest).is_ok());
+        let sent = client_qp.post_send_ud(ping, &dest).err().map(|(e, _)| e);
         // The send holds the address handle: the consumer's copy may go.
         drop(dest);
         let mut got = None;
-        assert!(wait_until(|| {
-            got = take_one(&server_inbox);
-            got.is_some()
-        }));
-        let Some(got) = got else { return };
-        assert_eq!(got.data(), b"ud ping");
-        assert_eq!(got.imm(), Some(client_qp.qp_num()));
-        assert_eq!(got.datagram().map(|d| d.src_qp()), Some(client_qp.qp_num()));
-        assert_eq!(
-            got.datagram().and_then(|d| d.imm()),
-            Some(client_qp.qp_num())
-        );
-
-        let back = server_qp.reply_dest(&got).unwrap();
-        assert_eq!(back.qp_num(), client_qp.qp_num());
-        let mut pong = SendBuffer::new(server_qp.pd(), 64).unwrap();
-        pong.fill(b"ud pong").unwrap();
-        assert!(server_qp.post_send_ud(pong, &back).is_ok());
+        if c.eq("the ping's post", sent, None) {
+            wait_until(|| {
+                got = take_one(&server_inbox);
+                got.is_some()
+            });
+        }
         let mut answer = None;
-        assert!(wait_until(|| {
-            answer = take_one(&client_inbox);
-            answer.is_some()
-        }));
-        let Some(answer) = answer else { return };
-        assert_eq!(answer.data(), b"ud pong");
-        assert_eq!(answer.imm(), None);
-        assert_eq!(
-            answer.datagram().map(|d| d.src_qp()),
-            Some(server_qp.qp_num())
-        );
-        assert!(wait_until(|| client_inbox.sent.load(Ordering::Acquire)
-            == 1
-            && server_inbox.sent.load(Ordering::Acquire) == 1));
+        if let Some(got) = &got {
+            c.eq("the ping", got.data(), b"ud ping".as_slice());
+            c.eq("its immediate data", got.imm(), Some(client_qp.qp_num()));
+            c.eq(
+                "its source QP",
+                got.datagram().map(|d| d.src_qp()),
+                Some(client_qp.qp_num()),
+            );
+            c.eq(
+                "the datagram's immediate data",
+                got.datagram().and_then(|d| d.imm()),
+                Some(client_qp.qp_num()),
+            );
+            match server_qp.reply_dest(got) {
+                Ok(back) => {
+                    c.eq("the reply's destination", back.qp_num(), client_qp.qp_num());
+                    let mut pong = SendBuffer::new(server_qp.pd(), 64).unwrap();
+                    pong.fill(b"ud pong").unwrap();
+                    let sent = server_qp.post_send_ud(pong, &back).err().map(|(e, _)| e);
+                    if c.eq("the pong's post", sent, None) {
+                        wait_until(|| {
+                            answer = take_one(&client_inbox);
+                            answer.is_some()
+                        });
+                    }
+                }
+                Err(e) => {
+                    c.eq("reply_dest", Err(e), Ok(()));
+                }
+            }
+        } else {
+            c.check("the ping arrived within 5 s", false);
+        }
+        if let Some(answer) = &answer {
+            c.eq("the pong", answer.data(), b"ud pong".as_slice());
+            c.eq("its immediate data", answer.imm(), None);
+            c.eq(
+                "its source QP",
+                answer.datagram().map(|d| d.src_qp()),
+                Some(server_qp.qp_num()),
+            );
+            let both_sent = wait_until(|| {
+                client_inbox.sent.load(Ordering::Acquire) == 1
+                    && server_inbox.sent.load(Ordering::Acquire) == 1
+            });
+            c.check("each side's send completed", both_sent);
+        } else if got.is_some() {
+            c.check("the pong arrived within 5 s", false);
+        }
 
         let server = world.seen.lock().server.take();
-        drop((got, answer, back));
+        drop((got, answer));
         drop((client, server, listener));
         drop((client_qp, server_qp));
         // The server's three receives left were flushed by its id's
         // destruction: to the receive CQ's handler as well.
-        assert_eq!(server_inbox.misrouted.load(Ordering::Acquire), 0);
-        assert_eq!(client_inbox.misrouted.load(Ordering::Acquire), 0);
+        c.eq(
+            "the server's completions on the wrong CQ",
+            server_inbox.misrouted.load(Ordering::Acquire),
+            0,
+        );
+        c.eq(
+            "the client's completions on the wrong CQ",
+            client_inbox.misrouted.load(Ordering::Acquire),
+            0,
+        );
     }
 }
 
@@ -1757,7 +1874,7 @@ mod mr_tests {
 
 #[kunit_tests(rdma_cm_rs_sync)]
 mod sync_tests {
-    use super::wait_until;
+    use super::{wait_until, Checks};
     use crate::rdma::{
         addr::SocketAddr,
         blocking::{EventWaiter, SyncOutcome},
@@ -1780,6 +1897,7 @@ mod sync_tests {
         prelude::*,
         sync::{Arc, Mutex},
         time::{delay::fsleep, Delta, Instant, Monotonic},
+        types::ScopeGuard,
         workqueue,
     };
 
@@ -1919,13 +2037,25 @@ mod sync_tests {
     /// a handler without a waiter too (`EINVAL`).
     #[test]
     fn blocking_calls_return_their_events() {
+        let mut checks = Checks::new();
+        blocking_exchange(&mut checks);
+        assert_eq!(checks.failures(), 0);
+    }
+
+    /// The body of [`blocking_calls_return_their_events`]: everything of
+    /// the device it makes is dropped when it returns.
+    fn blocking_exchange(c: &mut Checks) {
         let ns = NetNs::init();
         let Some((world, listener, addr)) = listening(&ns, 7185) else {
             return;
         };
-        assert_eq!(
+        // The server's id holds the world its handler records into: let
+        // it go on every way out.
+        let _release = ScopeGuard::new(|| drop(world.seen.lock().server.take()));
+        c.eq(
+            "resolve_route_sync on a listener",
             listener.resolve_route_sync(ms(100), None).err(),
-            Some(EINVAL)
+            Some(EINVAL),
         );
 
         let client = CmId::new(
@@ -1937,18 +2067,29 @@ mod sync_tests {
         .unwrap();
         let nested =
             client.with_lock(|_| Ok(client.resolve_addr_sync(None, &addr, ms(2000), None).err()));
-        assert_eq!(nested.ok().flatten(), Some(EDEADLK));
+        c.eq(
+            "resolve_addr_sync inside with_lock",
+            nested.ok().flatten(),
+            Some(EDEADLK),
+        );
         let resolved = client.resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)));
-        assert_eq!(
-            resolved.map(|o| (o.event().kind(), o.result())),
-            Ok((EventType::AddrResolved, Ok(())))
-        );
-        let routed = client.resolve_route_sync(ms(2000), Some(ms(5000)));
-        assert_eq!(
-            routed.map(|o| o.event().kind()),
-            Ok(EventType::RouteResolved)
-        );
-        assert!(with_qp(&client).is_ok());
+        let routed = resolved.and_then(|o| {
+            c.eq(
+                "resolve_addr_sync",
+                (o.event().kind(), o.result()),
+                (EventType::AddrResolved, Ok(())),
+            );
+            client.resolve_route_sync(ms(2000), Some(ms(5000)))
+        });
+        let routed = routed.map(|o| o.event().kind());
+        if !c.eq(
+            "the client's resolution",
+            routed,
+            Ok(EventType::RouteResolved),
+        ) || !c.eq("the client's QP", with_qp(&client).err(), None)
+        {
+            return;
+        }
 
         // The server accepts from a work item: its accept and the client's
         // connect block at once, each until its own ESTABLISHED.
@@ -1966,26 +2107,44 @@ mod sync_tests {
             });
             w.seen.lock().accepted = Some(accepted);
         });
-        assert!(spawned.is_ok());
+        if !c.eq("the accepting work", spawned.err(), None) {
+            return;
+        }
         let param = ConnParam::new().private_data(b"from the client").unwrap();
         let connected = client.connect_sync(&param, Some(ms(5000)));
-        assert!(wait_until(|| world.seen.lock().accepted.is_some()));
+        c.check(
+            "the server's accept_sync returned within 5 s",
+            wait_until(|| world.seen.lock().accepted.is_some()),
+        );
         let accepted = world.seen.lock().accepted.take();
-        let Some(Ok(accepted)) = accepted else {
-            panic!("the server's accept_sync failed");
+        let (Some(Ok(accepted)), Ok(connected)) = (accepted, connected) else {
+            c.check(
+                "the server's accept_sync and the client's connect_sync",
+                false,
+            );
+            return;
         };
-        let Ok(connected) = connected else {
-            panic!("the client's connect_sync failed");
-        };
-        assert_eq!(connected.event().kind(), EventType::Established);
-        assert!(connected.result().is_ok());
+        c.eq(
+            "connect_sync's event",
+            connected.event().kind(),
+            EventType::Established,
+        );
+        c.eq("connect_sync's result", connected.result(), Ok(()));
         // Over RoCE the REP's private data arrives padded to 196 bytes.
         let reply = connected.event().conn_param().map(|p| p.data().as_slice());
-        assert!(reply.is_some_and(|d| d.starts_with(b"from the server")));
-        assert_eq!(accepted.event().kind(), EventType::Established);
-        assert_eq!(
+        c.check(
+            "the server's private data",
+            reply.is_some_and(|d| d.starts_with(b"from the server")),
+        );
+        c.eq(
+            "accept_sync's event",
+            accepted.event().kind(),
+            EventType::Established,
+        );
+        c.eq(
+            "the client's last event",
             client.last_event().map(|e| e.kind()),
-            Some(EventType::Established)
+            Some(EventType::Established),
         );
 
         // The server disconnects from a work item: its DISCONNECTED needs
@@ -1993,25 +2152,42 @@ mod sync_tests {
         // client's disconnect sends; that one returns the DISCONNECTED the
         // server's request caused, kept if it came first.
         let server = world.seen.lock().server.take();
-        let Some(server) = server else { return };
+        let Some(server) = server else {
+            c.check("the server's id", false);
+            return;
+        };
         let s = server.clone();
         let w = world.clone();
         let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
             let ended = s.disconnect_sync(Some(ms(5000)));
             w.seen.lock().accepted = Some(ended);
         });
-        assert!(spawned.is_ok());
+        if !c.eq("the disconnecting work", spawned.err(), None) {
+            return;
+        }
         let ended = client.disconnect_sync(Some(ms(5000)));
-        assert_eq!(ended.map(|o| o.event().kind()), Ok(EventType::Disconnected));
-        assert!(wait_until(|| world.seen.lock().accepted.is_some()));
+        c.eq(
+            "the client's disconnect_sync",
+            ended.map(|o| o.event().kind()),
+            Ok(EventType::Disconnected),
+        );
+        c.check(
+            "the server's disconnect_sync returned within 5 s",
+            wait_until(|| world.seen.lock().accepted.is_some()),
+        );
         let ended = world.seen.lock().accepted.take();
-        assert_eq!(
+        c.eq(
+            "the server's disconnect_sync",
             ended.map(|r| r.map(|o| o.event().kind())),
-            Some(Ok(EventType::Disconnected))
+            Some(Ok(EventType::Disconnected)),
         );
         // Kept: a second disconnect returns it at once.
         let again = client.disconnect_sync(Some(ms(1)));
-        assert_eq!(again.map(|o| o.event().kind()), Ok(EventType::Disconnected));
+        c.eq(
+            "a second disconnect_sync",
+            again.map(|o| o.event().kind()),
+            Ok(EventType::Disconnected),
+        );
         drop((client, server, listener));
     }
 
