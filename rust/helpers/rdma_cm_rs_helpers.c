@@ -3,6 +3,7 @@
  * C shims for the RDMA abstraction layer; see rdma_cm_rs_helpers.h.  Each is
  * a plain call-through: the safety rules live on the Rust side.
  */
+#include <linux/cpumask.h>
 #include <linux/nsproxy.h>
 #include <linux/scatterlist.h>
 #include <linux/sched.h>
@@ -504,4 +505,14 @@ int rdma_cm_rs_map_mr_sg(struct ib_mr *mr, struct scatterlist *sgl,
 	if (n < 0)
 		return n;
 	return n == mapped ? 0 : -EINVAL;
+}
+
+/*
+ * The CPUs online now (num_online_cpus() is an inline reading an atomic):
+ * a CQ pool spreads over no more completion vectors than these, as
+ * ib_cq_pool_get does.
+ */
+unsigned int rdma_cm_rs_num_online_cpus(void)
+{
+	return num_online_cpus();
 }

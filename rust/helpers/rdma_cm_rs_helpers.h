@@ -76,6 +76,7 @@ int rdma_cm_rs_sg_copy(struct scatterlist *sgl, unsigned int nents, void *buf,
 		       size_t len, size_t skip, bool to_pages);
 int rdma_cm_rs_map_mr_sg(struct ib_mr *mr, struct scatterlist *sgl,
 			 unsigned int mapped);
+unsigned int rdma_cm_rs_num_online_cpus(void);
 int rdma_cm_rs_dma_map_single(struct ib_device *dev, void *cpu_addr,
 			      size_t size, enum dma_data_direction dir,
 			      u64 *dma_addr);

@@ -14,6 +14,7 @@
 //! [`Cq`]s, each holding the device, which its unregistration waits for.
 
 use super::{
+    bindings,
     device::Device,
     verbs::{CompletionHandler, Cq, PollContext},
 };
@@ -70,7 +71,8 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
     }
 
     /// Calls `place` with a CQ of the pool on completion vector `vector`
-    /// (modulo the device's, or the next vector in turn for `None`), and
+    /// (modulo the device's vectors, counting no more than the CPUs
+    /// online, or the next vector in turn for `None`), and
     /// its index in the pool, and returns what `place` returns: `place`
     /// creates the QP on it.  The CQs of the vector with at least
     /// `entries` free are offered, the one with the most room first, and
@@ -86,7 +88,13 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
         vector: Option<u32>,
         mut place: impl FnMut(usize, &Arc<Cq<C>>) -> Result<R>,
     ) -> Result<R> {
-        let vectors = self.dev.num_comp_vectors().max(1);
+        // As `ib_cq_pool_get`: no more vectors than CPUs online, whose
+        // interrupts (or, for rxe and siw, whose work items) they spread
+        // over; a device may count vectors for every possible CPU.
+        // SAFETY: Reads a counter the CPU hotplug code keeps; callable in
+        // any context.
+        let online = unsafe { bindings::rdma_cm_rs_num_online_cpus() };
+        let vectors = self.dev.num_comp_vectors().min(online).max(1);
         let vector =
             vector.unwrap_or_else(|| self.next_vector.fetch_add(1, Ordering::Relaxed)) % vectors;
         let mut cqs = self.cqs.lock();
