@@ -186,6 +186,7 @@ int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr,
  * without SRQs.
  */
 struct ib_srq *rdma_cm_rs_create_srq(struct ib_pd *pd, u32 max_wr,
+				     u32 max_sge,
 				     void (*handler)(struct ib_event *, void *),
 				     void *context)
 {
@@ -193,7 +194,7 @@ struct ib_srq *rdma_cm_rs_create_srq(struct ib_pd *pd, u32 max_wr,
 		.event_handler = handler,
 		.srq_context = context,
 		.srq_type = IB_SRQT_BASIC,
-		.attr = { .max_wr = max_wr, .max_sge = 1 },
+		.attr = { .max_wr = max_wr, .max_sge = max_sge },
 	};
 
 	return ib_create_srq(pd, &attr);

@@ -49,6 +49,7 @@ int rdma_cm_rs_post_send(struct ib_qp *qp, const struct ib_send_wr *wr,
 int rdma_cm_rs_post_recv(struct ib_qp *qp, const struct ib_recv_wr *wr,
 			 const struct ib_recv_wr **bad);
 struct ib_srq *rdma_cm_rs_create_srq(struct ib_pd *pd, u32 max_wr,
+				     u32 max_sge,
 				     void (*handler)(struct ib_event *, void *),
 				     void *context);
 int rdma_cm_rs_arm_srq_limit(struct ib_srq *srq, u32 limit);

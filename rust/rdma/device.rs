@@ -114,6 +114,8 @@ pub struct DeviceCaps {
     pub max_srq: u32,
     /// See `max_srq`.
     pub max_srq_wr: u32,
+    /// `max_srq_sge`: scatter entries one receive of an SRQ carries.
+    pub max_srq_sge: u32,
     /// `max_fast_reg_page_list_len`: pages one fast registration maps.
     pub max_fast_reg_page_list_len: u32,
     /// `max_qp_rd_atom`, `max_qp_init_rd_atom`: RDMA READs a QP serves and
@@ -448,6 +450,7 @@ impl Device {
             max_pd: a.max_pd,
             max_srq: a.max_srq,
             max_srq_wr: a.max_srq_wr,
+            max_srq_sge: a.max_srq_sge,
             max_fast_reg_page_list_len: self.max_fast_reg_page_list_len(),
             max_qp_rd_atom: self.max_qp_rd_atom(),
             max_qp_init_rd_atom: self.max_qp_init_rd_atom(),

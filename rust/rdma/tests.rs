@@ -1888,7 +1888,7 @@ mod sync_tests {
         sg::SgBuffer,
         verbs::{
             CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, RwDone, RwOp,
-            SendBuffer, Srq, SrqEvent, SrqEvents, WorkDone, WorkOp, FLUSH_TIMEOUT,
+            SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone, WorkOp, FLUSH_TIMEOUT,
         },
     };
     use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -3362,6 +3362,85 @@ mod sync_tests {
         assert!(answered && answer_arrived && answer_back);
         assert_eq!(c_len as usize, ANSWER);
         assert_eq!(c_digest, digest(&answer));
+    }
+
+    /// An SRQ made for 4 scatter entries ([`SrqCaps::max_sge`]): the
+    /// client's 16-byte header, 2 pages and 100 bytes arrive in the
+    /// server's SRQ receive of 16 bytes and 3 pages, every byte in order,
+    /// and the receive comes back with its pages.  An SRQ of more entries
+    /// than the device's `max_srq_sge` is refused (`EINVAL`).
+    #[test]
+    fn srq_receives_scatter_into_pages() {
+        const HEAD: usize = 16;
+        const PAGED: usize = 2 * 4096 + 100;
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening_at(&ns, RXE_IP, 7211) else {
+            return;
+        };
+        let dev = listener.with_lock(|l| l.device()).unwrap();
+        let pd = Pd::alloc(&dev).unwrap();
+        let beyond_device = SrqCaps {
+            max_wr: 4,
+            max_sge: dev.caps().max_srq_sge + 1,
+        };
+        let too_wide = Srq::<Recording>::with_caps(&pd, beyond_device, None).err();
+        let srq_caps = SrqCaps {
+            max_wr: 4,
+            max_sge: 4,
+        };
+        let srq = Srq::<Recording>::with_caps(&pd, srq_caps, None).unwrap();
+        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let caps = QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 0,
+            max_inline_data: 0,
+            ..QpCaps::default()
+        };
+        let entries = srq_caps.max_wr + caps.send_cq_entries().unwrap();
+        let cq = Cq::alloc(&dev, entries, Recording(server_seen.clone())).unwrap();
+        let mut recv = RecvBuffer::new(&pd, HEAD).unwrap();
+        let pages = SgBuffer::new(3 * 4096).unwrap();
+        let page_entries = pages.entries();
+        recv.attach_pages(pages);
+        let posted = srq.post_recv(recv).err().map(|(e, _)| e);
+
+        let (s_pd, s_cq, s_srq) = (pd.clone(), cq.clone(), srq.clone());
+        let connected = connect_client(&world, &ns, &addr, PollContext::Workqueue, move |server| {
+            server.with_lock(|l| l.create_qp_on_srq(&s_pd, &s_cq, &s_cq, &s_srq, caps))
+        });
+        let (client, (client_qp, client_cq), _client_seen, server, server_qp) = match connected {
+            Ok(connected) => connected,
+            Err(e) => {
+                drop((srq, cq, pd, dev));
+                failed_to_connect(listener, world, e);
+                return;
+            }
+        };
+        let header = pattern(HEAD, 4);
+        let paged = pattern(PAGED, 5);
+        let sent = post_with_pages(&client_qp, &header, &paged, false).is_ok();
+        let arrived = wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);
+        let (len, digest_seen) = (
+            server_seen.last_len.load(Ordering::Acquire),
+            server_seen.last_digest.load(Ordering::Acquire),
+        );
+        let recv_back = wait_until(|| server_seen.recv_pages_back.load(Ordering::Acquire) == 1);
+        // Nothing of the device held past here (see
+        // `qps_reserve_room_for_the_drain`).
+        drop((
+            client_qp, client_cq, client, server_qp, server, srq, cq, pd, dev,
+        ));
+        drop(listener);
+        world.seen.lock().server.take();
+        drop(world);
+        assert_eq!(too_wide, Some(EINVAL));
+        // 3 pages are 1 to 3 entries (adjacent pages merge): with the
+        // buffer's, within the SRQ's 4.
+        assert!((1..=3).contains(&page_entries));
+        assert_eq!(posted, None);
+        assert!(sent && arrived && recv_back);
+        assert_eq!(len as usize, HEAD + PAGED);
+        assert_eq!(digest_seen, digest_on(digest(&header), &paged));
     }
 
     /// What a SEND advertising `region` carries: address, key, length.

@@ -1032,8 +1032,8 @@ impl RecvBuffer {
     /// takes one scatter entry for the buffer and one for each entry of
     /// the pages' scatterlist ([`SgBuffer::entries`]), within the QP's
     /// [`QpCaps::max_recv_sge`] (`EMSGSIZE` from the post otherwise); RC
-    /// QPs only (`EOPNOTSUPP` from a UD QP's post, `EMSGSIZE` from an
-    /// [`Srq`]'s, whose receives take one entry).  The pages are mapped for
+    /// QPs only (`EOPNOTSUPP` from a UD QP's post); on an [`Srq`], within
+    /// its [`SrqCaps::max_sge`] (`EMSGSIZE` otherwise).  The pages are mapped for
     /// the device from the post to the completion, which hands them back
     /// attached, with what arrived in them ([`Self::paged_len`]).
     pub fn attach_pages(&mut self, pages: SgBuffer) -> Option<SgBuffer> {
@@ -3349,9 +3349,9 @@ impl<C: CompletionHandler> PinnedDrop for Qp<C> {
 /// # Invariants
 ///
 /// * Once set by the constructor (and whenever the object is
-///   reachable), `raw` is a live SRQ on `pd`, of at least `max_wr` one-SGE
-///   receives, whose events' context is this object, until the object is
-///   dropped.
+///   reachable), `raw` is a live SRQ on `pd`, of at least `max_wr`
+///   receives of at least `max_sge` scatter entries each, whose events'
+///   context is this object, until the object is dropped.
 /// * `credits` (shared) counts and tracks every buffer posted to it whose
 ///   completion has not run, at most `max_wr`, and records the QPs
 ///   created on it that still exist.
@@ -3362,12 +3362,24 @@ impl<C: CompletionHandler> PinnedDrop for Qp<C> {
 pub struct Srq<C: CompletionHandler> {
     raw: AtomicPtr<bindings::ib_srq>,
     max_wr: u32,
+    max_sge: u32,
     credits: Arc<WrCredits>,
     pd: Arc<Pd>,
     #[pin]
     recv_cqs: Mutex<KVec<(Arc<Cq<C>>, u32)>>,
     /// Who hears of the SRQ's events.
     events: Option<Arc<dyn SrqEvents>>,
+}
+
+/// What an [`Srq`] is made for ([`Srq::with_caps`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SrqCaps {
+    /// Receives posted at once: `1..=` the device's `max_srq_wr`.
+    pub max_wr: u32,
+    /// Scatter entries one receive carries (its buffer, then each entry of
+    /// its attached pages, [`RecvBuffer::attach_pages`]), at most the
+    /// device's `max_srq_sge`; 0 means 1.
+    pub max_sge: u32,
 }
 
 /// An asynchronous event of a shared receive queue.
@@ -3403,20 +3415,29 @@ impl<C: CompletionHandler> Srq<C> {
     /// ([`super::device::DeviceCaps`]), `EOPNOTSUPP` on a device without
     /// SRQs.
     pub fn new(pd: &Arc<Pd>, max_wr: u32) -> Result<Arc<Self>> {
-        Self::create(pd, max_wr, None)
+        Self::with_caps(pd, SrqCaps { max_wr, max_sge: 1 }, None)
     }
 
     /// [`Self::new`], the SRQ's events to `events`.
     pub fn with_events(pd: &Arc<Pd>, max_wr: u32, events: Arc<dyn SrqEvents>) -> Result<Arc<Self>> {
-        Self::create(pd, max_wr, Some(events))
+        Self::with_caps(pd, SrqCaps { max_wr, max_sge: 1 }, Some(events))
     }
 
-    fn create(pd: &Arc<Pd>, max_wr: u32, events: Option<Arc<dyn SrqEvents>>) -> Result<Arc<Self>> {
-        let caps = pd.device().caps();
-        if caps.max_srq == 0 {
+    /// An SRQ of `caps`, its events to `events` if any: with `max_sge`
+    /// above 1 its receives scatter into attached pages.  `EINVAL` for a
+    /// depth as [`Self::new`] refuses, or more entries than the device's
+    /// `max_srq_sge`.
+    pub fn with_caps(
+        pd: &Arc<Pd>,
+        caps: SrqCaps,
+        events: Option<Arc<dyn SrqEvents>>,
+    ) -> Result<Arc<Self>> {
+        let (max_wr, max_sge) = (caps.max_wr, caps.max_sge.max(1));
+        let dev = pd.device().caps();
+        if dev.max_srq == 0 {
             return Err(EOPNOTSUPP);
         }
-        if max_wr == 0 || max_wr > caps.max_srq_wr {
+        if max_wr == 0 || max_wr > dev.max_srq_wr || max_sge > dev.max_srq_sge {
             return Err(EINVAL);
         }
         let credits = WrCredits::new(
@@ -3431,6 +3452,7 @@ impl<C: CompletionHandler> Srq<C> {
             pin_init!(Self {
                 raw: AtomicPtr::new(ptr::null_mut()),
                 max_wr,
+                max_sge,
                 credits,
                 pd: pd.clone(),
                 recv_cqs <- new_mutex!(KVec::new()),
@@ -3446,13 +3468,15 @@ impl<C: CompletionHandler> Srq<C> {
             bindings::rdma_cm_rs_create_srq(
                 pd.as_ptr(),
                 max_wr,
+                max_sge,
                 Some(srq_event_callback::<C>),
                 context.cast_mut().cast(),
             )
         };
         let raw = kernel::error::from_err_ptr(raw)?;
-        // INVARIANT: Just created on `pd` for `max_wr`; nothing posted or
-        // attached yet.
+        // INVARIANT: Just created on `pd` for `max_wr` receives of
+        // `max_sge` entries (drivers round up, never down); nothing posted
+        // or attached yet.
         srq.raw.store(raw, Ordering::Release);
         Ok(srq)
     }
@@ -3472,10 +3496,12 @@ impl<C: CompletionHandler> Srq<C> {
         })
     }
 
-    /// Posts a receive of the buffer's full capacity, for whichever QP on
-    /// the SRQ takes the next message.  On failure the buffer comes back
-    /// with the error: `EXDEV`/`EINVAL` for a buffer of another device or
-    /// PD, `ENOSPC` with `max_wr` receives posted.
+    /// Posts a receive of the buffer's full capacity (and its attached
+    /// pages), for whichever QP on the SRQ takes the next message.  On
+    /// failure the buffer comes back with the error: `EXDEV`/`EINVAL` for a
+    /// buffer of another device or PD, `ENOSPC` with `max_wr` receives
+    /// posted, `EMSGSIZE` for more scatter entries than
+    /// [`SrqCaps::max_sge`].
     pub fn post_recv(&self, buf: RecvBuffer) -> core::result::Result<(), (Error, RecvBuffer)> {
         if let Err(e) = self.pd.device().check_same(buf.0.pd.device()) {
             return Err((e, buf));
@@ -3483,8 +3509,8 @@ impl<C: CompletionHandler> Srq<C> {
         if !Arc::ptr_eq(&self.pd, &buf.0.pd) {
             return Err((EINVAL, buf));
         }
-        // The SRQ's receives take one entry each (`rdma_cm_rs_create_srq`).
-        post_recv_buffer::<C>(buf, &self.credits, false, 1, |wr| {
+        // Within the entries the SRQ was made for (`rdma_cm_rs_create_srq`).
+        post_recv_buffer::<C>(buf, &self.credits, false, self.max_sge, |wr| {
             let (srq, mut refused) = (self.as_ptr(), ptr::null());
             // SAFETY: Live SRQ (type invariants); the request and its SGE
             // live across the call; drivers serialise concurrent posts;
