@@ -70,6 +70,11 @@ const FUNCTIONS: &[&str] = &[
     "ibv_alloc_mw",
     "ibv_dealloc_mw",
     "ibv_inc_rkey",
+    // The device's asynchronous events (QP fatal, COMM_EST, ...), read
+    // without waiting when a connection fails (`Conn::async_events`).
+    "ibv_get_async_event",
+    "ibv_ack_async_event",
+    "ibv_event_type_str",
 ];
 
 /// The types `cm.rs` and `cm/ud.rs` name or reads fields of; bindgen adds what they
@@ -100,13 +105,16 @@ const TYPES: &[&str] = &[
     "ibv_mw",
     "ibv_mw_bind_info",
     "ibv_mw_type",
+    "ibv_async_event",
+    "ibv_event_type",
 ];
 
 /// Types the tool only passes pointers to, or never reads (fields of
 /// allowlisted types, union members): their size and alignment are kept,
 /// their fields and what those would pull in are not.
 const OPAQUE: &[&str] = &[
-    "ibv_context",
+    "ibv_context_ops",
+    "ibv_device",
     "ibv_cq",
     "ibv_comp_channel",
     "ibv_srq",

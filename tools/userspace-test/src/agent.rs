@@ -222,10 +222,23 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
             // (and checks what it read).  siw looks for the peer's close
             // after it has sent a message's last segment and before it
             // completes the send (`siw_qp_sq_proc_tx`): if the FIN came in
-            // between, a delivered send completes with LOC_QP_OP_ERR.  Such
-            // a status (or a flush) is reported (`lastecho`), and the
-            // connection must then end in DISCONNECTED like any other.
-            let status = conn.send_before_close(&msg).context("last echo")?;
+            // between, a delivered send completes with LOC_QP_OP_ERR.  rxe
+            // may never send the echo's ACK (testing.rst, "Debugging rxe"):
+            // the suite's DISCONNECTED then comes first, and this side's
+            // disconnect flushes the echo.  Such a status is reported
+            // (`lastecho`), and the connection must then end in
+            // DISCONNECTED like any other.
+            let status = conn
+                .send_before_close(&msg, |conn| {
+                    let Some(ev) = ch.try_next() else {
+                        return Ok(false);
+                    };
+                    ev.must_be(EventType::Disconnected)?;
+                    disconnected = true;
+                    conn.disconnect()?;
+                    Ok(true)
+                })
+                .context("last echo")?;
             let _ = write!(report, "lastecho{n}={status} ");
         }
         if disconnected {
@@ -314,7 +327,13 @@ fn connect(req: &Req) -> Result<String> {
         // may not send before it).
         std::thread::sleep(Duration::from_millis(req.num("delay", 0)?.into()));
         conn.send(&msg)?;
-        let reply = conn.recv(T)?;
+        // A reply that never comes is what the open rxe stall of
+        // `first_message_right_after_established` looks like from here
+        // (testing.rst): say what this side's QP, device and CM saw.
+        let reply = match conn.recv(T) {
+            Ok(reply) => reply,
+            Err(e) => bail!("the reply: {e:#} ({})", conn.failure_report(&ch)),
+        };
         let _ = write!(report, " reply={}", hex(&reply));
         // `bye=HEX`: one more message, so that the side that sends last
         // (and disconnects once its send completed) is this one.

@@ -589,6 +589,102 @@ impl<'ch> Conn<'ch> {
         unsafe { (*(*self.id.raw).qp).qp_num }
     }
 
+    /// What the device reported asynchronously since the last call, read
+    /// without waiting: each event's name and, for a QP's, its number
+    /// (`QP_FATAL qp 17`).  The context, and so its events, is shared by
+    /// every connection of the process on the device: another
+    /// connection's events show up here too, with their QP numbers.
+    pub fn async_events(&self) -> Vec<String> {
+        let mut events = Vec::new();
+        // SAFETY: The id is bound to a device (it has a QP), so `verbs` is
+        // the live context librdmacm opened for it; `async_fd` is a field
+        // it set at open and never changes.
+        let (ctx, fd) = unsafe {
+            let ctx = (*self.id.raw).verbs;
+            (ctx, (*ctx).async_fd)
+        };
+        // SAFETY: fcntl on an fd this process owns (the context's); with
+        // O_NONBLOCK, ibv_get_async_event fails with EAGAIN instead of
+        // waiting when no event is queued.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+                return vec![format!("async fd: {}", std::io::Error::last_os_error())];
+            }
+        }
+        loop {
+            // SAFETY: Integers and a union of a pointer and integers, valid
+            // all-zero; output space.
+            let mut ev: ibv_async_event = unsafe { std::mem::zeroed() };
+            // SAFETY: `ctx` is live; `ev` is written on success only.
+            if unsafe { ibv_get_async_event(ctx, &mut ev) } != 0 {
+                break;
+            }
+            use ibv_event_type::*;
+            let qp_event = matches!(
+                ev.event_type,
+                IBV_EVENT_QP_FATAL
+                    | IBV_EVENT_QP_REQ_ERR
+                    | IBV_EVENT_QP_ACCESS_ERR
+                    | IBV_EVENT_COMM_EST
+                    | IBV_EVENT_SQ_DRAINED
+                    | IBV_EVENT_PATH_MIG
+                    | IBV_EVENT_PATH_MIG_ERR
+                    | IBV_EVENT_QP_LAST_WQE_REACHED
+            );
+            // SAFETY: ibv_event_type_str returns a static string for any
+            // value; for a QP event `element.qp` is the QP, which the
+            // unacknowledged event keeps from being destroyed.
+            let line = unsafe {
+                let name = std::ffi::CStr::from_ptr(ibv_event_type_str(ev.event_type));
+                let name = name.to_string_lossy();
+                if qp_event {
+                    format!("{name} qp {}", (*ev.element.qp).qp_num)
+                } else {
+                    name.into_owned()
+                }
+            };
+            events.push(line);
+            // SAFETY: `ev` was returned by ibv_get_async_event and is
+            // acknowledged once.
+            unsafe { ibv_ack_async_event(&mut ev) };
+        }
+        events
+    }
+
+    /// What a connection that failed says about itself, for an error
+    /// message: its QP's state as the device reports it, the events the
+    /// device reported (`async_events`) and the CM events `ch` has
+    /// queued, none of them waited for.
+    pub fn failure_report(&self, ch: &Channel) -> String {
+        let qp_num = self.qp_num();
+        // SAFETY: Both are plain integers, structs and unions of them, valid
+        // all-zero; they are output space.
+        let (mut attr, mut init): (ibv_qp_attr, ibv_qp_init_attr) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        // SAFETY: The QP is live until drop; ibv_query_qp writes `attr` and
+        // `init` during the call only.
+        let state = match unsafe {
+            ibv_query_qp(
+                (*self.id.raw).qp,
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_STATE as i32,
+                &mut init,
+            )
+        } {
+            0 => format!("state {}", attr.qp_state),
+            r => format!("ibv_query_qp: {}", std::io::Error::from_raw_os_error(r)),
+        };
+        let cm: Vec<String> = std::iter::from_fn(|| ch.try_next())
+            .map(|ev| format!("{} status {}", ev.name(), ev.status))
+            .collect();
+        format!(
+            "QP {qp_num} {state}; device events [{}]; CM events [{}]",
+            self.async_events().join(", "),
+            cm.join(", ")
+        )
+    }
+
     fn post_recv(&mut self, slot: usize) -> Result<()> {
         let mut sge = ibv_sge {
             // The slot lies inside the registered receive region.
@@ -914,15 +1010,51 @@ impl<'ch> Conn<'ch> {
     /// the completion, which may be one a close explains and which does
     /// not mean the message was lost (siw, see the last echo of
     /// `agent::serve`): LOC_QP_OP_ERR or WR_FLUSH_ERR.  Any other error
-    /// status is an error.
-    pub fn send_before_close(&mut self, data: &[u8]) -> Result<u32> {
+    /// status is an error.  `stop` is called between polls until it
+    /// returns true, which it does once it saw the peer's close and moved
+    /// the QP to the error state: on rxe the message's ACK may never come
+    /// (a receiver that closes as soon as it has the message can make rxe
+    /// drop it, testing.rst "Debugging rxe"), and the send then ends
+    /// flushed.  Without a completion within 5 s (or 5 s after `stop`),
+    /// an error with the QP's state.
+    pub fn send_before_close(
+        &mut self,
+        data: &[u8],
+        mut stop: impl FnMut(&Self) -> Result<bool>,
+    ) -> Result<u32> {
         self.post_send(data)?;
-        let wc = self.send_completion()?;
-        match wc.status {
-            ibv_wc_status::IBV_WC_SUCCESS
-            | ibv_wc_status::IBV_WC_LOC_QP_OP_ERR
-            | ibv_wc_status::IBV_WC_WR_FLUSH_ERR => Ok(wc.status),
-            status => bail!("work completion status {status}"),
+        let mut deadline = Instant::now() + Duration::from_secs(5);
+        let mut stopped = false;
+        loop {
+            // SAFETY: ibv_wc is integers and a union of integers, valid
+            // all-zero; it is output space.
+            let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+            // SAFETY: `send_cq` is this connection's live CQ; `wc` has room
+            // for the one completion asked for.
+            match unsafe { ibv_poll_cq(self.send_cq, 1, &mut wc) } {
+                1 => {
+                    return match wc.status {
+                        ibv_wc_status::IBV_WC_SUCCESS
+                        | ibv_wc_status::IBV_WC_LOC_QP_OP_ERR
+                        | ibv_wc_status::IBV_WC_WR_FLUSH_ERR => Ok(wc.status),
+                        status => bail!("work completion status {status}"),
+                    }
+                }
+                0 => {}
+                _ => bail!("ibv_poll_cq failed"),
+            }
+            if !stopped && stop(self)? {
+                stopped = true;
+                deadline = Instant::now() + Duration::from_secs(5);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "send completion: no completion within 5s{} (QP {}; {})",
+                if stopped { " of the close" } else { "" },
+                self.qp_num(),
+                diag::rdma_state(Some(self.qp_num())).join("; ")
+            );
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
