@@ -2229,6 +2229,19 @@ mod sync_tests {
         recv_pages_back: AtomicU32,
     }
 
+    impl QpSeen {
+        /// Whether the `n`th receive completed within 5 s, and the length
+        /// and [`digest`] of the last one received by then.
+        fn arrival(&self, n: u32) -> (bool, u32, u32) {
+            let arrived = wait_until(|| self.received.load(Ordering::Acquire) == n);
+            (
+                arrived,
+                self.last_len.load(Ordering::Acquire),
+                self.last_digest.load(Ordering::Acquire),
+            )
+        }
+    }
+
     /// FNV-1a of `bytes`: enough to tell a message from a damaged one.
     fn digest(bytes: &[u8]) -> u32 {
         digest_on(0x811c_9dc5, bytes)
@@ -3294,11 +3307,7 @@ mod sync_tests {
         let recv_posted = server_qp.post_recv(recv).is_ok();
         // The client's send: the header, then 2 pages and 100 bytes.
         let sent = post_with_pages(&client_qp, &header, &paged, false).is_ok();
-        let arrived = wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);
-        let (s_len, s_digest) = (
-            server_seen.last_len.load(Ordering::Acquire),
-            server_seen.last_digest.load(Ordering::Acquire),
-        );
+        let (arrived, s_len, s_digest) = server_seen.arrival(1);
         let send_back = wait_until(|| client_seen.send_pages_back.load(Ordering::Acquire) == 1);
 
         // The same again, unsignaled.
@@ -3333,11 +3342,7 @@ mod sync_tests {
 
         // The answer: pages alone, one entry.
         let answered = post_with_pages(&server_qp, &[], &answer, false).is_ok();
-        let answer_arrived = wait_until(|| client_seen.received.load(Ordering::Acquire) == 1);
-        let (c_len, c_digest) = (
-            client_seen.last_len.load(Ordering::Acquire),
-            client_seen.last_digest.load(Ordering::Acquire),
-        );
+        let (answer_arrived, c_len, c_digest) = client_seen.arrival(1);
         let answer_back = wait_until(|| server_seen.send_pages_back.load(Ordering::Acquire) == 1);
         let recv_back = server_seen.recv_pages_back.load(Ordering::Acquire);
         // Nothing of the device held past here (see
@@ -3419,11 +3424,7 @@ mod sync_tests {
         let header = pattern(HEAD, 4);
         let paged = pattern(PAGED, 5);
         let sent = post_with_pages(&client_qp, &header, &paged, false).is_ok();
-        let arrived = wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);
-        let (len, digest_seen) = (
-            server_seen.last_len.load(Ordering::Acquire),
-            server_seen.last_digest.load(Ordering::Acquire),
-        );
+        let (arrived, len, digest_seen) = server_seen.arrival(1);
         let recv_back = wait_until(|| server_seen.recv_pages_back.load(Ordering::Acquire) == 1);
         // Nothing of the device held past here (see
         // `qps_reserve_room_for_the_drain`).

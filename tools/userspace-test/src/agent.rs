@@ -197,15 +197,7 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         let flood = req.num("flood", 0)? as usize;
         let mut disconnected = false;
         if flood > 0 {
-            let ok = conn.flood(flood, cm::MSG, |conn| {
-                let Some(ev) = ch.try_next() else {
-                    return Ok(false);
-                };
-                ev.must_be(EventType::Disconnected)?;
-                disconnected = true;
-                conn.disconnect()?;
-                Ok(true)
-            })?;
+            let ok = conn.flood(flood, cm::MSG, disconnect_on_close(&ch, &mut disconnected))?;
             let _ = write!(report, "flood{n}={ok}/{flood} ");
         }
         let echoes = req.num("echo", 0)?;
@@ -229,15 +221,7 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
             // (`lastecho`), and the connection must then end in
             // DISCONNECTED like any other.
             let status = conn
-                .send_before_close(&msg, |conn| {
-                    let Some(ev) = ch.try_next() else {
-                        return Ok(false);
-                    };
-                    ev.must_be(EventType::Disconnected)?;
-                    disconnected = true;
-                    conn.disconnect()?;
-                    Ok(true)
-                })
+                .send_before_close(&msg, disconnect_on_close(&ch, &mut disconnected))
                 .context("last echo")?;
             let _ = write!(report, "lastecho{n}={status} ");
         }
@@ -252,6 +236,25 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         let _ = write!(report, "disc{n}={} ", disc.name());
     }
     Ok(report.trim_end().to_string())
+}
+
+/// The `stop` of [`Conn::flood`] and [`Conn::send_before_close`]: once the
+/// suite's DISCONNECTED is queued on `ch`, this side disconnects too (its
+/// QP to the error state, which flushes what still waits for an ACK) and
+/// records it in `disconnected`.
+fn disconnect_on_close<'a>(
+    ch: &'a Channel,
+    disconnected: &'a mut bool,
+) -> impl FnMut(&Conn<'_>) -> Result<bool> + 'a {
+    move |conn: &Conn<'_>| {
+        let Some(ev) = ch.try_next() else {
+            return Ok(false);
+        };
+        ev.must_be(EventType::Disconnected)?;
+        *disconnected = true;
+        conn.disconnect()?;
+        Ok(true)
+    }
 }
 
 /// Seeds of the buffers of the RDMA exchange, shared with the suite.
