@@ -2897,6 +2897,17 @@ mod sync_tests {
         srq_feeds_two_connections(SIW_IP, 7198);
     }
 
+    /// The caps of a server's QP on an SRQ: 4 sends, its receives the
+    /// SRQ's.
+    fn on_srq_caps() -> QpCaps {
+        QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 0,
+            max_inline_data: 0,
+            ..QpCaps::default()
+        }
+    }
+
     /// Counts an SRQ's limit events (atomic context: a counter).
     struct LimitCount(AtomicU32);
 
@@ -2935,12 +2946,7 @@ mod sync_tests {
         let armed = srq.arm_limit(DEPTH - 1);
 
         let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
-        let caps = QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 0,
-            max_inline_data: 0,
-            ..QpCaps::default()
-        };
+        let caps = on_srq_caps();
         let per_qp = caps.send_cq_entries().unwrap();
         let entries = DEPTH + 2 * per_qp;
         let cq = Cq::alloc(&dev, entries, Recording(server_seen.clone())).unwrap();
@@ -3395,12 +3401,7 @@ mod sync_tests {
         };
         let srq = Srq::<Recording>::with_caps(&pd, srq_caps, None).unwrap();
         let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
-        let caps = QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 0,
-            max_inline_data: 0,
-            ..QpCaps::default()
-        };
+        let caps = on_srq_caps();
         let entries = srq_caps.max_wr + caps.send_cq_entries().unwrap();
         let cq = Cq::alloc(&dev, entries, Recording(server_seen.clone())).unwrap();
         let mut recv = RecvBuffer::new(&pd, HEAD).unwrap();
