@@ -1887,8 +1887,9 @@ mod sync_tests {
         poller::BusyPoller,
         sg::SgBuffer,
         verbs::{
-            CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, RwDone, RwOp,
-            SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone, WorkOp, FLUSH_TIMEOUT,
+            signaled_rw_writes, CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent,
+            RecvBuffer, RwDone, RwOp, SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone,
+            WorkOp, FLUSH_TIMEOUT,
         },
     };
     use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -3149,6 +3150,7 @@ mod sync_tests {
         };
         let mut done = SendBuffer::new(pair.client_qp.pd(), 16).unwrap();
         done.fill(&[7; 16]).unwrap();
+        let signaled_before = signaled_rw_writes();
         let chained = pair
             .client_qp
             .rdma_rw_then_send(RwOp::Write, second, target, 5, done)
@@ -3161,6 +3163,9 @@ mod sync_tests {
             pair.client_seen.rw_ok.load(Ordering::Acquire) == 3
                 && pair.client_seen.sends_back.load(Ordering::Acquire) == 1
         });
+        // The chain's WRITE, unsignaled before its SEND, is signaled on
+        // iWARP only (so that siw copies it).
+        let signaled = signaled_rw_writes() - signaled_before;
 
         // Nobody polls: the transfers stay in flight until refused.
         let page = remote.slice(0, PAGE as u32).unwrap();
@@ -3193,6 +3198,7 @@ mod sync_tests {
         assert_eq!(refused, Some(ENOSPC));
         assert_eq!(two_opcodes, Some(EINVAL));
         assert!(chained && arrived && chain_back);
+        assert_eq!(signaled, u64::from(ip == SIW_IP));
         assert!(after_message == reversed);
         assert_eq!(back, 3 + in_flight);
     }

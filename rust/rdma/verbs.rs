@@ -2952,7 +2952,11 @@ impl<C: CompletionHandler> Qp<C> {
     /// QP's pool before them and an invalidation after.  The QP owns the
     /// buffer, mapped for its device, until the transfer's one completion
     /// unmaps it and hands it to [`CompletionHandler::rw_done`] with
-    /// `tag`.
+    /// `tag`.  On iWARP each of its RDMA WRITEs is signaled (the extra
+    /// completions are the layer's, [`signaled_rw_writes`] counts
+    /// them): siw sends an unsignaled request straight from its pages and
+    /// TCP may retransmit from them after the transfer came back, while a
+    /// signaled one is copied.
     ///
     /// On failure the buffer comes back with the error: `EOPNOTSUPP` on a
     /// UD QP, `EINVAL` on a QP without [`QpCaps::max_rdma_ctxs`] or for a
@@ -3132,9 +3136,16 @@ impl<C: CompletionHandler> Qp<C> {
             None => ptr::null_mut(),
         };
         let (mut first, mut refused) = (ptr::null(), ptr::null());
+        // On iWARP every WRITE of the transfer is signaled (see
+        // `signals_pages`): siw would send the unsignaled ones straight from
+        // the buffer's pages, and TCP could retransmit from them after the
+        // transfer came back to be rewritten.
+        let signal_writes = self.device().transport() == Transport::Iwarp;
         // `cqe` (its `done` set) lives until the completion, which does not
         // free it before `posting` is cleared; the core chains the requests
-        // (then `chain`, alive across the call with the SGE it names).
+        // (then `chain`, alive across the call with the SGE it names).  The
+        // WRITEs signaled for iWARP complete on the helper's static entry,
+        // which ignores them; each has a slot's CQ entry reserved.
         // SAFETY: `raw` is live under the lock, the context initialised on
         // it just above, `cqe` as said; both outputs are writable.
         let ret = unsafe {
@@ -3144,6 +3155,7 @@ impl<C: CompletionHandler> Qp<C> {
                 work.port,
                 cqe,
                 chain,
+                signal_writes,
                 &mut first,
                 &mut refused,
             )
@@ -3718,6 +3730,13 @@ fn post_recv_buffer<C: CompletionHandler>(
         return Err((e, RecvBuffer::back(inner)));
     }
     Ok(())
+}
+
+/// How many RDMA WRITEs of R/W transfers the layer signaled on iWARP
+/// devices since the module was loaded (see [`Qp::rdma_rw`]).
+pub fn signaled_rw_writes() -> u64 {
+    // SAFETY: Reads an atomic counter; callable in any context.
+    unsafe { bindings::rdma_cm_rs_signaled_write_count() }
 }
 
 /// A posted transfer of the R/W API ([`Qp::rdma_rw`]).
