@@ -330,9 +330,9 @@ fn connect(req: &Req) -> Result<String> {
         // may not send before it).
         std::thread::sleep(Duration::from_millis(req.num("delay", 0)?.into()));
         conn.send(&msg)?;
-        // A reply that never comes is what the open rxe stall of
-        // `first_message_right_after_established` looks like from here
-        // (testing.rst): say what this side's QP, device and CM saw.
+        // A reply that never comes (the rxe stall of testing.rst's
+        // "Debugging rxe" looked so from here): say what this side's QP,
+        // device and CM saw.
         let reply = match conn.recv(T) {
             Ok(reply) => reply,
             Err(e) => bail!("the reply: {e:#} ({})", conn.failure_report(&ch)),

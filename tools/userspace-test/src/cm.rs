@@ -658,22 +658,10 @@ impl<'ch> Conn<'ch> {
     /// queued, none of them waited for.
     pub fn failure_report(&self, ch: &Channel) -> String {
         let qp_num = self.qp_num();
-        // SAFETY: Both are plain integers, structs and unions of them, valid
-        // all-zero; they are output space.
-        let (mut attr, mut init): (ibv_qp_attr, ibv_qp_init_attr) =
-            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-        // SAFETY: The QP is live until drop; ibv_query_qp writes `attr` and
-        // `init` during the call only.
-        let state = match unsafe {
-            ibv_query_qp(
-                (*self.id.raw).qp,
-                &mut attr,
-                ibv_qp_attr_mask::IBV_QP_STATE as i32,
-                &mut init,
-            )
-        } {
-            0 => format!("state {}", attr.qp_state),
-            r => format!("ibv_query_qp: {}", std::io::Error::from_raw_os_error(r)),
+        // SAFETY: The QP is live until drop.
+        let state = match unsafe { query_qp((*self.id.raw).qp, ibv_qp_attr_mask::IBV_QP_STATE) } {
+            Ok(attr) => format!("state {}", attr.qp_state),
+            Err(e) => format!("{e}"),
         };
         let cm: Vec<String> = std::iter::from_fn(|| ch.try_next())
             .map(|ev| format!("{} status {}", ev.name(), ev.status))
@@ -966,21 +954,26 @@ impl<'ch> Conn<'ch> {
         Ok(wc)
     }
 
+    /// The completion `cq` (one of ours, live) holds now, if any: one poll.
+    fn poll_once(cq: *mut ibv_cq) -> Result<Option<ibv_wc>> {
+        // SAFETY: ibv_wc is integers and a union of integers, valid
+        // all-zero; it is output space.
+        let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+        // SAFETY: `cq` is a live CQ of this connection; `wc` has room for
+        // the one completion asked for.
+        match unsafe { ibv_poll_cq(cq, 1, &mut wc) } {
+            0 => Ok(None),
+            1 => Ok(Some(wc)),
+            _ => bail!("ibv_poll_cq failed"),
+        }
+    }
+
     /// The next completion of `cq` (one of ours, live), whatever its status.
     fn poll_any(cq: *mut ibv_cq, timeout: Duration) -> Result<ibv_wc> {
         let deadline = Instant::now() + timeout;
         let busy = BUSY_POLL.get();
         for polls in 0u64.. {
-            // SAFETY: ibv_wc is integers and a union of integers, valid
-            // all-zero; it is output space.
-            let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
-            // SAFETY: `cq` is a live CQ of this connection; `wc` has room for
-            // the one completion asked for.
-            let n = unsafe { ibv_poll_cq(cq, 1, &mut wc) };
-            if n < 0 {
-                bail!("ibv_poll_cq failed");
-            }
-            if n == 1 {
+            if let Some(wc) = Self::poll_once(cq)? {
                 return Ok(wc);
             }
             // A busy poll reads the clock every 64th time only: where the
@@ -1026,22 +1019,13 @@ impl<'ch> Conn<'ch> {
         let mut deadline = Instant::now() + Duration::from_secs(5);
         let mut stopped = false;
         loop {
-            // SAFETY: ibv_wc is integers and a union of integers, valid
-            // all-zero; it is output space.
-            let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
-            // SAFETY: `send_cq` is this connection's live CQ; `wc` has room
-            // for the one completion asked for.
-            match unsafe { ibv_poll_cq(self.send_cq, 1, &mut wc) } {
-                1 => {
-                    return match wc.status {
-                        ibv_wc_status::IBV_WC_SUCCESS
-                        | ibv_wc_status::IBV_WC_LOC_QP_OP_ERR
-                        | ibv_wc_status::IBV_WC_WR_FLUSH_ERR => Ok(wc.status),
-                        status => bail!("work completion status {status}"),
-                    }
-                }
-                0 => {}
-                _ => bail!("ibv_poll_cq failed"),
+            if let Some(wc) = Self::poll_once(self.send_cq)? {
+                return match wc.status {
+                    ibv_wc_status::IBV_WC_SUCCESS
+                    | ibv_wc_status::IBV_WC_LOC_QP_OP_ERR
+                    | ibv_wc_status::IBV_WC_WR_FLUSH_ERR => Ok(wc.status),
+                    status => bail!("work completion status {status}"),
+                };
             }
             if !stopped && stop(self)? {
                 stopped = true;
@@ -1108,8 +1092,9 @@ impl<'ch> Conn<'ch> {
 
     /// The next completion of the send CQ, within 5 s, whatever its status.
     /// Without one, the error carries what the devices say of this QP and
-    /// their counters ([`diag::rdma_state`]): a send neither acknowledged
-    /// nor failed by its retries is not explained yet on rxe.
+    /// their counters ([`diag::rdma_state`]): on rxe, a send whose receiver
+    /// went to the error state before the ACK left is never acknowledged
+    /// (testing.rst, "Debugging rxe").
     fn send_completion(&self) -> Result<ibv_wc> {
         Self::poll_any(self.send_cq, Duration::from_secs(5)).map_err(|e| {
             let qp_num = self.qp_num();
@@ -1159,19 +1144,10 @@ impl<'ch> Conn<'ch> {
         let (mut reaped, mut ok, mut stopped) = (0, 0, false);
         let deadline = Instant::now() + Duration::from_secs(20);
         while reaped < posted {
-            // SAFETY: ibv_wc is integers and a union of integers, valid
-            // all-zero; it is output space.
-            let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
-            // SAFETY: `send_cq` is this connection's live CQ; `wc` has room
-            // for the one completion asked for.
-            match unsafe { ibv_poll_cq(self.send_cq, 1, &mut wc) } {
-                1 => {
-                    reaped += 1;
-                    ok += usize::from(wc.status == ibv_wc_status::IBV_WC_SUCCESS);
-                    continue;
-                }
-                0 => {}
-                _ => bail!("ibv_poll_cq failed"),
+            if let Some(wc) = Self::poll_once(self.send_cq)? {
+                reaped += 1;
+                ok += usize::from(wc.status == ibv_wc_status::IBV_WC_SUCCESS);
+                continue;
             }
             if !stopped {
                 stopped = stop(self)?;
@@ -1281,16 +1257,12 @@ impl<'ch> Conn<'ch> {
     /// The message received by now, if any (one poll of the receive CQ);
     /// a receive completed in error is an error.
     pub fn try_recv(&mut self) -> Result<Option<Vec<u8>>> {
-        // SAFETY: ibv_wc is integers and a union of integers, valid
-        // all-zero; it is output space.
-        let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
-        // SAFETY: `recv_cq` is this connection's live CQ; `wc` has room for
-        // the one completion asked for.
-        match unsafe { ibv_poll_cq(self.recv_cq, 1, &mut wc) } {
-            0 => Ok(None),
-            1 if wc.status == ibv_wc_status::IBV_WC_SUCCESS => self.take_received(wc).map(Some),
-            1 => bail!("receive completion status {}", wc.status),
-            _ => bail!("ibv_poll_cq failed"),
+        match Self::poll_once(self.recv_cq)? {
+            None => Ok(None),
+            Some(wc) if wc.status == ibv_wc_status::IBV_WC_SUCCESS => {
+                self.take_received(wc).map(Some)
+            }
+            Some(wc) => bail!("receive completion status {}", wc.status),
         }
     }
 
@@ -1343,6 +1315,24 @@ impl Drop for Conn<'_> {
 thread_local! {
     /// Whether this thread's completion waits spin (see [`set_busy_poll`]).
     static BUSY_POLL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `ibv_query_qp` of the attributes in `mask`.
+///
+/// # Safety
+///
+/// `qp` is a live QP.
+unsafe fn query_qp(qp: *mut ibv_qp, mask: ibv_qp_attr_mask::Type) -> Result<ibv_qp_attr> {
+    // SAFETY: Both are plain integers, structs and unions of them, valid
+    // all-zero; they are output space.
+    let (mut attr, mut init): (ibv_qp_attr, ibv_qp_init_attr) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: `qp` is live (the caller's promise); the call writes `attr`
+    // and `init` only.
+    match unsafe { ibv_query_qp(qp, &mut attr, mask as i32, &mut init) } {
+        0 => Ok(attr),
+        r => bail!("ibv_query_qp: {}", std::io::Error::from_raw_os_error(r)),
+    }
 }
 
 /// Makes the calling thread's completion waits ([`Conn::send`],

@@ -1,10 +1,11 @@
 //! What this machine's RDMA devices say about their QPs, captured for a
 //! failure at the moment it is seen (before the teardown destroys the QPs).
 //!
-//! A send that got no completion within its bound is the open question of
-//! the rxe passes (`Documentation/rdma_cm_rs/testing.rst`): the QP's state
-//! and PSNs (`rdma res show qp`) on both machines say whether a packet was
-//! lost, and rxe's counters (`rdma statistic show`) whether it retried.
+//! For a send that got no completion within its bound (on rxe: a receiver
+//! that went to the error state before its ACK left, see "Debugging rxe"
+//! in `Documentation/rdma_cm_rs/testing.rst`): the QP's state and PSNs
+//! (`rdma res show qp`) on both machines say which side stopped, and rxe's
+//! counters (`rdma statistic show`) whether it retried.
 
 use std::process::Command;
 

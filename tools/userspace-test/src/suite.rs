@@ -2670,11 +2670,6 @@ fn note(line: &str) {
     println!("# {line}");
 }
 
-/// The module's SEND on `id`, waited for.  A send that got no completion
-/// within the ioctl's 5 s (`ETIMEDOUT`, seen on rxe and not explained:
-/// testing.rst) leaves the devices' view of every QP and rxe's counters in
-/// the output ([`diag::rdma_state`]), with the module's QP number, for the
-/// next time.
 /// `err`, with what each of `calls` reported (within 30 s: the agent's
 /// connections wait 20 s for an answer), for a failure whose other side is
 /// the agent's.
@@ -2696,6 +2691,11 @@ fn with_agents_reports(err: anyhow::Error, calls: Vec<Call>) -> anyhow::Error {
     err.context(reports.join("; "))
 }
 
+/// The module's SEND on `id`, waited for.  A send that got no completion
+/// within the ioctl's 5 s (`ETIMEDOUT`: on rxe, a receiver that went to the
+/// error state before rxe sent the ACK, testing.rst "Debugging rxe")
+/// leaves the devices' view of every QP and rxe's counters in the output
+/// ([`diag::rdma_state`]), with the module's QP number.
 pub(super) fn send_or_show_qps(dev: &Device, id: u32, data: &[u8], what: &str) -> Result<()> {
     let Err(e) = dev.send(id, data) else {
         return Ok(());

@@ -193,22 +193,8 @@ impl<'ch> UdQp<'ch> {
     /// The QP's Q_Key (`ibv_query_qp`), which librdmacm set from the port
     /// space: udaddy's server sends its replies with it.
     pub fn qkey(&self) -> Result<u32> {
-        // SAFETY: Both are plain integers, structs and unions of them, valid
-        // all-zero; they are output space.
-        let (mut attr, mut init): (ibv_qp_attr, ibv_qp_init_attr) =
-            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-        // SAFETY: The QP is live; the call writes `attr` and `init` only.
-        let r = unsafe {
-            ibv_query_qp(
-                self.raw_qp(),
-                &mut attr,
-                ibv_qp_attr_mask::IBV_QP_QKEY as i32,
-                &mut init,
-            )
-        };
-        if r != 0 {
-            bail!("ibv_query_qp: {}", std::io::Error::from_raw_os_error(r));
-        }
+        // SAFETY: The QP is live.
+        let attr = unsafe { super::query_qp(self.raw_qp(), ibv_qp_attr_mask::IBV_QP_QKEY) }?;
         Ok(attr.qkey)
     }
 
