@@ -221,9 +221,6 @@ int rdma_cm_rs_post_srq_recv(struct ib_srq *srq, const struct ib_recv_wr *wr,
 	return ib_post_srq_recv(srq, wr, bad);
 }
 
-/* RDMA WRITEs signaled by rdma_cm_rs_rw_ctx_post() for @signal_writes. */
-static atomic64_t rdma_cm_rs_signaled_writes = ATOMIC64_INIT(0);
-
 /*
  * The completion of such a WRITE: the transfer's last request (or the SEND
  * after it) completes after it, in order, and reports the transfer.
@@ -239,14 +236,15 @@ static struct ib_cqe rdma_cm_rs_signaled_write_cqe = {
 /*
  * rdma_rw_ctx_post(), with the request the driver refused in @bad; @chain,
  * if not NULL, follows the transfer and carries the completion.  With
- * @signal_writes, every RDMA WRITE of the transfer is signaled, its
- * completion ignored: siw sends an unsignaled request of a page or more
- * straight from its pages (MSG_SPLICE_PAGES) and TCP may retransmit from
- * them after the transfer completed, while a signaled one is copied.
+ * @signal_writes (not NULL), every RDMA WRITE of the transfer is signaled,
+ * its completion ignored, and counted there: siw sends an unsignaled
+ * request of a page or more straight from its pages (MSG_SPLICE_PAGES) and
+ * TCP may retransmit from them after the transfer completed, while a
+ * signaled one is copied.
  */
 int rdma_cm_rs_rw_ctx_post(struct rdma_rw_ctx *ctx, struct ib_qp *qp,
 			   u32 port_num, struct ib_cqe *cqe,
-			   struct ib_send_wr *chain, bool signal_writes,
+			   struct ib_send_wr *chain, u32 *signal_writes,
 			   const struct ib_send_wr **first,
 			   const struct ib_send_wr **bad)
 {
@@ -258,17 +256,11 @@ int rdma_cm_rs_rw_ctx_post(struct rdma_rw_ctx *ctx, struct ib_qp *qp,
 			continue;
 		wr->send_flags |= IB_SEND_SIGNALED;
 		wr->wr_cqe = &rdma_cm_rs_signaled_write_cqe;
-		atomic64_inc(&rdma_cm_rs_signaled_writes);
+		(*signal_writes)++;
 	}
 	*first = head;
 	*bad = NULL;
 	return ib_post_send(qp, head, bad);
-}
-
-/* How many WRITEs rdma_cm_rs_rw_ctx_post() signaled, since the load. */
-u64 rdma_cm_rs_signaled_write_count(void)
-{
-	return atomic64_read(&rdma_cm_rs_signaled_writes);
 }
 
 int rdma_cm_rs_dma_map_single(struct ib_device *dev, void *cpu_addr,

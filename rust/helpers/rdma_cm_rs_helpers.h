@@ -58,10 +58,9 @@ int rdma_cm_rs_post_srq_recv(struct ib_srq *srq, const struct ib_recv_wr *wr,
 			     const struct ib_recv_wr **bad);
 int rdma_cm_rs_rw_ctx_post(struct rdma_rw_ctx *ctx, struct ib_qp *qp,
 			   u32 port_num, struct ib_cqe *cqe,
-			   struct ib_send_wr *chain, bool signal_writes,
+			   struct ib_send_wr *chain, u32 *signal_writes,
 			   const struct ib_send_wr **first,
 			   const struct ib_send_wr **bad);
-u64 rdma_cm_rs_signaled_write_count(void);
 struct sg_table *rdma_cm_rs_sg_table_from_pages(struct page **pages,
 						unsigned int n_pages, size_t len);
 void rdma_cm_rs_sg_table_free(struct sg_table *sgt);

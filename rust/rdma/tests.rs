@@ -1887,9 +1887,8 @@ mod sync_tests {
         poller::BusyPoller,
         sg::SgBuffer,
         verbs::{
-            signaled_rw_writes, CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent,
-            RecvBuffer, RwDone, RwOp, SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone,
-            WorkOp, FLUSH_TIMEOUT,
+            CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, RwDone, RwOp,
+            SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone, WorkOp, FLUSH_TIMEOUT,
         },
     };
     use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -3150,7 +3149,7 @@ mod sync_tests {
         };
         let mut done = SendBuffer::new(pair.client_qp.pd(), 16).unwrap();
         done.fill(&[7; 16]).unwrap();
-        let signaled_before = signaled_rw_writes();
+        let signaled_before = pair.client_qp.signaled_rw_writes();
         let chained = pair
             .client_qp
             .rdma_rw_then_send(RwOp::Write, second, target, 5, done)
@@ -3165,7 +3164,7 @@ mod sync_tests {
         });
         // The chain's WRITE, unsignaled before its SEND, is signaled on
         // iWARP only (so that siw copies it).
-        let signaled = signaled_rw_writes() - signaled_before;
+        let signaled = pair.client_qp.signaled_rw_writes() - signaled_before;
 
         // Nobody polls: the transfers stay in flight until refused.
         let page = remote.slice(0, PAGE as u32).unwrap();

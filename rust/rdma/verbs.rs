@@ -80,7 +80,7 @@ use super::{
 };
 use core::{
     ptr::{self, NonNull},
-    sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering},
+    sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering},
 };
 use kernel::{
     new_condvar, new_mutex, new_spinlock,
@@ -1900,6 +1900,9 @@ pub struct Qp<C: CompletionHandler> {
     /// With `srq`: the address of the `ib_qp` the SRQ knows the QP by (0
     /// until created).
     srq_key: AtomicUsize,
+    /// RDMA WRITEs of R/W transfers posted signaled only for siw's sake
+    /// (see [`Self::rdma_rw`]).
+    signaled_writes: AtomicU64,
 }
 
 // SAFETY: Posting is serialised by `raw`'s mutex; the pointer is only used
@@ -2034,6 +2037,7 @@ impl<C: CompletionHandler> Qp<C> {
                 comm_est,
                 srq: srq.cloned(),
                 srq_key: AtomicUsize::new(0),
+                signaled_writes: AtomicU64::new(0),
             }),
             GFP_KERNEL,
         );
@@ -2210,14 +2214,21 @@ impl<C: CompletionHandler> Qp<C> {
         Ok(())
     }
 
+    /// Whether the device may transmit an unsignaled request from its
+    /// pages after a later request completed: on iWARP, where siw sends an
+    /// unsignaled request of a page or more straight from its pages
+    /// (`MSG_SPLICE_PAGES`), and TCP may retransmit from them after a later
+    /// signaled request completed, which would hand them back to be
+    /// rewritten too early.  A signaled request is copied.
+    fn sends_unsignaled_from_pages(&self) -> bool {
+        self.device().transport() == Transport::Iwarp
+    }
+
     /// Whether a send with pages (`list`) must be signaled whatever its
-    /// buffer asks: on iWARP, where siw transmits an unsignaled send of a
-    /// page or more straight from its pages (`MSG_SPLICE_PAGES`), and TCP
-    /// may retransmit from them after a later signaled request completed,
-    /// which would hand them back to be rewritten too early.  A signaled
-    /// send is copied, and its own completion hands the pages back.
+    /// buffer asks ([`Self::sends_unsignaled_from_pages`]); its own
+    /// completion then hands the pages back.
     fn signals_pages(&self, list: Option<&SgeList>) -> bool {
-        list.is_some() && self.device().transport() == Transport::Iwarp
+        list.is_some() && self.sends_unsignaled_from_pages()
     }
 
     fn check_type(&self, want: QpType) -> Result {
@@ -2953,7 +2964,7 @@ impl<C: CompletionHandler> Qp<C> {
     /// buffer, mapped for its device, until the transfer's one completion
     /// unmaps it and hands it to [`CompletionHandler::rw_done`] with
     /// `tag`.  On iWARP each of its RDMA WRITEs is signaled (the extra
-    /// completions are the layer's, [`signaled_rw_writes`] counts
+    /// completions are the layer's, [`Self::signaled_rw_writes`] counts
     /// them): siw sends an unsignaled request straight from its pages and
     /// TCP may retransmit from them after the transfer came back, while a
     /// signaled one is copied.
@@ -3136,18 +3147,23 @@ impl<C: CompletionHandler> Qp<C> {
             None => ptr::null_mut(),
         };
         let (mut first, mut refused) = (ptr::null(), ptr::null());
-        // On iWARP every WRITE of the transfer is signaled (see
-        // `signals_pages`): siw would send the unsignaled ones straight from
-        // the buffer's pages, and TCP could retransmit from them after the
-        // transfer came back to be rewritten.
-        let signal_writes = self.device().transport() == Transport::Iwarp;
+        // Every WRITE of the transfer signaled where the device would send
+        // the unsignaled ones from the buffer's pages after the transfer
+        // came back ([`Self::sends_unsignaled_from_pages`]); counted here.
+        let mut signaled = 0u32;
+        let signal_writes = if self.sends_unsignaled_from_pages() {
+            &raw mut signaled
+        } else {
+            ptr::null_mut()
+        };
         // `cqe` (its `done` set) lives until the completion, which does not
         // free it before `posting` is cleared; the core chains the requests
         // (then `chain`, alive across the call with the SGE it names).  The
         // WRITEs signaled for iWARP complete on the helper's static entry,
         // which ignores them; each has a slot's CQ entry reserved.
         // SAFETY: `raw` is live under the lock, the context initialised on
-        // it just above, `cqe` as said; both outputs are writable.
+        // it just above, `cqe` as said; `signal_writes` is NULL or a live
+        // counter; both outputs are writable.
         let ret = unsafe {
             bindings::rdma_cm_rs_rw_ctx_post(
                 work.ctx.get(),
@@ -3174,7 +3190,15 @@ impl<C: CompletionHandler> Qp<C> {
             work.credit = None;
             return Err(work.refused(e));
         }
+        self.signaled_writes
+            .fetch_add(u64::from(signaled), Ordering::Relaxed);
         Ok(())
+    }
+
+    /// How many RDMA WRITEs of its R/W transfers the QP signaled only so
+    /// that siw copies them (see [`Self::rdma_rw`]; 0 off iWARP).
+    pub fn signaled_rw_writes(&self) -> u64 {
+        self.signaled_writes.load(Ordering::Relaxed)
     }
 
     /// For a shutdown, before the owner destroys the QP: frees what the
@@ -3730,13 +3754,6 @@ fn post_recv_buffer<C: CompletionHandler>(
         return Err((e, RecvBuffer::back(inner)));
     }
     Ok(())
-}
-
-/// How many RDMA WRITEs of R/W transfers the layer signaled on iWARP
-/// devices since the module was loaded (see [`Qp::rdma_rw`]).
-pub fn signaled_rw_writes() -> u64 {
-    // SAFETY: Reads an atomic counter; callable in any context.
-    unsafe { bindings::rdma_cm_rs_signaled_write_count() }
 }
 
 /// A posted transfer of the R/W API ([`Qp::rdma_rw`]).
