@@ -376,7 +376,8 @@ rc=$?
 # VM A's lines only (VM B's are its agent's log).
 sed -n 's/^VM A: //p' "$logs/vm-two.log" >"$logs/vm-two-a.log"
 vm_group "$logs/vm-two-a.log" "$rc" \
-	"both VMs ran to their end: dmesg and kmemleak clean (VM B killed on request)"
+	"both VMs ran to their end: dmesg and kmemleak clean (VM B killed on request)" \
+	--diag "$logs/vm-two.log"
 grep -qxF "guest cwd: $copy" "$logs/vm-two-a.log"
 leaf $? "any checkout location: the VMs ran the copy under '$copy'" "$logs/vm-two.log"
 if [ "$read_only" = yes ]; then

@@ -15,7 +15,9 @@ nested KTAP subtest each, as tools/testing/kunit/kunit.py parse reads it:
       (rdma_cm_rs_*) as the guest's dmesg has them, then one subtest a part
       of the command's output (delimited by `ktap-part NAME` and
       `ktap-part-end NAME STATUS` lines, see tools/check.sh), then the
-      run's own result (vm/run's exit status S, described by TEXT)
+      run's own result (vm/run's exit status S, described by TEXT; when S
+      is not 0, with the lines vm/run wrote of the run, from --diag FILE
+      or LOG)
 
 Every result is printed at --depth (default 1) and below; the subtest's own
 result line ("ok N NAME") closes it one level up.  The counts of leaves go
@@ -212,9 +214,32 @@ def vm(args):
         leaves.append(Node(f'{part}: ran to its end', ok=False,
                            log=['the output stops inside this part']))
         children.append(Node.group(part, leaves))
-    children.append(Node(args.status_name, ok=args.status == 0,
-                         log=[f'tools/vm/run exit status {args.status}']))
+    log = [f'tools/vm/run exit status {args.status}']
+    if args.status != 0:
+        log += vm_run_diagnostics(args.diag or args.log)
+    children.append(Node(args.status_name, ok=args.status == 0, log=log))
     return Node.group(args.name, children)
+
+
+# What a failed VM run says of itself, at most this many of its last lines.
+DIAGNOSTIC_LINES = 80
+
+
+def vm_run_diagnostics(path):
+    """The lines tools/vm/run wrote of a run (its `vm: ` lines: a VM
+    killed and why, the harness' errors, the last console lines of a VM
+    that did not finish, the dmesg gate's findings), so that the reason
+    of a failed run is in what make check prints, not only in its logs:
+    CI keeps only the former."""
+    try:
+        lines = open(path, errors='replace').read().splitlines()
+    except OSError as e:
+        return [f'no log of the run: {e}']
+    said = [line for line in lines if line.startswith('vm: ')]
+    if len(said) > DIAGNOSTIC_LINES:
+        left = len(said) - DIAGNOSTIC_LINES
+        said = [f'({left} earlier lines in {path})'] + said[-DIAGNOSTIC_LINES:]
+    return said
 
 
 def main():
@@ -229,6 +254,8 @@ def main():
     p.add_argument('--status-name', default='the VM run')
     p.add_argument('--dmesg')
     p.add_argument('--kunit', action='store_true')
+    p.add_argument('--diag', help='the log holding tools/vm/run\'s own lines '
+                   '(default LOG), printed when --status is not 0')
     args = p.parse_args()
     node = cargo(args) if args.kind == 'cargo' else vm(args)
     out, counts = [], [0, 0, 0]
