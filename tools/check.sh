@@ -297,7 +297,10 @@ group_end
 
 # A VM's command: each part of it between "ktap-part NAME" and
 # "ktap-part-end NAME STATUS" lines, a subtest of its own.
-part='part() { local n=$1 s; shift; echo "ktap-part $n"; "$@"; s=$?; echo "ktap-part-end $n $s"; return $s; }'
+# Each part also says when it started and ended on the guest's clock
+# ("part-time NAME START END", outside the KTAP): part_times sums them up.
+part='up() { cut -d" " -f1 /proc/uptime; }'
+part+='; part() { local n=$1 s t; t=$(up); shift; echo "ktap-part $n"; "$@"; s=$?; echo "ktap-part-end $n $s"; echo "part-time $n $t $(up)"; return $s; }'
 # Parts that run at once with the next foreground part: bg_part starts one
 # (its output kept in the guest's /tmp), bg_show waits for all of them and
 # prints one as a part, whole.  The four passes (rxe with asynchronous
@@ -310,8 +313,18 @@ part='part() { local n=$1 s; shift; echo "ktap-part $n"; "$@"; s=$?; echo "ktap-
 # now.  The siw pass ran alone for a while: beside the others it lost
 # first messages, which was siw's accept race, now patched in the test
 # kernel: tools/kernel-patches/0001.)
-part+='; bg_part() { local n=$1; shift; ( "$@" >"/tmp/part-$n.out" 2>&1; echo $? >"/tmp/part-$n.rc" ) & }'
-part+='; bg_show() { local n=$1 s; wait; echo "ktap-part $n"; cat "/tmp/part-$n.out"; s=$(cat "/tmp/part-$n.rc" 2>/dev/null || echo 1); echo "ktap-part-end $n $s"; return $s; }'
+part+='; bg_part() { local n=$1; shift; ( t=$(up); "$@" >"/tmp/part-$n.out" 2>&1; echo $? >"/tmp/part-$n.rc"; echo "$t $(up)" >"/tmp/part-$n.time" ) & }'
+part+='; bg_show() { local n=$1 s; wait; echo "ktap-part $n"; cat "/tmp/part-$n.out"; s=$(cat "/tmp/part-$n.rc" 2>/dev/null || echo 1); echo "ktap-part-end $n $s"; echo "part-time $n $(cat "/tmp/part-$n.time")"; return $s; }'
+# part_times LOG: one line, each part's wall time in the VM (guest clock,
+# which under TCG may lag the host's), and the span from the first start
+# to the last end.
+part_times() {
+	awk '$1 == "part-time" && NF == 4 {
+		if (first == "" || $3 < first) first = $3
+		if ($4 > last) last = $4
+		line = line sprintf("%s%s %.0f s", sep, $2, $4 - $3); sep = ", "
+	} END { if (line != "") printf "parts (guest clock): %s; all %.0f s\n", line, last - first }' "$1"
+}
 # vm_group LOG STATUS DESCRIPTION [ARGS...]: the VM run's results.
 vm_group() {
 	local log=$1 st=$2 what=$3
@@ -339,6 +352,7 @@ kunit_args=(--kunit)
 vm_group "$logs/vm-one.log" "$rc" \
 	"the VM ran to its end: modules unloaded, dmesg and kmemleak clean" "${kunit_args[@]}"
 printf '%s' "$glines" >"$logs/vm-one.ktap"
+note "vm-one $(part_times "$logs/vm-one.log")"
 no_skip_in "$logs/vm-one.ktap"
 leaf $? "no case skipped (the VM has rxe0 and siw0)" "$logs/skips.log"
 group_end
@@ -378,6 +392,7 @@ sed -n 's/^VM A: //p' "$logs/vm-two.log" >"$logs/vm-two-a.log"
 vm_group "$logs/vm-two-a.log" "$rc" \
 	"both VMs ran to their end: dmesg and kmemleak clean (VM B killed on request)" \
 	--diag "$logs/vm-two.log"
+note "vm-two, VM A $(part_times "$logs/vm-two-a.log")"
 grep -qxF "guest cwd: $copy" "$logs/vm-two-a.log"
 leaf $? "any checkout location: the VMs ran the copy under '$copy'" "$logs/vm-two.log"
 if [ "$read_only" = yes ]; then
