@@ -7,6 +7,7 @@
 mod ffi;
 pub mod ud;
 
+use crate::backoff::Backoff;
 use crate::diag;
 use crate::report::EventType;
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -972,6 +973,7 @@ impl<'ch> Conn<'ch> {
     fn poll_any(cq: *mut ibv_cq, timeout: Duration) -> Result<ibv_wc> {
         let deadline = Instant::now() + timeout;
         let busy = BUSY_POLL.get();
+        let mut backoff = Backoff::new();
         for polls in 0u64.. {
             if let Some(wc) = Self::poll_once(cq)? {
                 return Ok(wc);
@@ -985,7 +987,7 @@ impl<'ch> Conn<'ch> {
             if busy {
                 std::thread::yield_now();
             } else {
-                std::thread::sleep(Duration::from_millis(1));
+                backoff.pause();
             }
         }
         unreachable!("an unbounded range")
@@ -1018,6 +1020,7 @@ impl<'ch> Conn<'ch> {
         self.post_send(data)?;
         let mut deadline = Instant::now() + Duration::from_secs(5);
         let mut stopped = false;
+        let mut backoff = Backoff::new();
         loop {
             if let Some(wc) = Self::poll_once(self.send_cq)? {
                 return match wc.status {
@@ -1038,7 +1041,7 @@ impl<'ch> Conn<'ch> {
                 self.qp_num(),
                 diag::rdma_state(Some(self.qp_num())).join("; ")
             );
-            std::thread::sleep(Duration::from_millis(1));
+            backoff.pause();
         }
     }
 
@@ -1143,6 +1146,7 @@ impl<'ch> Conn<'ch> {
         ensure!(posted > 0, "flood: the first send could not be posted");
         let (mut reaped, mut ok, mut stopped) = (0, 0, false);
         let deadline = Instant::now() + Duration::from_secs(20);
+        let mut backoff = Backoff::new();
         while reaped < posted {
             if let Some(wc) = Self::poll_once(self.send_cq)? {
                 reaped += 1;
@@ -1157,7 +1161,7 @@ impl<'ch> Conn<'ch> {
                 "flood: {reaped} of {posted} completions within 20 s ({})",
                 diag::rdma_state(Some(self.qp_num())).join("; ")
             );
-            std::thread::sleep(Duration::from_millis(1));
+            backoff.pause();
         }
         Ok(ok)
     }
@@ -1337,8 +1341,8 @@ unsafe fn query_qp(qp: *mut ibv_qp, mask: ibv_qp_attr_mask::Type) -> Result<ibv_
 
 /// Makes the calling thread's completion waits ([`Conn::send`],
 /// [`Conn::recv`], [`Conn::rdma`]) poll the CQ in a loop that yields the
-/// CPU between polls, as perftest does, instead of sleeping 1 ms between
-/// polls (the default): the benchmark's librdmacm peers.
+/// CPU between polls, as perftest does, instead of sleeping between polls
+/// (the default, [`Backoff`]): the benchmark's librdmacm peers.
 pub fn set_busy_poll(on: bool) {
     BUSY_POLL.set(on);
 }

@@ -10,6 +10,7 @@
 //!   userspace-test bench        the module against librdmacm, measured
 
 mod agent;
+mod backoff;
 mod bench;
 mod cm;
 mod diag;

@@ -4,6 +4,7 @@
 
 #![allow(non_camel_case_types, non_upper_case_globals, dead_code)]
 
+use crate::backoff::Backoff;
 use std::{
     collections::{BTreeSet, VecDeque},
     fs::{File, OpenOptions},
@@ -668,6 +669,7 @@ impl Device {
     fn next_sync_event(&self, timeout_ms: u32) -> Result<Event> {
         let stream = self.sync.as_ref().expect("a synchronous device");
         let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
+        let mut backoff = Backoff::new();
         loop {
             if let Some(ev) = stream.lock().unwrap().pending.pop_front() {
                 return Ok(ev);
@@ -709,7 +711,7 @@ impl Device {
             if Instant::now() >= deadline {
                 return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
             }
-            std::thread::sleep(Duration::from_millis(2));
+            backoff.pause();
         }
     }
 
