@@ -381,9 +381,12 @@ fi
 vm_two="$logs/vm-two"
 # The guest's cwd is the copy's: `pwd` proves which tree it ran.
 guest_tool='"$RDMA_CM_RS_OUT"/'$tool_rel
+# The KUnit suites ran in vm-one, on the same kernel and devices (their
+# cases connect within one machine): VM A does not run them again at
+# insmod (kunit.enable=0), which VM B would sit out idle.
 RDMA_CM_RS_OUT=$copy watched vm-two "$logs/vm-two.log" \
 	"$copy/tools/vm/run" --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
-	--stream --module "$copy/rdma_cm_rs.ko" --two-vms \
+	--stream --module "$copy/rdma_cm_rs.ko" --two-vms --kernel-arg kunit.enable=0 \
 	--peer-cmd "$guest_tool agent --listen 0.0.0.0:7999" -- \
 	"$part; echo \"guest cwd: \$PWD\"; bg_part suite-rxe-sync $guest_tool suite --sync --peer \$RDMA_CM_RS_PEER_IP:7999; bg_part suite-siw $guest_tool suite --transport siw --peer \$RDMA_CM_RS_PEER_IP:7999; bg_part suite-siw-sync $guest_tool suite --sync --transport siw --peer \$RDMA_CM_RS_PEER_IP:7999; part suite-rxe $guest_tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; bg_show suite-rxe-sync || s=1; bg_show suite-siw || s=1; bg_show suite-siw-sync || s=1; part peer-vm-killed $guest_tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s"
 rc=$?
