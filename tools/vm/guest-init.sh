@@ -47,6 +47,20 @@ else
 	nap() { sleep "$1"; }
 fi
 
+# running PID: the child PID has not exited.  kill -0 also succeeds on a
+# zombie, and bash reaps an exited background job only at some points,
+# which a loop of builtins (nap's read among them) may never reach: VM A
+# of two once looked busy for 1500 s with its command ended (CI, and a
+# local run of 2026-11-26: the wait after the host's `timeout` returned
+# the command's status, 0).  /proc says Z for an exited, unreaped child.
+running() {
+	local stat
+	kill -0 "$1" 2>/dev/null || return 1
+	read -r stat <"/proc/$1/stat" 2>/dev/null || return 1
+	stat=${stat##*) }
+	[ "${stat%% *}" != Z ]
+}
+
 log() { echo "vm[$VM_NAME] $(uptime_s)s: $*" | tee -a "$R/guest.log"; }
 error() {
 	log "ERROR: $*"
@@ -229,12 +243,12 @@ fi
 
 # --- kmemleak, part 2 ------------------------------------------------------
 for ((i = 0; i < 1200; i++)); do
-	[ -n "$kml_pid" ] && kill -0 $kml_pid 2>/dev/null || break
+	[ -n "$kml_pid" ] && running "$kml_pid" || break
 	nap 0.1
 done
 if [ -z "$kml_pid" ]; then
 	: # no kmemleak in this kernel: said above
-elif kill -0 $kml_pid 2>/dev/null; then
+elif running "$kml_pid"; then
 	error "kmemleak's first scans took more than 120 s"
 	kml=
 elif ! wait $kml_pid; then
@@ -274,7 +288,7 @@ if [ ! -s "$R/errors" ]; then
 	# too: both should fire first.
 	stopped="" timed_out=""
 	for ((i = 0; i < (CMD_TIMEOUT + 20) * 10; i++)); do
-		kill -0 "$pid" 2>/dev/null || break
+		running "$pid" || break
 		if [ "$PEER" = 1 ] && [ -e "$R/stop" ]; then
 			# VM A is done: a peer still running was a service.
 			log "VM A's command ended: stopping ours"
@@ -290,10 +304,10 @@ if [ ! -s "$R/errors" ]; then
 		nap 0.1
 	done
 	for ((i = 0; i < 150; i++)); do
-		kill -0 "$pid" 2>/dev/null || break
+		running "$pid" || break
 		nap 0.1
 	done
-	if kill -0 "$pid" 2>/dev/null; then
+	if running "$pid"; then
 		error "the command did not end (timeout $CMD_TIMEOUT s, then 15 s more)"
 		kill -KILL -- "-$pid" 2>/dev/null
 	fi
