@@ -8,11 +8,18 @@
 # all four of make check: rxe, rxe-sync, siw, siw-sync), ROUNDS times, and
 # stops at the first round with a failure, whose output it prints.  For a
 # failure seen once in a few make checks: a scenario alone, looped, meets
-# it in minutes.  Prints "loop: N rounds, F failed".
+# it in minutes.  Prints "loop: N rounds, F failed".  With LOOP_PEER=1,
+# in VM A of `tools/vm/run --two-vms` whose VM B runs the agent on port
+# 7999, the scenarios run against the other VM, as in make check's vm-two.
 #
 #   tools/vm/run --no-stream --timeout 1800 --keep-logs build/loop \
 #     --module $PWD/rdma_cm_rs.ko -- \
 #     "cd $PWD && RDMA_CM_RS_OUT=$PWD bash tools/debug/loop-scenario.sh first_message 50"
+#
+#   tools/vm/run --no-stream --timeout 1800 --keep-logs build/loop2 \
+#     --module $PWD/rdma_cm_rs.ko --two-vms --kernel-arg kunit.enable=0 \
+#     --peer-cmd "$PWD/tools/userspace-test/target/release/userspace-test agent --listen 0.0.0.0:7999" -- \
+#     "cd $PWD && RDMA_CM_RS_OUT=$PWD LOOP_PEER=1 bash tools/debug/loop-scenario.sh ucmatose_module_server 20"
 set -u
 source "$(dirname "$0")/../lib/env.sh"
 filter=${1:?FILTER}
@@ -28,6 +35,9 @@ args_of() {
 	siw-sync) echo "--sync --transport siw" ;;
 	*) echo "loop: unknown pass $1" >&2; exit 2 ;;
 	esac
+	if [ "${LOOP_PEER:-0}" = 1 ]; then
+		echo "--peer $RDMA_CM_RS_PEER_IP:7999"
+	fi
 }
 logs=$(mktemp -d)
 failed=0
