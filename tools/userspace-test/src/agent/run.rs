@@ -6,7 +6,8 @@
 //!       NAME is `rping`, `ucmatose` or `udaddy` (nothing else runs);
 //!       `args` is the hex of a space-separated argument string.  The tool
 //!       runs with RLIMIT_MEMLOCK unlimited (its ibv_reg_mr pins memory),
-//!       stdin empty, stdout and stderr into one pipe.  `ready` follows
+//!       stdin empty, stdout and stderr into one pipe, line-buffered
+//!       (`stdbuf -oL -eL` where there is one).  `ready` follows
 //!       after `wait_ms` (default 1000; time for a server to listen), or as
 //!       soon as the tool exits, whichever is first; then
 //!       `result status=N out=HEX`: the exit status (-1 if a signal ended
@@ -49,7 +50,7 @@ pub(super) fn run(req: &Req, out: &mut TcpStream) -> Result<String> {
     let timeout = Duration::from_secs(req.num("timeout_s", 120)?.into());
 
     let (reader, writer) = std::io::pipe()?;
-    let mut cmd = Command::new(tool);
+    let mut cmd = line_buffered(tool);
     cmd.args(args.split_whitespace())
         // A group of its own: killing it takes whatever it started too.
         .process_group(0)
@@ -123,6 +124,27 @@ pub(super) fn run(req: &Req, out: &mut TcpStream) -> Result<String> {
         .recv_timeout(Duration::from_secs(5))
         .context("the tool's output did not end with it")??;
     Ok(report(status, ended, &output))
+}
+
+/// The command for `tool`, line-buffered by coreutils' `stdbuf` where it
+/// is on the PATH.  The tool's stdout is a pipe, so its stdio would hold
+/// the lines in a buffer of 4 KiB that a kill (`stop`, the timeout)
+/// discards: the very lines that say where a stuck tool stood.  `stdbuf`
+/// execs the tool, which keeps the process (and its group) the same.
+fn line_buffered(tool: &str) -> Command {
+    let stdbuf = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("stdbuf"))
+            .find(|p| p.is_file())
+    });
+    match stdbuf {
+        Some(stdbuf) => {
+            let mut cmd = Command::new(stdbuf);
+            cmd.args(["-oL", "-eL", tool]);
+            cmd
+        }
+        None => Command::new(tool),
+    }
 }
 
 /// How the tool's run ended.
@@ -239,6 +261,29 @@ mod tests {
             answer.starts_with("error tool \"sh\" is not one of rping"),
             "{answer}"
         );
+    }
+
+    /// GNU sed, like the tools, writes through stdio: into a pipe, its
+    /// line reaches the reader before the kill only if line-buffered.
+    #[test]
+    fn a_tool_killed_has_written_its_lines() {
+        let mut sed = line_buffered("sed")
+            .args(["-n", "p"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = sed.stdin.take().unwrap();
+        input.write_all(b"where it stood\n").unwrap();
+        let output = sed.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(read_tail(output, OUTPUT_TAIL)));
+        std::thread::sleep(Duration::from_millis(500));
+        sed.kill().unwrap();
+        sed.wait().unwrap();
+        drop(input);
+        let said = rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+        assert_eq!(said, b"where it stood\n");
     }
 
     #[test]
