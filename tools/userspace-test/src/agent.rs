@@ -41,8 +41,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    io::{BufRead, BufReader, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    io::{BufRead, BufReader, Read, Write},
+    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
     time::Duration,
 };
 
@@ -134,6 +134,32 @@ fn handle(stream: TcpStream) -> Result<()> {
     match result {
         Ok(r) => writeln!(out, "result {r}")?,
         Err(e) => writeln!(out, "error {}", format!("{e:#}").replace('\n', " "))?,
+    }
+    linger(out, &mut input)
+}
+
+/// How long the agent waits for the suite to hang up after the answer.
+const LINGER: Duration = Duration::from_secs(5);
+
+/// Ends the answer with a FIN and reads whatever the suite still sends
+/// until it hangs up (at most [`LINGER`]).  A line the suite sent meanwhile
+/// (a `stop` crossing the tool's own exit) left unread at the close would
+/// make the close a reset, which discards the answer if it still waits in
+/// the send queue (Nagle holds a small segment while one is unacked): the
+/// suite then reads "Connection reset by peer" instead of the result.
+fn linger(out: TcpStream, input: &mut BufReader<TcpStream>) -> Result<()> {
+    // The suite gone already (a failure on its side): nothing to keep.
+    if out.shutdown(Shutdown::Write).is_err() {
+        return Ok(());
+    }
+    input.get_ref().set_read_timeout(Some(LINGER))?;
+    let mut rest = [0u8; 256];
+    let until = std::time::Instant::now() + LINGER;
+    while std::time::Instant::now() < until {
+        match input.read(&mut rest) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
     }
     Ok(())
 }
