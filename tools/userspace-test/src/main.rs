@@ -871,14 +871,22 @@ fn main() -> Result<()> {
             count,
             size,
         }) => {
-            let clients = udaddy::module_server(
-                &Device::open()?,
+            let dev = Device::open()?;
+            let mut log = |l: &str| say(l);
+            let listener = udaddy::listen(
+                &dev,
                 SocketAddr::new(ip, udaddy::PORT),
+                connections,
+                &mut log,
+            )?;
+            let clients = udaddy::module_server(
+                &dev,
+                listener,
                 connections,
                 count,
                 size,
                 uapi::RDMA_CM_RS_TIMEOUT_INFINITE,
-                &mut |l| say(l),
+                &mut log,
             )?;
             say(&format!(
                 "module: udaddy server done, {} client(s)",

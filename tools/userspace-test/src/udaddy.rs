@@ -73,19 +73,38 @@ fn recv_datagram(dev: &Device, id: u32, size: u32, what: &str) -> Result<Datagra
     Ok(d)
 }
 
+/// The module's UD listener for udaddy's clients, on `addr` (udaddy's
+/// port is [`PORT`]) with a backlog of `connections`: listening before
+/// the client starts, which gives up at once on a SIDR request nobody
+/// answers.  Returns the listener's id, for [`module_server`].
+pub fn listen(
+    dev: &Device,
+    addr: SocketAddr,
+    connections: u32,
+    log: &mut dyn FnMut(&str),
+) -> Result<u32> {
+    let l = dev.create_id_ps(0, RDMA_CM_RS_PS_UDP, RDMA_CM_RS_QPT_UD)?;
+    dev.bind(l, &addr).context("bind")?;
+    dev.listen(l, connections.max(1)).context("listen")?;
+    log(&format!(
+        "module: UD listener id={l} on {addr}, for {connections} udaddy client(s)"
+    ));
+    Ok(l)
+}
+
 /// The module as udaddy's server, for `udaddy -s ADDR [-c connections]
-/// [-C count] [-S size]`: listens on `addr` with a UD id and accepts
+/// [-C count] [-S size]`, on `listener` (from [`listen`]): accepts
 /// `connections` SIDR requests (no private data; udaddy's client sends
 /// only once all are answered); then receives `count` datagrams of `size`
 /// bytes on each accepted id (each with the sender's QP number as immediate
 /// data, checked against the source QP UD_RECV reports, all from one peer
 /// handle), and then sends each client `count` replies of `size` bytes
 /// through that peer handle.  `first_wait_ms` bounds the wait for the first
-/// request (people start the client by hand).  Returns the clients' QP
-/// numbers.
+/// request (people start the client by hand).  Destroys the listener and
+/// the accepted ids; returns the clients' QP numbers.
 pub fn module_server(
     dev: &Device,
-    addr: SocketAddr,
+    l: u32,
     connections: u32,
     count: u32,
     size: u32,
@@ -96,12 +115,6 @@ pub fn module_server(
         count <= MAX_COUNT,
         "udaddy's client sends its {count} datagrams at once; the module keeps {MAX_COUNT} receives"
     );
-    let l = dev.create_id_ps(0, RDMA_CM_RS_PS_UDP, RDMA_CM_RS_QPT_UD)?;
-    dev.bind(l, &addr).context("bind")?;
-    dev.listen(l, connections.max(1)).context("listen")?;
-    log(&format!(
-        "module: UD listener id={l} on {addr}, for {connections} udaddy client(s)"
-    ));
     // (accepted id, its QP number)
     let mut accepted = Vec::new();
     for n in 0..connections {

@@ -184,8 +184,20 @@ impl ToolResult {
 /// The module's next event, TIMEWAIT_EXIT of earlier connections passed
 /// over, within [`T`].
 fn next_event(dev: &Device) -> Result<Event> {
+    next_event_within(dev, T)
+}
+
+/// How long a module's server waits for the first request of a tool's
+/// client.  The client starts on a loaded machine (the other VM, under
+/// TCG) and a CM request lost on the way is sent again only after the
+/// request's timeout: 4.1 s for SIDR, 4.8 s for a REQ, 5.4 s with
+/// ucmatose's `-a 18` (twice the packet lifetime the ACK timeout sets,
+/// plus the response timeout).  10 s left room for one loss at most.
+pub const FIRST_REQUEST_WAIT_MS: u32 = 30_000;
+
+fn next_event_within(dev: &Device, ms: u32) -> Result<Event> {
     loop {
-        let e = dev.get_event(T).context("module: waiting for an event")?;
+        let e = dev.get_event(ms).context("module: waiting for an event")?;
         if e.event != EventType::TimewaitExit {
             return Ok(e);
         }
@@ -551,10 +563,17 @@ fn ucmatose_client_against_module(ctx: &mut Ctx, run: &Ucmatose) -> Result<()> {
     let message = pattern(run.size, 0x63);
     let (client, ()) = client.alongside(|| {
         let mut conns = Vec::new();
+        let mut requests = 0;
         while conns.len() < run.connections {
-            let e = next_event(&dev)?;
+            let e = if requests == 0 {
+                next_event_within(&dev, FIRST_REQUEST_WAIT_MS)
+                    .context("module: the first request")?
+            } else {
+                next_event(&dev)?
+            };
             match e.event {
                 EventType::ConnectRequest if e.id == l => {
+                    requests += 1;
                     // cmatose's conn_param, as the passive side sees it.
                     ensure!(
                         (

@@ -7,7 +7,7 @@
 //! senders on one id, refused requests, and destruction with datagrams on
 //! their way.
 
-use super::interop::run_tool;
+use super::interop::{run_tool, FIRST_REQUEST_WAIT_MS};
 use super::{errno_of, expect_errno, field, no_event, note, resolve_ps, wait, Ctx, T};
 use crate::agent::{
     ud::{payload, with_imm},
@@ -714,15 +714,31 @@ const UDADDY_DONE: &[&str] = &["data transfers complete", "return status 0"];
 pub(super) fn udaddy_module_server(ctx: &mut Ctx) -> Result<()> {
     let dev = Device::open()?;
     let addr = SocketAddr::new(ctx.local4, udaddy::PORT);
+    let mut lines = Vec::new();
+    let l = udaddy::listen(&dev, addr, 2, &mut |l| lines.push(l.to_string()))?;
+    // The module listens already: no wait before `ready`.  (udaddy's
+    // client exits on the first unanswered SIDR request, so started
+    // before the listener it failed now and then across two VMs.)
     let tool = run_tool(
         ctx,
         "udaddy",
         &format!("-s {} -c 2", ctx.local4),
-        UDADDY_READY_MS,
+        0,
         UDADDY_TIMEOUT_S,
     )?;
     let (tool, clients) = tool.alongside(|| {
-        logged(|log| udaddy::module_server(&dev, addr, 2, udaddy::COUNT, udaddy::SIZE, T, log))
+        logged(|log| {
+            lines.iter().for_each(|l| log(l));
+            udaddy::module_server(
+                &dev,
+                l,
+                2,
+                udaddy::COUNT,
+                udaddy::SIZE,
+                FIRST_REQUEST_WAIT_MS,
+                log,
+            )
+        })
     })?;
     ensure!(
         clients.len() == 2 && clients[0] != clients[1],
