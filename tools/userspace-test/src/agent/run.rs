@@ -13,7 +13,9 @@
 //!       `result status=N out=HEX`: the exit status (-1 if a signal ended
 //!       it, then also `signal=N`, or if it ran past `timeout_s`, default
 //!       120, and was killed: `timed_out=1`) and the last
-//!       [`OUTPUT_TAIL`] bytes of its combined output.  A line from the
+//!       [`OUTPUT_TAIL`] bytes of its combined output (for a tool killed,
+//!       followed by where each of its threads stood: state, wait channel
+//!       and kernel stack).  A line from the
 //!       suite meanwhile (`stop`: its side failed) kills the tool, and the
 //!       result follows with `stopped=1`; should the suite hang up instead,
 //!       the tool is killed all the same.
@@ -21,6 +23,7 @@
 use super::Req;
 use anyhow::{bail, ensure, Context, Result};
 use std::{
+    fmt::Write as _,
     io::{ErrorKind, Read, Write},
     net::TcpStream,
     os::unix::process::{CommandExt, ExitStatusExt},
@@ -97,17 +100,21 @@ pub(super) fn run(req: &Req, out: &mut TcpStream) -> Result<String> {
         return Err(e);
     }
 
+    // What the tool was doing when killed, told after its output.
+    let mut stood = String::new();
     let (status, ended) = loop {
         if let Some(status) = child.try_wait()? {
             break (status, Ended::Exited);
         }
         if started.elapsed() >= timeout {
+            stood = where_it_stood(child.id());
             kill(&mut child);
             break (child.wait()?, Ended::TimedOut);
         }
         match listen_to_suite(out, POLL)? {
             Suite::Quiet => {}
             Suite::Stop => {
+                stood = where_it_stood(child.id());
                 kill(&mut child);
                 break (child.wait()?, Ended::Stopped);
             }
@@ -123,6 +130,8 @@ pub(super) fn run(req: &Req, out: &mut TcpStream) -> Result<String> {
     let output = tail_rx
         .recv_timeout(Duration::from_secs(5))
         .context("the tool's output did not end with it")??;
+    let mut output = output;
+    output.extend_from_slice(stood.as_bytes());
     Ok(report(status, ended, &output))
 }
 
@@ -145,6 +154,42 @@ fn line_buffered(tool: &str) -> Command {
         }
         None => Command::new(tool),
     }
+}
+
+/// Each thread of process `pid` as the kernel saw it just before the kill:
+/// its state, where it sleeps (`wchan`) and its kernel stack (readable by
+/// root only; left out otherwise).  A tool that printed nothing in all the
+/// time the module waited was stuck before its first line, and this says
+/// where.
+fn where_it_stood(pid: u32) -> String {
+    let mut told = String::from("--- where it stood when killed:\n");
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return told + "(gone)\n";
+    };
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+        // "TID (COMM) STATE ...": the name may hold spaces, the state
+        // follows the last ')'.
+        let stat = read("stat");
+        let (name, state) = match (stat.find('('), stat.rfind(')')) {
+            (Some(open), Some(close)) => (
+                &stat[open + 1..close],
+                stat[close + 1..].split_whitespace().next().unwrap_or("?"),
+            ),
+            _ => ("?", "?"),
+        };
+        let _ = writeln!(
+            told,
+            "thread {} ({name}) state {state} wchan {}",
+            task.file_name().to_string_lossy(),
+            read("wchan")
+        );
+        for frame in read("stack").lines() {
+            let _ = writeln!(told, "  {frame}");
+        }
+    }
+    told
 }
 
 /// How the tool's run ended.
@@ -284,6 +329,31 @@ mod tests {
         drop(input);
         let said = rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
         assert_eq!(said, b"where it stood\n");
+    }
+
+    #[test]
+    fn tells_where_a_sleeping_tool_stood() {
+        let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+        // Until it has exec'd and gone to sleep.
+        let mut told = String::new();
+        for _ in 0..100 {
+            told = where_it_stood(sleeper.id());
+            if told.contains("(sleep) state S") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
+        assert!(
+            told.starts_with("--- where it stood when killed:\n"),
+            "{told}"
+        );
+        assert!(
+            told.contains(&format!("thread {} (sleep) state S wchan ", sleeper.id())),
+            "{told}"
+        );
+        assert!(where_it_stood(u32::MAX).ends_with("(gone)\n"));
     }
 
     #[test]
