@@ -17,10 +17,10 @@
 //!   udserve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N]
 //!   udconnect addr=A data=HEX [qps=K] [msgs=N] [sizes=S,S,...] [replies=N]
 //!                             UD over RDMA_PS_UDP (SIDR), see `ud`
-//!   run tool=NAME args=HEX [wait_ms=N] [timeout_s=N]
+//!   run tool=NAME args=HEX [wait_ms=N | ready=output] [timeout_s=N]
 //!                             an unmodified rdmacm-utils tool (rping,
 //!                             ucmatose, udaddy) as the peer: `ready`
-//!                             after wait_ms, then `status=` and the
+//!                             after wait_ms or its first output, then `status=` and the
 //!                             tail of its output (the suite may send
 //!                             "stop" meanwhile), see `run`
 //!

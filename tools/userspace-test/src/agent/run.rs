@@ -2,14 +2,18 @@
 //! The agent's `run` verb: one of the unmodified rdmacm-utils tools as the
 //! peer of a scenario, on the agent's machine.
 //!
-//!   run tool=NAME args=HEX [wait_ms=N] [timeout_s=N]
+//!   run tool=NAME args=HEX [wait_ms=N | ready=output] [timeout_s=N]
 //!       NAME is `rping`, `ucmatose` or `udaddy` (nothing else runs);
 //!       `args` is the hex of a space-separated argument string.  The tool
 //!       runs with RLIMIT_MEMLOCK unlimited (its ibv_reg_mr pins memory),
 //!       stdin empty, stdout and stderr into one pipe, line-buffered
 //!       (`stdbuf -oL -eL` where there is one).  `ready` follows
-//!       after `wait_ms` (default 1000; time for a server to listen), or as
-//!       soon as the tool exits, whichever is first; then
+//!       after `wait_ms` (default 1000; time for a server to listen), or
+//!       with `ready=output` once the tool wrote its first output (the
+//!       clients' "starting client", past loading their libraries and
+//!       librdmacm's device setup, which the guest's 9p root makes slow
+//!       under load), or as soon as the tool exits, whichever is first;
+//!       then
 //!       `result status=N out=HEX`: the exit status (-1 if a signal ended
 //!       it, then also `signal=N`, or if it ran past `timeout_s`, default
 //!       120, and was killed: `timed_out=1`) and the last
@@ -28,6 +32,10 @@ use std::{
     net::TcpStream,
     os::unix::process::{CommandExt, ExitStatusExt},
     process::{Child, Command, ExitStatus, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -50,6 +58,11 @@ pub(super) fn run(req: &Req, out: &mut TcpStream) -> Result<String> {
     );
     let args = String::from_utf8(req.bytes("args")?).context("args= is not UTF-8")?;
     let wait = Duration::from_millis(req.num("wait_ms", 1000)?.into());
+    let on_output = match req.get("ready") {
+        None => false,
+        Some("output") => true,
+        Some(other) => bail!("ready={other}: the one value is `output`"),
+    };
     let timeout = Duration::from_secs(req.num("timeout_s", 120)?.into());
 
     let (reader, writer) = std::io::pipe()?;
@@ -90,9 +103,21 @@ pub(super) fn run(req: &Req, out: &mut TcpStream) -> Result<String> {
     // reader sees the end of the output once the tool (and only it) is gone.
     drop(cmd);
     let (tail_tx, tail_rx) = std::sync::mpsc::channel();
+    let spoke = Arc::new(AtomicBool::new(false));
+    let reader = Noticed {
+        inner: reader,
+        spoke: spoke.clone(),
+    };
     std::thread::spawn(move || tail_tx.send(read_tail(reader, OUTPUT_TAIL)));
 
-    while started.elapsed() < wait && child.try_wait()?.is_none() {
+    let waiting = || {
+        if on_output {
+            !spoke.load(Ordering::Relaxed) && started.elapsed() < timeout
+        } else {
+            started.elapsed() < wait
+        }
+    };
+    while waiting() && child.try_wait()?.is_none() {
         std::thread::sleep(POLL);
     }
     if let Err(e) = writeln_ready(out) {
@@ -133,6 +158,22 @@ pub(super) fn run(req: &Req, out: &mut TcpStream) -> Result<String> {
     let mut output = output;
     output.extend_from_slice(stood.as_bytes());
     Ok(report(status, ended, &output))
+}
+
+/// The tool's output pipe, telling once anything came through it.
+struct Noticed<R> {
+    inner: R,
+    spoke: Arc<AtomicBool>,
+}
+
+impl<R: Read> Read for Noticed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n > 0 {
+            self.spoke.store(true, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
 }
 
 /// The command for `tool`, line-buffered by coreutils' `stdbuf` where it
@@ -354,6 +395,35 @@ mod tests {
             "{told}"
         );
         assert!(where_it_stood(u32::MAX).ends_with("(gone)\n"));
+    }
+
+    #[test]
+    fn notices_the_first_output_and_refuses_other_readiness() {
+        let spoke = Arc::new(AtomicBool::new(false));
+        let silent = Noticed {
+            inner: &b""[..],
+            spoke: spoke.clone(),
+        };
+        assert_eq!(read_tail(silent, OUTPUT_TAIL).unwrap(), b"");
+        assert!(!spoke.load(Ordering::Relaxed));
+        let said = Noticed {
+            inner: &b"udaddy: starting client\n"[..],
+            spoke: spoke.clone(),
+        };
+        read_tail(said, OUTPUT_TAIL).unwrap();
+        assert!(spoke.load(Ordering::Relaxed));
+
+        let agent = crate::agent::spawn_local().unwrap();
+        let request = format!(
+            "run tool=udaddy args={} ready=soon",
+            crate::payload::hex(b"-b x")
+        );
+        let mut call = crate::agent::Call::start(&agent, &request).unwrap();
+        let answer = call.line().unwrap();
+        assert!(
+            answer.starts_with("error ready=soon: the one value is `output`"),
+            "{answer}"
+        );
     }
 
     #[test]

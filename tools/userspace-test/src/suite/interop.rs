@@ -95,6 +95,34 @@ pub fn run_tool(
     })
 }
 
+/// Starts a client `tool` with `args` on the agent's machine and waits
+/// until it has run past its start: the agent's `ready` comes with the
+/// tool's first output line (rdmacm-utils' clients print "starting client"
+/// once librdmacm found its devices), or its end.  Starting a tool loads
+/// its libraries and providers over the guest's 9p root, which the other
+/// VM under load made take more than 10 s (the kernel stack of a udaddy
+/// killed then: `p9_client_open`); the module's own waits begin after.
+pub fn start_client_tool(ctx: &Ctx, tool: &str, args: &str, timeout_s: u32) -> Result<ToolRun> {
+    let call = Call::start(
+        &ctx.agent,
+        &format!(
+            "run tool={tool} args={} ready=output timeout_s={timeout_s}",
+            hex(args.as_bytes())
+        ),
+    )?;
+    let mut run = ToolRun {
+        call,
+        command: format!("{tool} {args}"),
+        timeout_s,
+        ready: false,
+    };
+    // The read's bound is the tool's own.
+    run.call
+        .set_read_timeout(Duration::from_secs(u64::from(timeout_s) + 30))?;
+    run.ready()?;
+    Ok(run)
+}
+
 impl ToolRun {
     /// Waits for the agent's `ready`: the tool has run `wait_ms` (a server
     /// listens by then) or has already ended.
@@ -188,11 +216,12 @@ fn next_event(dev: &Device) -> Result<Event> {
 }
 
 /// How long a module's server waits for the first request of a tool's
-/// client.  The client starts on a loaded machine (the other VM, under
-/// TCG) and a CM request lost on the way is sent again only after the
-/// request's timeout: 4.1 s for SIDR, 4.8 s for a REQ, 5.4 s with
+/// client once the client said it started ([`start_client_tool`]).  It
+/// still resolves address and route on a loaded machine (the other VM,
+/// under TCG), and a CM request lost on the way is sent again only after
+/// the request's timeout: 4.1 s for SIDR, 4.8 s for a REQ, 5.4 s with
 /// ucmatose's `-a 18` (twice the packet lifetime the ACK timeout sets,
-/// plus the response timeout).  10 s left room for one loss at most.
+/// plus the response timeout).
 pub const FIRST_REQUEST_WAIT_MS: u32 = 30_000;
 
 fn next_event_within(dev: &Device, ms: u32) -> Result<Event> {
@@ -557,9 +586,8 @@ fn ucmatose_client_against_module(ctx: &mut Ctx, run: &Ucmatose) -> Result<()> {
     let l = listen(&dev, addr, 8, 0)?;
     let args = format!("-s {} -p {} {}", addr.ip(), addr.port(), run.flags);
     let args = args.trim_end();
-    // The module listens already: no wait before `ready`.
-    let mut client = run_tool(ctx, "ucmatose", args, 0, SCENARIO_TOOL_TIMEOUT_S)?;
-    client.ready()?;
+    // The module listens already.
+    let client = start_client_tool(ctx, "ucmatose", args, SCENARIO_TOOL_TIMEOUT_S)?;
     let message = pattern(run.size, 0x63);
     let (client, ()) = client.alongside(|| {
         let mut conns = Vec::new();

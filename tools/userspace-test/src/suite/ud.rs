@@ -7,7 +7,7 @@
 //! senders on one id, refused requests, and destruction with datagrams on
 //! their way.
 
-use super::interop::{run_tool, FIRST_REQUEST_WAIT_MS};
+use super::interop::{run_tool, start_client_tool, FIRST_REQUEST_WAIT_MS};
 use super::{errno_of, expect_errno, field, no_event, note, resolve_ps, wait, Ctx, T};
 use crate::agent::{
     ud::{payload, with_imm},
@@ -716,14 +716,12 @@ pub(super) fn udaddy_module_server(ctx: &mut Ctx) -> Result<()> {
     let addr = SocketAddr::new(ctx.local4, udaddy::PORT);
     let mut lines = Vec::new();
     let l = udaddy::listen(&dev, addr, 2, &mut |l| lines.push(l.to_string()))?;
-    // The module listens already: no wait before `ready`.  (udaddy's
-    // client exits on the first unanswered SIDR request, so started
-    // before the listener it failed now and then across two VMs.)
-    let tool = run_tool(
+    // The module listens before udaddy starts: its client gives up on a
+    // SIDR request nobody answers.
+    let tool = start_client_tool(
         ctx,
         "udaddy",
         &format!("-s {} -c 2", ctx.local4),
-        0,
         UDADDY_TIMEOUT_S,
     )?;
     let (tool, clients) = tool.alongside(|| {
