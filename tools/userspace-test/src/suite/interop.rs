@@ -95,14 +95,20 @@ pub fn run_tool(
     })
 }
 
-/// Starts a client `tool` with `args` on the agent's machine and waits
-/// until it has run past its start: the agent's `ready` comes with the
-/// tool's first output line (rdmacm-utils' clients print "starting client"
-/// once librdmacm found its devices), or its end.  Starting a tool loads
-/// its libraries and providers over the guest's 9p root, which the other
-/// VM under load made take more than 10 s (the kernel stack of a udaddy
-/// killed then: `p9_client_open`); the module's own waits begin after.
-pub fn start_client_tool(ctx: &Ctx, tool: &str, args: &str, timeout_s: u32) -> Result<ToolRun> {
+/// Starts `tool` with `args` on the agent's machine and waits until it has
+/// run past its start: the agent's `ready` comes with the tool's first
+/// output line (ucmatose and udaddy print "starting client" or "starting
+/// server" once librdmacm found its devices), or its end.  Starting a tool
+/// loads its libraries and providers over the guest's 9p root, which the
+/// other VM under load made take more than 10 s (the kernel stack of a
+/// udaddy killed then: `p9_client_open`); the module's own waits begin
+/// after.  (rping prints nothing before its first ping: not for it.)
+pub fn start_tool_past_startup(
+    ctx: &Ctx,
+    tool: &str,
+    args: &str,
+    timeout_s: u32,
+) -> Result<ToolRun> {
     let call = Call::start(
         &ctx.agent,
         &format!(
@@ -216,7 +222,7 @@ fn next_event(dev: &Device) -> Result<Event> {
 }
 
 /// How long a module's server waits for the first request of a tool's
-/// client once the client said it started ([`start_client_tool`]).  It
+/// client once the client said it started ([`start_tool_past_startup`]).  It
 /// still resolves address and route on a loaded machine (the other VM,
 /// under TCG), and a CM request lost on the way is sent again only after
 /// the request's timeout: 4.1 s for SIDR, 4.8 s for a REQ, 5.4 s with
@@ -234,9 +240,11 @@ fn next_event_within(dev: &Device, ms: u32) -> Result<Event> {
 }
 
 /// How long the module tries again while its connection requests are
-/// rejected because the tool does not listen yet (a loaded VM may start it
-/// late; `ready` comes after a fixed wait).
-const LISTEN_WAIT: Duration = Duration::from_secs(15);
+/// rejected because the tool does not listen yet: rping's server says
+/// nothing before its first ping, so its `ready` comes after a fixed wait,
+/// and a loaded VM may take longer than that to start it (its libraries
+/// come over 9p, see [`start_tool_past_startup`]).
+const LISTEN_WAIT: Duration = Duration::from_secs(30);
 
 /// Connects a new RC id to `addr` with `param` and returns it once
 /// ESTABLISHED.  `prepare` runs on the id before it resolves (options:
@@ -587,7 +595,7 @@ fn ucmatose_client_against_module(ctx: &mut Ctx, run: &Ucmatose) -> Result<()> {
     let args = format!("-s {} -p {} {}", addr.ip(), addr.port(), run.flags);
     let args = args.trim_end();
     // The module listens already.
-    let client = start_client_tool(ctx, "ucmatose", args, SCENARIO_TOOL_TIMEOUT_S)?;
+    let client = start_tool_past_startup(ctx, "ucmatose", args, SCENARIO_TOOL_TIMEOUT_S)?;
     let message = pattern(run.size, 0x63);
     let (client, ()) = client.alongside(|| {
         let mut conns = Vec::new();
@@ -702,14 +710,9 @@ fn module_client_against_ucmatose(
     let addr = SocketAddr::new(ctx.peer4, ctx.port());
     let args = format!("-b {} -p {} {}", addr.ip(), addr.port(), run.flags);
     let args = args.trim_end();
-    let mut server = run_tool(
-        ctx,
-        "ucmatose",
-        args,
-        READY_WAIT_MS,
-        SCENARIO_TOOL_TIMEOUT_S,
-    )?;
-    server.ready()?;
+    // "starting server" comes right before its listen; the module tries
+    // again while its requests are rejected.
+    let server = start_tool_past_startup(ctx, "ucmatose", args, SCENARIO_TOOL_TIMEOUT_S)?;
     let dev = Device::open()?;
     let (server, ()) = server.alongside(|| {
         let set_options = |id| -> Result<()> {

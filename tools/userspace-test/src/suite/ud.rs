@@ -7,7 +7,7 @@
 //! senders on one id, refused requests, and destruction with datagrams on
 //! their way.
 
-use super::interop::{run_tool, start_client_tool, FIRST_REQUEST_WAIT_MS};
+use super::interop::{start_tool_past_startup, FIRST_REQUEST_WAIT_MS};
 use super::{errno_of, expect_errno, field, no_event, note, resolve_ps, wait, Ctx, T};
 use crate::agent::{
     ud::{payload, with_imm},
@@ -694,10 +694,6 @@ fn logged<R>(body: impl FnOnce(&mut dyn FnMut(&str)) -> Result<R>) -> Result<R> 
     r.map_err(|e| e.context(format!("the module's side:\n{}", lines.join("\n"))))
 }
 
-/// How long udaddy runs before the agent's `ready`: a server listens by
-/// then (and the module's client tries again for a while if not).
-const UDADDY_READY_MS: u32 = 1000;
-
 /// udaddy's bound here: each run takes seconds, and a udaddy stuck
 /// waiting for the module should fail the scenario soon.
 const UDADDY_TIMEOUT_S: u32 = 60;
@@ -718,7 +714,7 @@ pub(super) fn udaddy_module_server(ctx: &mut Ctx) -> Result<()> {
     let l = udaddy::listen(&dev, addr, 2, &mut |l| lines.push(l.to_string()))?;
     // The module listens before udaddy starts: its client gives up on a
     // SIDR request nobody answers.
-    let tool = start_client_tool(
+    let tool = start_tool_past_startup(
         ctx,
         "udaddy",
         &format!("-s {} -c 2", ctx.local4),
@@ -752,14 +748,14 @@ pub(super) fn udaddy_module_server(ctx: &mut Ctx) -> Result<()> {
 /// udaddy exits 0.
 pub(super) fn udaddy_module_client(ctx: &mut Ctx) -> Result<()> {
     let dev = Device::open()?;
-    let mut tool = run_tool(
+    // "starting server" comes right before its listen; the module's SIDR
+    // requests are tried again while nobody answers.
+    let tool = start_tool_past_startup(
         ctx,
         "udaddy",
         &format!("-b {}", ctx.peer4),
-        UDADDY_READY_MS,
         UDADDY_TIMEOUT_S,
     )?;
-    tool.ready()?;
     let (tool, _) = tool.alongside(|| {
         logged(|log| {
             udaddy::module_client(
@@ -767,7 +763,7 @@ pub(super) fn udaddy_module_client(ctx: &mut Ctx) -> Result<()> {
                 SocketAddr::new(ctx.peer4, udaddy::PORT),
                 udaddy::COUNT,
                 udaddy::SIZE,
-                // About 10 s for a slow VM to start udaddy's listener.
+                // About 10 s from its "starting server" to its listen.
                 20,
                 log,
             )
