@@ -80,15 +80,23 @@ pub fn run_tool(
     wait_ms: u32,
     timeout_s: u32,
 ) -> Result<ToolRun> {
-    let call = Call::start(
-        &ctx.agent,
-        &format!(
-            "run tool={tool} args={} wait_ms={wait_ms} timeout_s={timeout_s}",
-            hex(args.as_bytes())
-        ),
-    )?;
+    start_run(ctx, tool, args, &format!("wait_ms={wait_ms}"), timeout_s)
+}
+
+/// The agent's `run` request, `readiness` its `wait_ms=` or `ready=`.
+fn start_run(
+    ctx: &Ctx,
+    tool: &str,
+    args: &str,
+    readiness: &str,
+    timeout_s: u32,
+) -> Result<ToolRun> {
+    let request = format!(
+        "run tool={tool} args={} {readiness} timeout_s={timeout_s}",
+        hex(args.as_bytes())
+    );
     Ok(ToolRun {
-        call,
+        call: Call::start(&ctx.agent, &request)?,
         command: format!("{tool} {args}"),
         timeout_s,
         ready: false,
@@ -109,19 +117,7 @@ pub fn start_tool_past_startup(
     args: &str,
     timeout_s: u32,
 ) -> Result<ToolRun> {
-    let call = Call::start(
-        &ctx.agent,
-        &format!(
-            "run tool={tool} args={} ready=output timeout_s={timeout_s}",
-            hex(args.as_bytes())
-        ),
-    )?;
-    let mut run = ToolRun {
-        call,
-        command: format!("{tool} {args}"),
-        timeout_s,
-        ready: false,
-    };
+    let mut run = start_run(ctx, tool, args, "ready=output", timeout_s)?;
     // The read's bound is the tool's own.
     run.call
         .set_read_timeout(Duration::from_secs(u64::from(timeout_s) + 30))?;
