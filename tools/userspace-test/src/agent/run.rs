@@ -125,23 +125,20 @@ pub(super) fn run(req: &Req, out: &mut TcpStream) -> Result<String> {
         return Err(e);
     }
 
-    // What the tool was doing when killed, told after its output.
-    let mut stood = String::new();
-    let (status, ended) = loop {
+    // `stood`: what the tool was doing when killed, told after its output.
+    let (status, ended, stood) = loop {
         if let Some(status) = child.try_wait()? {
-            break (status, Ended::Exited);
+            break (status, Ended::Exited, String::new());
         }
         if started.elapsed() >= timeout {
-            stood = where_it_stood(child.id());
-            kill(&mut child);
-            break (child.wait()?, Ended::TimedOut);
+            let (status, stood) = kill_telling(&mut child)?;
+            break (status, Ended::TimedOut, stood);
         }
         match listen_to_suite(out, POLL)? {
             Suite::Quiet => {}
             Suite::Stop => {
-                stood = where_it_stood(child.id());
-                kill(&mut child);
-                break (child.wait()?, Ended::Stopped);
+                let (status, stood) = kill_telling(&mut child)?;
+                break (status, Ended::Stopped, stood);
             }
             Suite::Gone => {
                 kill(&mut child);
@@ -152,10 +149,9 @@ pub(super) fn run(req: &Req, out: &mut TcpStream) -> Result<String> {
     };
     // The pipe ends with the tool's group; bounded all the same, so that
     // something that escaped the group cannot hold the answer.
-    let output = tail_rx
+    let mut output = tail_rx
         .recv_timeout(Duration::from_secs(5))
         .context("the tool's output did not end with it")??;
-    let mut output = output;
     output.extend_from_slice(stood.as_bytes());
     Ok(report(status, ended, &output))
 }
@@ -231,6 +227,14 @@ fn where_it_stood(pid: u32) -> String {
         }
     }
     told
+}
+
+/// Kills the tool and reaps it; returns its status and where it stood
+/// just before.
+fn kill_telling(child: &mut Child) -> Result<(ExitStatus, String)> {
+    let stood = where_it_stood(child.id());
+    kill(child);
+    Ok((child.wait()?, stood))
 }
 
 /// How the tool's run ended.

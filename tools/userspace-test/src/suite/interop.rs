@@ -127,7 +127,8 @@ pub fn start_tool_past_startup(
 
 impl ToolRun {
     /// Waits for the agent's `ready`: the tool has run `wait_ms` (a server
-    /// listens by then) or has already ended.
+    /// listens by then), has printed its first line (`ready=output`), or
+    /// has already ended.
     pub fn ready(&mut self) -> Result<()> {
         if !self.ready {
             self.call
