@@ -96,6 +96,20 @@ hostname "rdma-cm-rs-$VM_NAME"
 # Verbs users pin memory (ucmatose, rping with large buffers).
 ulimit -l unlimited
 
+# The verbs providers of this guest's devices alone.  libibverbs loads every
+# provider /etc/libibverbs.d names (17 with Debian's rdma-core 44) into each
+# verbs process before it matches them to the devices, and every load is
+# opens and mmaps over 9p through the debug kernel: every librdmacm tool a
+# test starts paid for it (testing.rst, "Where the time goes").  The guest
+# has rxe and siw only.  Without the bind the tools still work, slower.
+verbs_d=/run/rdma-cm-rs-libibverbs.d
+if mkdir -p "$verbs_d" && cp /etc/libibverbs.d/rxe.driver /etc/libibverbs.d/siw.driver "$verbs_d"/ &&
+	mount --bind "$verbs_d" /etc/libibverbs.d; then
+	log "libibverbs: the rxe and siw providers only"
+else
+	log "libibverbs: could not narrow its providers to rxe and siw; every provider loads"
+fi
+
 # tools/vm/run --share-rw: a host directory the command may write, mounted
 # over its read-only view at its host path (or, under /tmp or /run, on a
 # new directory in the guest's tmpfs).
