@@ -429,6 +429,7 @@ mod id_tests {
         net::NetNs,
         pd::Pd,
         poller::BusyPoller,
+        sg::SgBuffer,
         verbs::{CompletionHandler, Cq, PollContext, Qp, QpCaps, RecvBuffer, SendBuffer},
     };
     use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -611,7 +612,9 @@ mod id_tests {
     /// A UD id gets a UD QP, which takes datagrams only: an RC SEND (no
     /// address handle: rxe would follow a null one) and memory work are
     /// refused before they reach the driver, and so is a datagram above the
-    /// port's MTU (rxe would drop it and report success).
+    /// port's MTU (rxe would drop it and report success).  A receive's
+    /// buffer holds the global route header:
+    /// one more byte without pages, the header alone with pages.
     #[test]
     fn ud_qp_takes_only_datagrams() {
         let id = CmId::new(Nop, &NetNs::init(), PortSpace::Udp, QpType::Ud).unwrap();
@@ -620,6 +623,8 @@ mod id_tests {
                 max_send_wr: 2,
                 max_recv_wr: 2,
                 max_inline_data: 0,
+                max_send_sge: 2,
+                max_recv_sge: 2,
                 ..QpCaps::default()
             };
             let (pd, cq) = pd_and_cq_on_rxe(l, caps, Nop)?;
@@ -633,21 +638,42 @@ mod id_tests {
                 remote_write: false,
             };
             let register = qp.register(&mr, access, 1).err();
+            let grh = crate::rdma::ah::GRH_SIZE;
             let recv_without_room = qp
-                .post_recv(RecvBuffer::new(&pd, crate::rdma::ah::GRH_SIZE)?)
+                .post_recv(RecvBuffer::new(&pd, grh)?)
                 .err()
                 .map(|(e, _)| e);
+            let paged_recv = |len| -> Result<Option<Error>> {
+                let mut buf = RecvBuffer::new(&pd, len)?;
+                buf.attach_pages(SgBuffer::new(4096)?);
+                Ok(qp.post_recv(buf).err().map(|(e, back)| {
+                    // Refused with its pages attached.
+                    if back.pages().is_none() {
+                        ENOENT
+                    } else {
+                        e
+                    }
+                }))
+            };
+            let recv_header_short = paged_recv(grh - 1)?;
+            // Posted, and flushed with the QP.
+            let recv_header_then_pages = paged_recv(grh)?;
             Ok((
-                qp.qp_type(),
-                qp.qkey(),
-                qp.max_datagram(),
-                rc_send,
-                register,
-                recv_without_room,
+                (
+                    qp.qp_type(),
+                    qp.qkey(),
+                    qp.max_datagram(),
+                    rc_send,
+                    register,
+                ),
+                (recv_without_room, recv_header_short, recv_header_then_pages),
             ))
         });
         match made {
-            Ok((qp_type, qkey, max_datagram, rc_send, register, recv_without_room)) => {
+            Ok((
+                (qp_type, qkey, max_datagram, rc_send, register),
+                (recv_without_room, recv_header_short, recv_header_then_pages),
+            )) => {
                 assert_eq!(qp_type, QpType::Ud);
                 // RDMA_UDP_QKEY, the CM's Q_Key for RDMA_PS_UDP.
                 assert_eq!(qkey, 0x0123_4567);
@@ -655,6 +681,8 @@ mod id_tests {
                 assert_eq!(rc_send, Some(EOPNOTSUPP));
                 assert_eq!(register, Some(EOPNOTSUPP));
                 assert_eq!(recv_without_room, Some(EINVAL));
+                assert_eq!(recv_header_short, Some(EINVAL));
+                assert_eq!(recv_header_then_pages, None);
             }
             Err(e) => super::skip_without_devices(e),
         }
@@ -1315,12 +1343,13 @@ mod ud_tests {
     use super::{take_out, wait_until, Checks};
     use crate::rdma::{
         addr::SocketAddr,
-        ah::UdDest,
+        ah::{UdDest, GRH_SIZE},
         cm::*,
         conn_param::ConnParam,
         event::*,
         net::NetNs,
         pd::Pd,
+        sg::SgBuffer,
         verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer},
     };
     use core::sync::atomic::{AtomicU32, Ordering};
@@ -1378,9 +1407,23 @@ mod ud_tests {
         inbox: Arc<Inbox>,
     }
 
+    /// How a side's receives take a datagram.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Receives {
+        /// Into 256 bytes of buffer.
+        Buffer,
+        /// The global route header and [`ROOM`] bytes into the buffer, the
+        /// rest into a page.
+        HeaderThenPage,
+    }
+
+    /// The payload a [`Receives::HeaderThenPage`] buffer takes before the
+    /// page.
+    const ROOM: usize = 16;
+
     /// Makes a UD QP on a locked id, with receives posted: its queues
     /// complete on one CQ, or with `split` on a CQ each.
-    fn side(l: &LockedId<'_>, split: bool) -> Result<Side> {
+    fn side(l: &LockedId<'_>, split: bool, receives: Receives) -> Result<Side> {
         let dev = l.device()?;
         let pd = Pd::alloc(&dev)?;
         let inbox = Arc::pin_init(
@@ -1395,6 +1438,8 @@ mod ud_tests {
             max_send_wr: 4,
             max_recv_wr: 4,
             max_inline_data: 0,
+            max_send_sge: 2,
+            max_recv_sge: 2,
             ..QpCaps::default()
         };
         let qp = if split {
@@ -1411,8 +1456,15 @@ mod ud_tests {
             l.create_qp(&pd, &cq, caps)?
         };
         for _ in 0..4 {
-            qp.post_recv(RecvBuffer::new(&pd, 256)?)
-                .map_err(|(e, _)| e)?;
+            let buf = match receives {
+                Receives::Buffer => RecvBuffer::new(&pd, 256)?,
+                Receives::HeaderThenPage => {
+                    let mut buf = RecvBuffer::new(&pd, GRH_SIZE + ROOM)?;
+                    buf.attach_pages(SgBuffer::new(4096)?);
+                    buf
+                }
+            };
+            qp.post_recv(buf).map_err(|(e, _)| e)?;
         }
         Ok(Side { qp, inbox })
     }
@@ -1454,7 +1506,7 @@ mod ud_tests {
                     }
                 }
                 EventType::RouteResolved => {
-                    let connected = side(id, false).and_then(|side| {
+                    let connected = side(id, false, Receives::HeaderThenPage).and_then(|side| {
                         seen.connect_181 = ConnParam::new()
                             .private_data(&[0x5a; 181])
                             .and_then(|p| id.connect(&p))
@@ -1488,7 +1540,7 @@ mod ud_tests {
             let made = server.with_lock(|l| {
                 // The server's QP completes its sends and its receives
                 // on a CQ each.
-                let side = side(l, true)?;
+                let side = side(l, true, Receives::Buffer)?;
                 let refused = ConnParam::new()
                     .private_data(&[0xa5; 137])
                     .and_then(|p| l.accept(Some(&p)))
@@ -1510,6 +1562,65 @@ mod ud_tests {
             // would keep itself alive).
             seen.server = Some(server);
         }
+    }
+
+    /// A datagram gathered from a header and a page, to a receive that
+    /// scatters it over the header's room in its buffer and a page; and
+    /// one a byte above the MTU, its page counted, refused.  Returns the
+    /// receive, for the caller to drop with the rest.
+    fn paged_datagram(
+        c: &mut Checks,
+        server_qp: &Arc<Qp<InboxRef>>,
+        server_inbox: &Inbox,
+        client_inbox: &Inbox,
+        back: &UdDest,
+    ) -> Option<RecvBuffer> {
+        let pd = server_qp.pd();
+        let max = server_qp.max_datagram();
+        let mut oversize = SendBuffer::new(pd, ROOM).unwrap();
+        oversize.fill(&[0x48; ROOM]).unwrap();
+        oversize.attach_pages(SgBuffer::new(max - ROOM + 1).unwrap());
+        let refused = server_qp.post_send_ud(oversize, back).err().map(|(e, _)| e);
+        c.eq(
+            "a datagram of a header and a page above the MTU",
+            refused,
+            Some(EMSGSIZE),
+        );
+
+        let header = b"paged datagram: ";
+        let paged_len = (max - ROOM).min(900);
+        let mut bytes = KVec::new();
+        for i in 0..paged_len {
+            bytes.push((i * 7 % 251) as u8, GFP_KERNEL).unwrap();
+        }
+        let mut pages = SgBuffer::new(paged_len).unwrap();
+        pages.write(0, &bytes).unwrap();
+        let mut send = SendBuffer::new(pd, ROOM).unwrap();
+        send.fill(header).unwrap();
+        send.attach_pages(pages);
+        let sent = server_qp.post_send_ud(send, back).err().map(|(e, _)| e);
+        let mut got = None;
+        if !c.eq("the paged datagram's post", sent, None) {
+            return None;
+        }
+        wait_until(|| {
+            got = take_one(client_inbox);
+            got.is_some()
+        });
+        let Some(got) = got else {
+            c.check("the paged datagram arrived within 5 s", false);
+            return None;
+        };
+        c.eq("its header, in the buffer", got.data(), header.as_slice());
+        c.eq("its bytes in the page", got.paged_len(), paged_len);
+        let mut arrived = KVec::new();
+        arrived.resize(paged_len, 0u8, GFP_KERNEL).unwrap();
+        let read = got.pages().map(|p| p.read(0, &mut arrived));
+        c.eq("the page came back with the receive", read, Some(Ok(())));
+        c.check("the page holds what was sent", arrived[..] == bytes[..]);
+        let sent_back = wait_until(|| server_inbox.sent.load(Ordering::Acquire) == 2);
+        c.check("the paged datagram's send completed", sent_back);
+        Some(got)
     }
 
     fn take_one(inbox: &Inbox) -> Option<RecvBuffer> {
@@ -1653,6 +1764,7 @@ mod ud_tests {
             });
         }
         let mut answer = None;
+        let mut back_dest = None;
         if let Some(got) = &got {
             c.eq("the ping", got.data(), b"ud ping".as_slice());
             c.eq("its immediate data", got.imm(), Some(client_qp.qp_num()));
@@ -1678,6 +1790,7 @@ mod ud_tests {
                             answer.is_some()
                         });
                     }
+                    back_dest = Some(back);
                 }
                 Err(e) => {
                     c.eq("reply_dest", Err(e), Ok(()));
@@ -1688,6 +1801,7 @@ mod ud_tests {
         }
         if let Some(answer) = &answer {
             c.eq("the pong", answer.data(), b"ud pong".as_slice());
+            c.eq("the pong's bytes in the page", answer.paged_len(), 0);
             c.eq("its immediate data", answer.imm(), None);
             c.eq(
                 "its source QP",
@@ -1702,9 +1816,16 @@ mod ud_tests {
         } else if got.is_some() {
             c.check("the pong arrived within 5 s", false);
         }
+        let paged = match (&answer, &back_dest) {
+            (Some(_), Some(back)) => {
+                paged_datagram(c, &server_qp, &server_inbox, &client_inbox, back)
+            }
+            _ => None,
+        };
+        drop(back_dest);
 
         let server = world.seen.lock().server.take();
-        drop((got, answer));
+        drop((got, answer, paged));
         drop((client, server, listener));
         drop((client_qp, server_qp));
         // The server's three receives left were flushed by its id's

@@ -1031,11 +1031,14 @@ impl RecvBuffer {
     /// pages), returning the pages attached before.  A receive with pages
     /// takes one scatter entry for the buffer and one for each entry of
     /// the pages' scatterlist ([`SgBuffer::entries`]), within the QP's
-    /// [`QpCaps::max_recv_sge`] (`EMSGSIZE` from the post otherwise); RC
-    /// QPs only (`EOPNOTSUPP` from a UD QP's post); on an [`Srq`], within
-    /// its [`SrqCaps::max_sge`] (`EMSGSIZE` otherwise).  The pages are mapped for
-    /// the device from the post to the completion, which hands them back
-    /// attached, with what arrived in them ([`Self::paged_len`]).
+    /// [`QpCaps::max_recv_sge`] (`EMSGSIZE` from the post otherwise); on
+    /// an [`Srq`], within its [`SrqCaps::max_sge`] (`EMSGSIZE` otherwise).
+    /// On a UD QP the datagram's global route header takes the buffer's
+    /// first [`GRH_SIZE`] bytes, so the buffer needs that many at least
+    /// (`EINVAL` from the post), and the payload fills the rest of the
+    /// buffer, then the pages.  The pages are mapped for the device from
+    /// the post to the completion, which hands them back attached, with
+    /// what arrived in them ([`Self::paged_len`]).
     pub fn attach_pages(&mut self, pages: SgBuffer) -> Option<SgBuffer> {
         self.0.paged_len = 0;
         self.0.pages.replace(pages)
@@ -1125,8 +1128,8 @@ impl SendBuffer {
     /// bytes (none if it has none) and one for each entry of the pages'
     /// scatterlist ([`SgBuffer::entries`]), within the QP's
     /// [`QpCaps::max_send_sge`] (`EMSGSIZE` from the post otherwise); not
-    /// inline (`EINVAL`), RC QPs only (`EOPNOTSUPP` from
-    /// [`Qp::post_send_ud`]).  The pages are mapped for the device from the
+    /// inline (`EINVAL`).  A datagram ([`Qp::post_send_ud`]) counts the
+    /// pages in its size.  The pages are mapped for the device from the
     /// post to the completion, which hands them back attached.  On iWARP
     /// such a send is signaled even if [`Self::set_unsignaled`] asked
     /// otherwise: siw sends an unsignaled one straight from the pages, and
@@ -2411,12 +2414,18 @@ impl<C: CompletionHandler> Qp<C> {
             return Err((ENOTCONN, buf));
         };
         let on_ud = self.qp_type == QpType::Ud;
-        if on_ud && buf.0.data.len() <= GRH_SIZE {
-            return Err((EINVAL, buf));
-        }
-        // A datagram arrives whole into one buffer, behind its GRH.
-        if on_ud && buf.0.pages.is_some() {
-            return Err((EOPNOTSUPP, buf));
+        // A datagram's global route header comes first in the scatter
+        // list, and the completion reads it from the buffer: the buffer
+        // holds all of it, and room for payload after it or in pages.
+        if on_ud {
+            let least = if buf.0.pages.is_some() {
+                GRH_SIZE
+            } else {
+                GRH_SIZE + 1
+            };
+            if buf.0.data.len() < least {
+                return Err((EINVAL, buf));
+            }
         }
         // Tracked under the QP's lock, before the post (the completion may
         // run before it returns); a failure untracks it, still under the
@@ -2454,7 +2463,8 @@ impl<C: CompletionHandler> Qp<C> {
     /// contents to `dest` on a UD QP; the request holds `dest` until its
     /// completion.  Errors as [`Self::post_send`], and `EOPNOTSUPP` on an
     /// RC QP, `EXDEV`/`EINVAL` for an address handle of another device or
-    /// PD, `EMSGSIZE` above [`Self::max_datagram`].
+    /// PD, `EMSGSIZE` above [`Self::max_datagram`] (the buffer's bytes and
+    /// its attached pages together).
     pub fn post_send_ud(
         &self,
         buf: SendBuffer,
@@ -2466,12 +2476,12 @@ impl<C: CompletionHandler> Qp<C> {
         {
             return Err((e, buf));
         }
-        if buf.0.len > self.max_datagram() {
+        let paged = buf.0.pages.as_ref().map_or(0, SgBuffer::len);
+        if buf.0.len.saturating_add(paged) > self.max_datagram() {
             return Err((EMSGSIZE, buf));
         }
-        // A datagram invalidates nothing (SEND_WITH_INV is RC only), and
-        // is one buffer's bytes.
-        if buf.0.invalidate.is_some() || buf.0.pages.is_some() {
+        // A datagram invalidates nothing (SEND_WITH_INV is RC only).
+        if buf.0.invalidate.is_some() {
             return Err((EOPNOTSUPP, buf));
         }
         // Selective signaling is for RC: the shutdown's marker, which
