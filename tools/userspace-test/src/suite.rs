@@ -311,6 +311,9 @@ pub fn run(ctx: &mut Ctx, filter: Option<&str>, left_out: bool) -> Result<bool> 
 }
 
 const T: u32 = 10_000;
+/// How long a scenario waits for a peer that prepares many connections
+/// before it sends its first request.
+const PEER_SETUP_WAIT_MS: u32 = 60_000;
 
 /// The next module event, which must be `want` (TIMEWAIT_EXIT of earlier
 /// connections, which may come or not, is passed over).
@@ -1562,7 +1565,15 @@ fn hundred_connections(ctx: &mut Ctx) -> Result<()> {
     let mut ids = Vec::new();
     let mut established = 0;
     while established < N {
-        let ev = dev.get_event(T).context("waiting for connections")?;
+        // The peer resolves all of its ids and makes their QPs before
+        // its first request: 10-12 s on a debug kernel with ORC's
+        // unwinder, where the 10 s of a later event ran out.
+        let within = if ids.is_empty() {
+            PEER_SETUP_WAIT_MS
+        } else {
+            T
+        };
+        let ev = dev.get_event(within).context("waiting for connections")?;
         match ev.event {
             EventType::ConnectRequest => {
                 dev.accept(ev.new_id, None)?;
