@@ -39,6 +39,11 @@
 //! * answers posted unsignaled (selective signaling): their buffers come
 //!   back with the next signaled completion of the connection;
 //! * SEND_WITH_INV where the client asked for it.
+//!
+//! With `busy_poll=1` the pool's CQs are busy-polled
+//! ([`CqPool::busy_polled`]): each has a loop of its own that runs the
+//! handler the moment a completion is there, instead of a workqueue's
+//! worker woken by the device.
 
 #![deny(unsafe_code)]
 
@@ -63,6 +68,7 @@ use rdma::{
     mr::RemoteRegion,
     net::NetNs,
     pd::Pd,
+    poller::BusyPoller,
     sg::SgBuffer,
     verbs::{
         CompletionHandler, PollContext, Qp, QpCaps, RecvBuffer, RwDone, RwOp, SendBuffer, Srq,
@@ -83,6 +89,10 @@ module! {
         size: u32 {
             default: 4194304,
             description: "Bytes of the store (1..=67108864)",
+        },
+        busy_poll: bool {
+            default: false,
+            description: "Busy-poll the CQs (a loop each) instead of a workqueue",
         },
     },
 }
@@ -369,7 +379,11 @@ struct StoreDevice {
 }
 
 /// The sample's IB client: a PD, an SRQ and a pool of CQs on each device.
-struct StoreDevices(Arc<Store>);
+struct StoreDevices {
+    store: Arc<Store>,
+    /// With `busy_poll`: the loops of every device's CQs.
+    poller: Option<Arc<BusyPoller>>,
+}
 
 impl Client for StoreDevices {
     type DeviceData = StoreDevice;
@@ -386,7 +400,7 @@ impl Client for StoreDevices {
         let (shared_srq, shared_pd) = (srq.clone(), pd.clone());
         let shared = Arc::pin_init(
             pin_init!(DeviceShared {
-                store: self.0.clone(),
+                store: self.store.clone(),
                 srq: shared_srq,
                 pd: shared_pd,
                 conns <- new_mutex!(Conns {
@@ -404,15 +418,23 @@ impl Client for StoreDevices {
         let per_conn = conn_caps(dev).send_cq_entries()?;
         let entries = SRQ_DEPTH + MAX_CONNS.div_ceil(vectors) * per_conn;
         let handler = StoreHandler(shared.clone());
-        let cqs = CqPool::new(dev, entries, PollContext::Workqueue, handler)?;
+        let cqs = match &self.poller {
+            Some(poller) => CqPool::busy_polled(dev, entries, poller, handler)?,
+            None => CqPool::new(dev, entries, PollContext::Workqueue, handler)?,
+        };
         for _ in 0..SRQ_DEPTH {
             srq.post_recv(RecvBuffer::new(&pd, REQUEST_LEN)?)
                 .map_err(|(e, _)| e)?;
         }
         pr_info!(
-            "{}: added: one PD, an SRQ of {} requests and a pool of CQs of {} entries over {} completion vector(s)\n",
+            "{}: added: one PD, an SRQ of {} requests and a pool of {} CQs of {} entries over {} completion vector(s)\n",
             BStr::from_bytes(dev.name().as_bytes()),
             SRQ_DEPTH,
+            if self.poller.is_some() {
+                "busy-polled"
+            } else {
+                "workqueue"
+            },
             entries,
             dev.num_comp_vectors()
         );
@@ -603,6 +625,11 @@ impl kernel::Module for StoreModule {
         }
         let destroy_queue = DestroyQueue::new()?;
         let bytes = SgBuffer::new(size)?;
+        let poller = if module_parameters::busy_poll.value() {
+            Some(Arc::new(BusyPoller::new()?, GFP_KERNEL)?)
+        } else {
+            None
+        };
         let store = Arc::pin_init(
             pin_init!(Store {
                 bytes <- new_mutex!(bytes),
@@ -613,7 +640,7 @@ impl kernel::Module for StoreModule {
         let service = Arc::pin_init(
             try_pin_init!(Service {
                 ids <- new_mutex!(KVec::new()),
-                devices <- ClientRegistration::new(StoreDevices(store)),
+                devices <- ClientRegistration::new(StoreDevices { store, poller }),
             }),
             GFP_KERNEL,
         )?;

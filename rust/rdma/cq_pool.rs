@@ -12,10 +12,15 @@
 //! it, comes after this layer's client in that order, so no client of the
 //! layer could hand its CQs back in time.  The pool here is made of
 //! [`Cq`]s, each holding the device, which its unregistration waits for.
+//!
+//! A pool's CQs are polled from a workqueue, or busy-polled
+//! ([`CqPool::busy_polled`]): each CQ then has a loop of a
+//! [`BusyPoller`] of its own for as long as the pool keeps it.
 
 use super::{
     bindings,
     device::Device,
+    poller::{BusyPoller, PollLoop},
     verbs::{CompletionHandler, Cq, PollContext},
 };
 use core::sync::atomic::{AtomicU32, Ordering};
@@ -31,7 +36,8 @@ use kernel::{
 /// until the pool goes (a ULP keeps the pool in its per-device state, see
 /// [`super::client::Client`]).
 ///
-/// Every CQ gets a clone of the pool's handler.  The room a QP needs is
+/// Every CQ gets a clone of the pool's handler, and in a busy-polled pool a
+/// loop polling it until the pool goes.  The room a QP needs is
 /// reserved on its CQ when the QP is created and released when it goes
 /// ([`super::verbs::Qp`]); the pool only chooses the CQ, under its lock,
 /// so that two connections set up at once do not both count on the same
@@ -45,16 +51,67 @@ pub struct CqPool<C: CompletionHandler + Clone> {
     /// The vector of the next request without one.
     next_vector: AtomicU32,
     #[pin]
-    cqs: Mutex<KVec<Arc<Cq<C>>>>,
+    cqs: Mutex<KVec<PooledCq<C>>>,
+    /// Starts the loop of each CQ of a busy-polled pool.  Dropped after
+    /// `cqs`, whose loops are told to stop first; the poller's last drop
+    /// waits for its loops (see [`BusyPoller`]).
+    poller: Option<Arc<BusyPoller>>,
+}
+
+/// A CQ of a [`CqPool`].
+struct PooledCq<C: CompletionHandler> {
+    cq: Arc<Cq<C>>,
+    /// The loop polling it in a busy-polled pool; it ends with the pool,
+    /// and then lets go of the CQ.
+    _polling: Option<PollLoop>,
 }
 
 impl<C: CompletionHandler + Clone> CqPool<C> {
     /// A pool of CQs of at least `cq_entries` on `dev`, polled from `poll`,
     /// each with a clone of `handler`; none is allocated yet.  `EINVAL` for
-    /// 0 entries or [`PollContext::Direct`] (a direct CQ is its one owner's
-    /// to poll, not shared).
+    /// 0 entries or [`PollContext::Direct`] (nobody would poll those; see
+    /// [`CqPool::busy_polled`]).
     pub fn new(dev: &Device, cq_entries: u32, poll: PollContext, handler: C) -> Result<Arc<Self>> {
-        if cq_entries == 0 || poll == PollContext::Direct {
+        if poll == PollContext::Direct {
+            return Err(EINVAL);
+        }
+        Self::with_poll(dev, cq_entries, poll, handler, None)
+    }
+
+    /// A pool of [`PollContext::Direct`] CQs of at least `cq_entries` on
+    /// `dev`, each with a clone of `handler` and busy-polled by a loop of
+    /// `poller` ([`BusyPoller::start`]) from its creation until the pool
+    /// goes, so that completions run the handler in the loop's task with
+    /// no interrupt or worker to wake.  `EINVAL` for 0 entries.  Making a
+    /// CQ fails with `EBUSY` once `poller` runs
+    /// [`super::poller::MAX_LOOPS`] loops.
+    ///
+    /// The pool holds `poller`: its last drop, and with it the wait for
+    /// its loops, may be the pool's.  Drop every pool before the module's
+    /// [`super::deferred::DestroyQueue`], as the poller itself.
+    pub fn busy_polled(
+        dev: &Device,
+        cq_entries: u32,
+        poller: &Arc<BusyPoller>,
+        handler: C,
+    ) -> Result<Arc<Self>> {
+        Self::with_poll(
+            dev,
+            cq_entries,
+            PollContext::Direct,
+            handler,
+            Some(poller.clone()),
+        )
+    }
+
+    fn with_poll(
+        dev: &Device,
+        cq_entries: u32,
+        poll: PollContext,
+        handler: C,
+        poller: Option<Arc<BusyPoller>>,
+    ) -> Result<Arc<Self>> {
+        if cq_entries == 0 {
             return Err(EINVAL);
         }
         Arc::pin_init(
@@ -65,6 +122,7 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
                 handler,
                 next_vector: AtomicU32::new(0),
                 cqs <- new_mutex!(KVec::new()),
+                poller,
             }),
             GFP_KERNEL,
         )
@@ -80,8 +138,10 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
     /// carry yet needs room for its receives too); when none took it, a
     /// new CQ of the pool's size (or of `entries` if larger) is made on the
     /// vector for a last try, kept if `place` succeeds on it.  Any other
-    /// error of `place` is returned at once.  The pool is locked
-    /// meanwhile: `place` must not use it.
+    /// error of `place` is returned at once.  In a busy-polled pool the new
+    /// CQ's loop starts before `place` runs (`EBUSY` when the poller has no
+    /// room for another).  The pool is locked meanwhile: `place` must not
+    /// use it.
     pub fn with_cq<R>(
         &self,
         entries: u32,
@@ -99,8 +159,8 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
             vector.unwrap_or_else(|| self.next_vector.fetch_add(1, Ordering::Relaxed)) % vectors;
         let mut cqs = self.cqs.lock();
         let mut candidates = KVec::with_capacity(cqs.len(), GFP_KERNEL)?;
-        for (index, cq) in cqs.iter().enumerate() {
-            let free = cq.free_entries();
+        for (index, pooled) in cqs.iter().enumerate() {
+            let (free, cq) = (pooled.cq.free_entries(), &pooled.cq);
             if cq.comp_vector() == vector && free >= entries {
                 candidates.push((free, index), GFP_KERNEL)?;
             }
@@ -108,7 +168,7 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
         // The most room first.
         candidates.sort_unstable_by_key(|&(free, index)| (core::cmp::Reverse(free), index));
         for &(_, index) in candidates.iter() {
-            match place(index, &cqs[index]) {
+            match place(index, &cqs[index].cq) {
                 Err(e) if e == ENOSPC => continue,
                 placed => return placed,
             }
@@ -123,9 +183,21 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
             self.poll,
             self.handler.clone(),
         )?;
-        // A CQ nothing took is not kept.
+        // Polled from before its first QP, so that nothing it completes
+        // waits for the loop; a CQ nothing took is not kept, and its loop
+        // ends with it.
+        let polling = match &self.poller {
+            Some(poller) => Some(poller.start(&cq)?),
+            None => None,
+        };
         let placed = place(cqs.len(), &cq)?;
-        cqs.push(cq, GFP_KERNEL)?;
+        cqs.push(
+            PooledCq {
+                cq,
+                _polling: polling,
+            },
+            GFP_KERNEL,
+        )?;
         Ok(placed)
     }
 

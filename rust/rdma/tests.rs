@@ -2028,6 +2028,7 @@ mod sync_tests {
         blocking::{EventWaiter, SyncOutcome},
         cm::*,
         conn_param::ConnParam,
+        cq_pool::CqPool,
         event::*,
         mr::{Mr, MrAccess, RemoteRegion},
         net::NetNs,
@@ -2412,6 +2413,7 @@ mod sync_tests {
         Ok(digest_on(h, &bytes))
     }
 
+    #[derive(Clone)]
     struct Recording(Arc<QpSeen>);
 
     impl CompletionHandler for Recording {
@@ -3008,6 +3010,73 @@ mod sync_tests {
         assert_eq!(after_stop, 1);
         assert_eq!(polled, Ok(1));
         assert!(looped_again);
+    }
+
+    /// A busy-polled CQ pool's CQs are polled by a loop each from their
+    /// creation: the server's QP, placed through the pool, gets the
+    /// client's messages with nobody calling `poll`, and its CQ is
+    /// `Direct`.  Once the pool is gone its loop ends: a message that
+    /// arrives after that waits in the CQ (the QP's teardown then polls it
+    /// for the flush).  A busy-polled pool of no entries is refused.
+    #[test]
+    fn busy_polled_cq_pool_delivers_without_a_poll() {
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening_at(&ns, RXE_IP, 7212) else {
+            return;
+        };
+        // Bound to the device's address: it has the device.
+        let dev = listener.with_lock(|l| l.device()).unwrap();
+        let poller = Arc::new(BusyPoller::new().unwrap(), GFP_KERNEL).unwrap();
+        let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
+        let entries = RECORDING_CAPS.cq_entries().unwrap();
+        let handler = Recording(server_seen.clone());
+        let refused = CqPool::busy_polled(&dev, 0, &poller, handler.clone()).err();
+        let pool = CqPool::busy_polled(&dev, entries, &poller, handler).unwrap();
+        drop(dev);
+        let server_pool = pool.clone();
+        let connected = connect_client(&world, &ns, &addr, PollContext::Workqueue, move |server| {
+            server.with_lock(|l| {
+                let dev = l.device()?;
+                let pd = Pd::alloc(&dev)?;
+                let (qp, poll) = server_pool.with_cq(entries, None, |_, cq| {
+                    Ok((l.create_qp(&pd, cq, RECORDING_CAPS)?, cq.poll_context()))
+                })?;
+                if poll != PollContext::Direct {
+                    return Err(EINVAL);
+                }
+                for _ in 0..RECORDING_CAPS.max_recv_wr {
+                    qp.post_recv(RecvBuffer::new(&pd, 64)?)
+                        .map_err(|(e, _)| e)?;
+                }
+                Ok(qp)
+            })
+        });
+        let (client, (client_qp, _client_cq), client_seen, server, server_qp) = match connected {
+            Ok(connected) => connected,
+            Err(e) => {
+                drop((pool, poller));
+                failed_to_connect(listener, world, e);
+                return;
+            }
+        };
+        let first = post_marked(&client_qp, 1, false) && post_marked(&client_qp, 2, false);
+        let looped = wait_until(|| server_seen.received.load(Ordering::Acquire) == 2);
+        let cqs = pool.len();
+        drop(pool);
+        // The loop sees its stop flag within one poll.
+        fsleep(Delta::from_millis(50));
+        let third = post_marked(&client_qp, 3, false);
+        let acked = wait_until(|| client_seen.sends_back.load(Ordering::Acquire) == 3);
+        fsleep(Delta::from_millis(100));
+        let after_pool = server_seen.received.load(Ordering::Acquire);
+        drop((
+            client, client_qp, server, server_qp, listener, world, poller,
+        ));
+        assert_eq!(refused, Some(EINVAL));
+        assert!(first && third && acked);
+        assert!(looped);
+        assert_eq!(cqs, 1);
+        assert_eq!(after_pool, 2);
     }
 
     /// The teardown of a QP on a `Direct` CQ nobody polls polls it itself:

@@ -362,14 +362,24 @@ pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
 /// against the tool's librdmacm client on the agent's machine: four
 /// connections at once, each PUTting and GETting 12 transfers of 1 byte
 /// to 64 KiB at its own offsets of the store, every byte compared, and a
-/// GET past the store's end refused with EINVAL.
+/// GET past the store's end refused with EINVAL.  The synchronous passes
+/// load the sample with `busy_poll=1` (its pool's CQs polled by loops of
+/// their own), the others without (polled from a workqueue): the sample
+/// knows nothing of the tool's ids, the passes are where both of its poll
+/// modes meet both transports and both topologies without another
+/// scenario.
 pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
     const SIZE: u32 = 4 << 20;
     const CONNS: usize = 4;
     let port = ctx.port();
     let size = format!("size={SIZE}");
+    let busy_poll = crate::uapi::sync_mode();
+    let mut params = vec![size.as_str()];
+    if busy_poll {
+        params.push("busy_poll=1");
+    }
     let dev = format!("{}0", ctx.transport.name());
-    crate::sample_module::with_loaded("rdma_cm_rs_store", port, &[&size], || {
+    crate::sample_module::with_loaded("rdma_cm_rs_store", port, &params, || {
         let addr = SocketAddr::new(ctx.local4, port);
         let call = Call::start(
             &ctx.agent,
@@ -393,13 +403,22 @@ pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
         );
         // The connections take the device's completion vectors in turn:
         // as many vectors used as there are, up to CONNS.
-        let (vectors, used, cqs) = store_vectors_used(&dev, port)?;
+        let (vectors, used, cqs, polled) = store_vectors_used(&dev, port)?;
+        let want = if busy_poll {
+            "busy-polled"
+        } else {
+            "workqueue"
+        };
+        ensure!(
+            polled == want,
+            "{dev}: the sample's CQs are {polled}, loaded for {want} ones"
+        );
         ensure!(
             used.len() == vectors.min(CONNS),
             "{dev}: {CONNS} connections used vectors {used:?} of the device's {vectors}"
         );
         note(&format!(
-            "{dev}: {CONNS} connections on vectors {used:?} of {vectors}, CQs {cqs:?} of the sample's pool"
+            "{dev}: {CONNS} connections on vectors {used:?} of {vectors}, CQs {cqs:?} of the sample's pool of {polled} CQs"
         ));
         Ok(())
     })
@@ -408,8 +427,12 @@ pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
 /// What the storage sample loaded for `port` (its lines of the kernel log
 /// from its "listening" line on; loads are one at a time) says of `dev`:
 /// how many completion vectors the device has, which of them its
-/// connections' CQs are on, and which CQs of its pool they used.
-fn store_vectors_used(dev: &str, port: u16) -> Result<(usize, BTreeSet<usize>, BTreeSet<usize>)> {
+/// connections' CQs are on, which CQs of its pool they used, and how the
+/// pool's CQs are polled ("busy-polled" or "workqueue").
+fn store_vectors_used(
+    dev: &str,
+    port: u16,
+) -> Result<(usize, BTreeSet<usize>, BTreeSet<usize>, String)> {
     let lines = dmesg_lines()?;
     let listening = "rdma_cm_rs_store: store of ";
     let marker = format!(" listening on 0.0.0.0:{port}");
@@ -418,13 +441,15 @@ fn store_vectors_used(dev: &str, port: u16) -> Result<(usize, BTreeSet<usize>, B
         .rposition(|l| l.contains(listening) && l.ends_with(&marker))
         .context("the sample's listening line")?;
     let added = format!("rdma_cm_rs_store: {dev}: added: ");
-    let vectors = lines[..start]
+    // "... a pool of <how> CQs of <n> entries over <v> completion vector(s)"
+    let (vectors, polled) = lines[..start]
         .iter()
         .rev()
         .find_map(|l| {
             let rest = &l[l.find(&added)? + added.len()..];
             let count = rest.split(" over ").nth(1)?.split(' ').next()?;
-            count.parse::<usize>().ok()
+            let polled = rest.split("a pool of ").nth(1)?.split(' ').next()?;
+            Some((count.parse::<usize>().ok()?, polled.to_owned()))
         })
         .context("the sample's added line")?;
     let conn = format!("rdma_cm_rs_store: {dev}: connection of QP ");
@@ -449,7 +474,7 @@ fn store_vectors_used(dev: &str, port: u16) -> Result<(usize, BTreeSet<usize>, B
         cqs.insert(cq.parse()?);
         used.insert(vector.parse()?);
     }
-    Ok((vectors, used, cqs))
+    Ok((vectors, used, cqs, polled))
 }
 
 /// The kernel log's lines.
