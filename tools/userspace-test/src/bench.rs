@@ -59,7 +59,7 @@ pub struct Options {
     #[arg(long)]
     pub allow_coarse_clock: bool,
     /// Only these groups, comma-separated: active, sync, passive, data,
-    /// data-sleeping, sample, sample-sleeping, store, scale.
+    /// data-sleeping, sample, sample-sleeping, store, store-sleeping, scale.
     #[arg(long)]
     pub only: Option<String>,
     /// Only this side under test, kernel or user (profiling one of them;
@@ -68,7 +68,7 @@ pub struct Options {
     pub side: Option<String>,
 }
 
-const GROUPS: [&str; 9] = [
+const GROUPS: [&str; 10] = [
     "active",
     "sync",
     "passive",
@@ -77,6 +77,7 @@ const GROUPS: [&str; 9] = [
     "sample",
     "sample-sleeping",
     "store",
+    "store-sleeping",
     "scale",
 ];
 
@@ -559,7 +560,7 @@ pub fn run(o: Options) -> Result<()> {
                 let s = slot(side, "passive");
                 let addr = ports.next(ip);
                 let r = if side == "kernel" {
-                    store::kernel(addr, sizes.round_trips)
+                    store::kernel(addr, sizes.round_trips, true)
                 } else {
                     store::user(addr, sizes.round_trips)
                 };
@@ -571,6 +572,12 @@ pub fn run(o: Options) -> Result<()> {
             let addr = ports.next(ip);
             let r = sample::kernel(addr, cycles, sizes, false).map(with_waits_sleep);
             record(&mut res, "echo service (waits sleep)", &s, r);
+        }
+        if sleeping_wanted("store-sleeping") {
+            let s = sleeping("passive");
+            let addr = ports.next(ip);
+            let r = store::kernel(addr, sizes.round_trips, false).map(with_waits_sleep);
+            record(&mut res, "store (waits sleep)", &s, r);
         }
         for &n in &scale_counts {
             for &side in &sides {
@@ -651,6 +658,17 @@ fn notes(large: usize, groups: &[&str]) -> Vec<String> {
              client, so the CPU of the driving thread is the counterpart's (the guest's busy \
              time includes the server's)",
             sample::NAME
+        ),
+        format!(
+            "{}: the side under test serves the storage sample's protocol, passive: the sample \
+             rdma_cm_rs_store.ko (an SRQ and a pool of CQs per device, each PUT an R/W API READ \
+             of the client's buffer into pages copied into the store, each GET copied out and \
+             WRITTEN with its answer chained behind; its CQs busy-polled, busy_poll=1, in the \
+             rows marked (waits sleep) polled from a workqueue) against the same protocol in \
+             user space (librdmacm, a registered store, RDMA READ and WRITE straight between it \
+             and the client's buffer, busy-polling); the counterpart, a busy-polling librdmacm \
+             client, makes one request at a time",
+            store::NAME
         ),
         "not measured: the passive side of connections at once".into(),
     ];

@@ -7,7 +7,9 @@
 //! answer).  Both face the same counterpart: a librdmacm client that
 //! busy-polls, PUTting and GETting one request at a time.  The sample
 //! copies between its store and the transfer's pages; the user-space
-//! server moves the bytes in place.
+//! server moves the bytes in place.  The sample's CQs are busy-polled
+//! (`busy_poll=1`); the `store-sleeping` group measures it with its
+//! completions run by a workqueue's worker, woken for each.
 
 use super::data::{self, BusyPoll};
 use super::peer::{self, T};
@@ -31,10 +33,15 @@ pub const SIZE: usize = 4 << 20;
 /// The transfer sizes measured.
 const SIZES: [usize; 2] = [4096, MAX_IO];
 
-/// The sample serves at `addr` (every address at its port).
-pub fn kernel(addr: SocketAddr, ops: usize) -> Result<Vec<Block>> {
+/// The sample serves at `addr` (every address at its port), its CQs
+/// busy-polled (`busy_poll=1`) or polled from a workqueue.
+pub fn kernel(addr: SocketAddr, ops: usize, busy_poll: bool) -> Result<Vec<Block>> {
     let size = format!("size={SIZE}");
-    crate::sample_module::with_loaded(MODULE, addr.port(), &[&size], || client(addr, ops))
+    let mut params = vec![size.as_str()];
+    if busy_poll {
+        params.push("busy_poll=1");
+    }
+    crate::sample_module::with_loaded(MODULE, addr.port(), &params, || client(addr, ops))
 }
 
 /// The user-space store serves at `addr`.
