@@ -20,14 +20,15 @@
 //!   regions, address handles and datagram destinations, CQs, RC and UD
 //!   queue pairs, shared receive queues, buffers and work requests (the
 //!   R/W API's transfers among them), all bound to one device.  They know
-//!   nothing of the CM.  [`cq_pool`]: a device's CQs shared by many QPs
-//!   over its completion vectors.
+//!   nothing of the CM.
 //! * [`net`]: network namespaces.
 //! * [`addr`], [`conn_param`], [`event`]: socket addresses, connection
 //!   parameters with the man pages' limits, typed events.
 //! * [`blocking`]: the event that ends a blocking (synchronous) call.
 //! * [`deferred`]: the module-owned queue of deferred destructions;
-//!   [`poller`]: busy-polling loops over CQs, on a module-owned queue.
+//!   [`poller`]: busy-polling loops over CQs, on a module-owned queue;
+//!   [`cq_pool`]: a device's CQs shared by many QPs over its completion
+//!   vectors, polled from a workqueue or by such loops.
 //! * [`cm`]: communication identifiers, their handlers and operations;
 //!   [`getaddrinfo`]: numeric `rdma_getaddrinfo` for kernel callers.
 //!
