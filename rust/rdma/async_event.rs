@@ -20,7 +20,7 @@
 
 use super::{
     bindings,
-    callback::{in_any_callback, CallbackMark},
+    callback::{in_any_callback, CallbackMark, CallbackTarget},
     deferred::{self, DeferredDestroy},
     device::Device,
 };
@@ -127,6 +127,9 @@ struct Registered<H: AsyncEventHandler> {
     registered: AtomicBool,
     #[pin]
     raw: Opaque<bindings::ib_event_handler>,
+    /// Counted while the C side may call into the module through this
+    /// object (see [`CallbackTarget`]).
+    _target: CallbackTarget,
     #[pin]
     _pin: PhantomPinned,
 }
@@ -157,6 +160,7 @@ impl<H: AsyncEventHandler> AsyncEventRegistration<H> {
                 handler,
                 dev: dev.clone(),
                 registered: AtomicBool::new(false),
+                _target: CallbackTarget::new(),
                 raw <- Opaque::ffi_init(move |raw: *mut bindings::ib_event_handler| {
                     // SAFETY: `raw` is valid for writes; every field of
                     // `ib_event_handler` is valid all-zero, and what

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Which tasks are inside one of this layer's callbacks.
+//! Which tasks are inside one of this layer's callbacks, and how many of
+//! the module's objects the C side can call back into.
 //!
 //! Destroying an id from any callback of the layer is a deadlock or a
 //! lockdep report waiting to happen: `rdma_destroy_id` takes the id's
@@ -63,6 +64,42 @@ pub(crate) fn in_any_callback() -> bool {
     }
     let me = current_task();
     TASKS.iter().any(|slot| slot.load(Ordering::Acquire) == me)
+}
+
+/// Objects alive that the C side can call into this module's code through;
+/// see [`CallbackTarget`].
+static TARGETS: AtomicUsize = AtomicUsize::new(0);
+
+/// Held by every object whose address the C side keeps as the context of
+/// a trampoline of this module (ids, CQs, QPs, SRQs, client and event
+/// registrations, busy-polling loops), from its creation to the end of its
+/// drop, after it was taken off the C side.
+///
+/// The module's [`super::deferred::DestroyQueue`] waits for the count to
+/// reach zero before the module's code goes.  Leaking such an object is
+/// safe Rust (`mem::forget`, a reference cycle such as QP -> CQ -> handler
+/// -> QP), and without the wait the C side would go on calling the
+/// trampoline after the module was unloaded: with it, the unload waits
+/// for good (and says why) instead.
+pub(crate) struct CallbackTarget(());
+
+impl CallbackTarget {
+    /// Counts one more object.
+    pub(crate) fn new() -> Self {
+        TARGETS.fetch_add(1, Ordering::AcqRel);
+        Self(())
+    }
+}
+
+impl Drop for CallbackTarget {
+    fn drop(&mut self) {
+        TARGETS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How many [`CallbackTarget`]s are alive.
+pub(crate) fn callback_targets() -> usize {
+    TARGETS.load(Ordering::Acquire)
 }
 
 /// The current task, as an identity to compare (never dereferenced).

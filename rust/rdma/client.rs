@@ -29,7 +29,7 @@
 //! registration is found through a slot of the client's type
 //! ([`Client::slot`]): one registration of a type at a time.
 
-use super::{bindings, device::Device};
+use super::{bindings, callback::CallbackTarget, device::Device};
 use core::{
     ffi::c_int,
     marker::PhantomPinned,
@@ -111,6 +111,9 @@ pub struct ClientRegistration<C: Client> {
     devices: XArray<Arc<C::DeviceData>>,
     #[pin]
     raw: Opaque<bindings::ib_client>,
+    /// Counted while the C side may call into the module through this
+    /// object (see [`CallbackTarget`]).
+    _target: CallbackTarget,
     #[pin]
     _pin: PhantomPinned,
 }
@@ -129,6 +132,7 @@ impl<C: Client> ClientRegistration<C> {
             client,
             // Before `raw`: the callbacks the registration runs use it.
             devices <- XArray::new(AllocKind::Alloc),
+            _target: CallbackTarget::new(),
             raw <- Opaque::try_ffi_init(|raw: *mut bindings::ib_client| {
                 // SAFETY: `raw` points into the `raw` field (an `Opaque`,
                 // transparent over the `ib_client`) of a `Self` being

@@ -56,7 +56,7 @@ use super::{
     ah::{Ah, UdDest},
     bindings,
     blocking::{Begin, EventWaiter, OwnedEvent, SyncOp, SyncResult},
-    callback::{current_task, in_any_callback, CallbackMark},
+    callback::{current_task, in_any_callback, CallbackMark, CallbackTarget},
     conn_param::{ConnParam, PrivateDataUse, MAX_RETRY_COUNT},
     deferred::{self, DeferredDestroy},
     device::{Device, Transport},
@@ -184,6 +184,9 @@ struct IdInner<H: Handler> {
     #[pin]
     calls: Mutex<()>,
     handler: H,
+    /// Counted while the C side may call into the module through this
+    /// object (see [`CallbackTarget`]).
+    _target: CallbackTarget,
 }
 
 impl<H: Handler> IdInner<H> {
@@ -206,6 +209,7 @@ impl<H: Handler> IdInner<H> {
                 qp <- new_mutex!(QpSlot::Empty),
                 calls <- new_mutex!(()),
                 handler,
+                _target: CallbackTarget::new(),
             }),
             GFP_KERNEL,
         )

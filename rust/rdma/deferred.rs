@@ -14,7 +14,7 @@
 
 use super::{
     bindings,
-    callback::{in_any_callback, CallbackMark},
+    callback::{callback_targets, in_any_callback, CallbackMark},
 };
 use core::{
     ptr,
@@ -40,7 +40,10 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 ///
 /// A module that creates ids holds one for as long as any id can exist
 /// (make it the last field of the module's state, so it drops after the
-/// ids): [`super::cm::CmId::new`] refuses to create ids without it.
+/// ids): [`super::cm::CmId::new`] refuses to create ids without it.  Its
+/// drop also waits until no object the C side can call into the module
+/// through is alive (see [`super::callback::CallbackTarget`]): a leaked
+/// one keeps the unload waiting, with a message after 10 s.
 ///
 /// # Invariants
 ///
@@ -78,6 +81,10 @@ impl DestroyQueue {
     }
 }
 
+/// How long the queue's drop waits for the module's objects to go before
+/// it says it is waiting.
+const TARGETS_PATIENCE_MS: u32 = 10_000;
+
 /// Flushes `wq` until no destruction is pending.
 ///
 /// Not `drain_workqueue`: while a drain runs, only the queue's own work
@@ -104,6 +111,22 @@ impl Drop for DestroyQueue {
         // the last reference to an id's owner) queues it here, and the
         // flushes wait for it too.
         flush_until_idle(wq);
+        // Then for every object the C side can still call into the module
+        // through (a CQ or a loop may let go of the last one a little
+        // later): one that never goes was leaked, and the module's code
+        // must stay for it, so the unload waits, and says so.
+        let mut waited_ms = 0u32;
+        while callback_targets() != 0 {
+            if waited_ms == TARGETS_PATIENCE_MS {
+                pr_err!(
+                    "{} object(s) the RDMA core can call into this module through are still alive (leaked?): the unload waits for them\n",
+                    callback_targets()
+                );
+            }
+            kernel::time::delay::fsleep(kernel::time::Delta::from_millis(10));
+            waited_ms = waited_ms.saturating_add(10);
+            flush_until_idle(wq);
+        }
         QUEUE.store(ptr::null_mut(), Ordering::SeqCst);
         // An enqueuer that read the queue before it was unpublished is
         // counted (it increments before reading): let it finish, then wait

@@ -18,7 +18,7 @@
 
 use super::{
     bindings,
-    callback::{in_any_callback, CallbackMark},
+    callback::{in_any_callback, CallbackMark, CallbackTarget},
     deferred::{self, DeferredDestroy},
     verbs::{CompletionHandler, Cq, PollContext},
 };
@@ -155,6 +155,7 @@ impl BusyPoller {
                 stop: loop_stop,
                 stopping: self.stopping.clone(),
                 loops: self.loops.clone(),
+                _target: CallbackTarget::new(),
             }),
             GFP_KERNEL,
         )?;
@@ -213,6 +214,10 @@ struct LoopWork {
     stopping: Arc<AtomicBool>,
     /// The poller's count of loops, which this one leaves when it ends.
     loops: Arc<AtomicUsize>,
+    /// Counted while the loop runs the module's code (see
+    /// [`CallbackTarget`]): a poller leaked with its loops running keeps
+    /// the module's unload waiting.
+    _target: CallbackTarget,
 }
 
 kernel::impl_has_work! {

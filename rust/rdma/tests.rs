@@ -420,6 +420,7 @@ mod id_tests {
     use crate::rdma::{
         addr::SocketAddr,
         bindings,
+        callback::callback_targets,
         cm::*,
         cq_pool::CqPool,
         deferred::flush_deferred_destroys,
@@ -524,6 +525,51 @@ mod id_tests {
 
     // Assertions run outside `with_lock`: a failed KUnit assertion ends the
     // test thread, which must not happen with the CM's handler mutex held.
+
+    /// Every object the C side can call into the module through is
+    /// counted from its creation to its drop (what the module's
+    /// `DestroyQueue` waits for before the module's code goes): an id, and
+    /// on its device a CQ and a busy-polling loop over it add one each, and
+    /// their drops take them back.
+    #[test]
+    fn callback_targets_are_counted_until_they_go() {
+        flush_deferred_destroys().unwrap();
+        let before = callback_targets();
+        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let with_id = callback_targets();
+        let dev = match id.with_lock(|l| {
+            l.bind(&rxe_addr())?;
+            l.device()
+        }) {
+            Ok(dev) => dev,
+            Err(e) => {
+                drop(id);
+                super::skip_without_devices(e);
+                return;
+            }
+        };
+        let cq = Cq::alloc_with(&dev, 8, 0, PollContext::Direct, Nop).unwrap();
+        let with_cq = callback_targets();
+        let poller = BusyPoller::new().unwrap();
+        let polling = poller.start(&cq).unwrap();
+        let with_loop = callback_targets();
+        drop(polling);
+        // The loop ends within a poll and lets go of the CQ.
+        drop(poller);
+        let loop_gone = callback_targets();
+        drop(cq);
+        let cq_gone = callback_targets();
+        drop(dev);
+        drop(id);
+        flush_deferred_destroys().unwrap();
+        let after = callback_targets();
+        assert_eq!(with_id, before + 1);
+        assert_eq!(with_cq, before + 2);
+        assert_eq!(with_loop, before + 3);
+        assert_eq!(loop_gone, before + 2);
+        assert_eq!(cq_gone, before + 1);
+        assert_eq!(after, before);
+    }
 
     #[test]
     fn create_and_destroy_ids() {

@@ -72,7 +72,7 @@
 use super::{
     ah::{Datagram, UdDest, GRH_SIZE},
     bindings,
-    callback::CallbackMark,
+    callback::{CallbackMark, CallbackTarget},
     device::{Device, Transport},
     mr::{check_range, Mr, MrAccess, Registration, RemoteRegion},
     pd::{Pd, RemoteKey},
@@ -391,6 +391,9 @@ pub struct Cq<C: CompletionHandler> {
     committed: AtomicU32,
     handler: C,
     dev: ARef<Device>,
+    /// Counted while the C side may call into the module through this
+    /// object (see [`CallbackTarget`]).
+    _target: CallbackTarget,
 }
 
 // SAFETY: A CQ may be used and freed from any thread; `C` is `Send + Sync`.
@@ -430,6 +433,7 @@ impl<C: CompletionHandler> Cq<C> {
                 committed: AtomicU32::new(0),
                 handler,
                 dev: dev.into(),
+                _target: CallbackTarget::new(),
             },
             GFP_KERNEL,
         )?;
@@ -1906,6 +1910,9 @@ pub struct Qp<C: CompletionHandler> {
     /// RDMA WRITEs of R/W transfers posted signaled only for siw's sake
     /// (see [`Self::rdma_rw`]).
     signaled_writes: AtomicU64,
+    /// Counted while the C side may call into the module through this
+    /// object (see [`CallbackTarget`]).
+    _target: CallbackTarget,
 }
 
 // SAFETY: Posting is serialised by `raw`'s mutex; the pointer is only used
@@ -2041,6 +2048,7 @@ impl<C: CompletionHandler> Qp<C> {
                 srq: srq.cloned(),
                 srq_key: AtomicUsize::new(0),
                 signaled_writes: AtomicU64::new(0),
+                _target: CallbackTarget::new(),
             }),
             GFP_KERNEL,
         );
@@ -3415,6 +3423,9 @@ pub struct Srq<C: CompletionHandler> {
     recv_cqs: Mutex<KVec<(Arc<Cq<C>>, u32)>>,
     /// Who hears of the SRQ's events.
     events: Option<Arc<dyn SrqEvents>>,
+    /// Counted while the C side may call into the module through this
+    /// object (see [`CallbackTarget`]).
+    _target: CallbackTarget,
 }
 
 /// What an [`Srq`] is made for ([`Srq::with_caps`]).
@@ -3503,6 +3514,7 @@ impl<C: CompletionHandler> Srq<C> {
                 pd: pd.clone(),
                 recv_cqs <- new_mutex!(KVec::new()),
                 events,
+                _target: CallbackTarget::new(),
             }),
             GFP_KERNEL,
         )?;
