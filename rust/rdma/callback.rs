@@ -72,8 +72,9 @@ static TARGETS: AtomicUsize = AtomicUsize::new(0);
 
 /// Held by every object whose address the C side keeps as the context of
 /// a trampoline of this module (ids, CQs, QPs, SRQs, client and event
-/// registrations, busy-polling loops), from its creation to the end of its
-/// drop, after it was taken off the C side.
+/// registrations), and by the workqueue of busy-polling loops, from its
+/// creation to the end of its drop, after it was taken off the C side (or
+/// its loops all returned).
 ///
 /// The module's [`super::deferred::DestroyQueue`] waits for the count to
 /// reach zero before the module's code goes.  Leaking such an object is

@@ -89,6 +89,10 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
     /// The pool holds `poller`: its last drop, and with it the wait for
     /// its loops, may be the pool's.  Drop every pool before the module's
     /// [`super::deferred::DestroyQueue`], as the poller itself.
+    ///
+    /// A `place` of [`CqPool::with_cq`] that fails after creating a QP on a
+    /// new CQ leaves that QP on a CQ the pool did not keep, whose loop has
+    /// ended: its completions then wait for its teardown's own polls.
     pub fn busy_polled(
         dev: &Device,
         cq_entries: u32,

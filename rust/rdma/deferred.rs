@@ -43,7 +43,8 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 /// ids): [`super::cm::CmId::new`] refuses to create ids without it.  Its
 /// drop also waits until no object the C side can call into the module
 /// through is alive (see [`super::callback::CallbackTarget`]): a leaked
-/// one keeps the unload waiting, with a message after 10 s.
+/// one keeps the unload waiting, with a message after 10 s and every
+/// minute after.
 ///
 /// # Invariants
 ///
@@ -82,7 +83,7 @@ impl DestroyQueue {
 }
 
 /// How long the queue's drop waits for the module's objects to go before
-/// it says it is waiting.
+/// it says it is waiting (and then it says so every minute).
 const TARGETS_PATIENCE_MS: u32 = 10_000;
 
 /// Flushes `wq` until no destruction is pending.
@@ -117,7 +118,9 @@ impl Drop for DestroyQueue {
         // must stay for it, so the unload waits, and says so.
         let mut waited_ms = 0u32;
         while callback_targets() != 0 {
-            if waited_ms == TARGETS_PATIENCE_MS {
+            // Again every minute: the task wakes every 10 ms, which the
+            // hung-task detector does not report.
+            if waited_ms >= TARGETS_PATIENCE_MS && (waited_ms - TARGETS_PATIENCE_MS) % 60_000 == 0 {
                 pr_err!(
                     "{} object(s) the RDMA core can call into this module through are still alive (leaked?): the unload waits for them\n",
                     callback_targets()

@@ -62,6 +62,11 @@ impl<C: CompletionHandler> Polled for Cq<C> {
 /// [`DeferredDestroy::destroy`] only, called once.
 struct PollQueue {
     wq: NonNull<bindings::workqueue_struct>,
+    /// Counted until the object goes, after [`DeferredDestroy::destroy`]
+    /// waited for every loop (see [`CallbackTarget`]): a poller leaked,
+    /// whose loops and queue then never end, keeps the module's unload
+    /// waiting, its loops' last instructions included.
+    _target: CallbackTarget,
 }
 
 // SAFETY: A workqueue may be used and destroyed from any thread.
@@ -106,7 +111,14 @@ impl BusyPoller {
         let wq = NonNull::new(wq).ok_or(ENOMEM)?;
         // INVARIANT: Just allocated with room for every loop; only
         // `destroy` frees it.
-        let queue = Arc::new(PollQueue { wq }, GFP_KERNEL).inspect_err(|_| {
+        let queue = Arc::new(
+            PollQueue {
+                wq,
+                _target: CallbackTarget::new(),
+            },
+            GFP_KERNEL,
+        )
+        .inspect_err(|_| {
             // SAFETY: Allocated above, never published.
             unsafe { bindings::rdma_cm_rs_destroy_wq(wq.as_ptr()) };
         })?;
@@ -155,7 +167,6 @@ impl BusyPoller {
                 stop: loop_stop,
                 stopping: self.stopping.clone(),
                 loops: self.loops.clone(),
-                _target: CallbackTarget::new(),
             }),
             GFP_KERNEL,
         )?;
@@ -214,10 +225,6 @@ struct LoopWork {
     stopping: Arc<AtomicBool>,
     /// The poller's count of loops, which this one leaves when it ends.
     loops: Arc<AtomicUsize>,
-    /// Counted while the loop runs the module's code (see
-    /// [`CallbackTarget`]): a poller leaked with its loops running keeps
-    /// the module's unload waiting.
-    _target: CallbackTarget,
 }
 
 kernel::impl_has_work! {

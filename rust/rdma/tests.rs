@@ -529,8 +529,8 @@ mod id_tests {
     /// Every object the C side can call into the module through is
     /// counted from its creation to its drop (what the module's
     /// `DestroyQueue` waits for before the module's code goes): an id, and
-    /// on its device a CQ and a busy-polling loop over it add one each, and
-    /// their drops take them back.
+    /// on its device a CQ and a busy poller (its loops' workqueue) add one
+    /// each, a loop nothing more, and their drops take them back.
     #[test]
     fn callback_targets_are_counted_until_they_go() {
         flush_deferred_destroys().unwrap();
@@ -551,6 +551,7 @@ mod id_tests {
         let cq = Cq::alloc_with(&dev, 8, 0, PollContext::Direct, Nop).unwrap();
         let with_cq = callback_targets();
         let poller = BusyPoller::new().unwrap();
+        let with_poller = callback_targets();
         let polling = poller.start(&cq).unwrap();
         let with_loop = callback_targets();
         drop(polling);
@@ -565,6 +566,7 @@ mod id_tests {
         let after = callback_targets();
         assert_eq!(with_id, before + 1);
         assert_eq!(with_cq, before + 2);
+        assert_eq!(with_poller, before + 3);
         assert_eq!(with_loop, before + 3);
         assert_eq!(loop_gone, before + 2);
         assert_eq!(cq_gone, before + 1);

@@ -3649,12 +3649,17 @@ impl<C: CompletionHandler> PinnedDrop for Srq<C> {
         let ret = unsafe { bindings::rdma_cm_rs_destroy_srq(raw) };
         if ret != 0 {
             // The device may still reach the buffers: they stay allocated
-            // and mapped for good.
+            // and mapped for good.  The SRQ stays too, its events naming
+            // this module's trampoline: the module never goes (this
+            // object's count of callback targets goes with its fields).
             pr_err!(
                 "SRQ destruction failed ({}): {} receive buffers leaked\n",
                 ret,
                 self.posted()
             );
+            // SAFETY: Takes a reference on this module, which is live (its
+            // code is running).
+            unsafe { bindings::rdma_cm_rs_pin_module() };
             return;
         }
         while let Some(entry) = self.credits.pop_posted() {
