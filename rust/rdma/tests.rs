@@ -1910,6 +1910,48 @@ mod mr_tests {
     };
     use kernel::prelude::*;
 
+    /// A buffer of the caller's pages: the first `len` bytes of them (none
+    /// and more than the pages hold refused), written and read across a
+    /// page boundary, and the pages given back, all of them, with what was
+    /// written: a buffer made again of them reads the same bytes.
+    #[test]
+    fn caller_pages_make_a_buffer_and_come_back() {
+        use crate::rdma::sg::SgBuffer;
+        use kernel::{alloc::flags::__GFP_ZERO, page::Page};
+        let pages = || -> Result<KVec<Page>> {
+            let mut pages = KVec::new();
+            for _ in 0..4 {
+                pages.push(Page::alloc_page(GFP_KERNEL | __GFP_ZERO)?, GFP_KERNEL)?;
+            }
+            Ok(pages)
+        };
+        let len = 2 * 4096 + 10;
+        let none = SgBuffer::from_pages(pages().unwrap(), 0).err();
+        let too_long = SgBuffer::from_pages(pages().unwrap(), 4 * 4096 + 1).err();
+        let mut buf = SgBuffer::from_pages(pages().unwrap(), len).unwrap();
+        let written = buf.write(4090, b"across pages");
+        let past_end = buf.write(len - 1, b"ab").err();
+        let mut read = [0u8; 12];
+        let read_ok = buf.read(4090, &mut read);
+        let entries = buf.entries();
+        let back = buf.into_pages();
+        let count = back.len();
+        let again = SgBuffer::from_pages(back, len).unwrap();
+        let mut reread = [0u8; 12];
+        let reread_ok = again.read(4090, &mut reread);
+        assert_eq!(none, Some(EINVAL));
+        assert_eq!(too_long, Some(EINVAL));
+        assert_eq!(written, Ok(()));
+        assert_eq!(past_end, Some(EINVAL));
+        assert_eq!(read_ok, Ok(()));
+        assert_eq!(&read, b"across pages");
+        assert!((1..=3).contains(&entries));
+        assert_eq!(count, 4);
+        assert_eq!(again.len(), len);
+        assert_eq!(reread_ok, Ok(()));
+        assert_eq!(&reread, b"across pages");
+    }
+
     #[test]
     fn ranges_are_checked() {
         assert!(check_range(0, 1, 1).is_ok());

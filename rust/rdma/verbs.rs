@@ -1226,6 +1226,10 @@ impl SendBuffer {
 
 /// Sizes of a QP's queues: the work requests the consumer keeps in flight.
 /// The layer adds a spare slot to each queue (what `ib_drain_qp` needs).
+///
+/// No port: a QP is made through its id (`rdma_create_qp`), on the port
+/// the id resolved or bound to, and the R/W API's transfers use that port
+/// too ([`Qp`] records it at creation).
 #[derive(Clone, Copy, Default)]
 pub struct QpCaps {
     /// Send work requests in flight.
