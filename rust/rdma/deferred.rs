@@ -116,11 +116,12 @@ impl Drop for DestroyQueue {
         // through (a CQ or a loop may let go of the last one a little
         // later): one that never goes was leaked, and the module's code
         // must stay for it, so the unload waits, and says so.
-        let mut waited_ms = 0u32;
+        let (mut waited_ms, mut say_at_ms) = (0u32, TARGETS_PATIENCE_MS);
         while callback_targets() != 0 {
             // Again every minute: the task wakes every 10 ms, which the
             // hung-task detector does not report.
-            if waited_ms >= TARGETS_PATIENCE_MS && (waited_ms - TARGETS_PATIENCE_MS) % 60_000 == 0 {
+            if waited_ms >= say_at_ms {
+                say_at_ms = say_at_ms.saturating_add(60_000);
                 pr_err!(
                     "{} object(s) the RDMA core can call into this module through are still alive (leaked?): the unload waits for them\n",
                     callback_targets()

@@ -22,6 +22,28 @@ const SIZES: &[usize] = &[1, 100, 4096, 4097, 30000, MAX_IO];
 /// How many sizes [`SIZES`] has.
 pub const SIZE_COUNT: usize = SIZES.len();
 
+/// The sample's module name.
+pub const MODULE: &str = "rdma_cm_rs_store";
+
+/// Runs `f` with the sample loaded on `port` ([`with_loaded`]) with a
+/// store of `size` bytes, its CQs busy-polled (`busy_poll=1`) or polled
+/// from a workqueue, then unloads it.
+///
+/// [`with_loaded`]: crate::sample_module::with_loaded
+pub fn with_sample<R>(
+    port: u16,
+    size: usize,
+    busy_poll: bool,
+    f: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let size = format!("size={size}");
+    let mut params = vec![size.as_str()];
+    if busy_poll {
+        params.push("busy_poll=1");
+    }
+    crate::sample_module::with_loaded(MODULE, port, &params, f)
+}
+
 /// A request of the sample's protocol.
 pub fn request(op: u8, len: usize, offset: u64, buf: (u64, u32), id: u32) -> Vec<u8> {
     request_with(op, 0, len, offset, buf, id)

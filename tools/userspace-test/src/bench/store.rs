@@ -24,9 +24,6 @@ use std::{net::SocketAddr, time::Instant};
 /// The group's name, the prefix of its blocks.
 pub const NAME: &str = "store";
 
-/// The sample's module name.
-const MODULE: &str = "rdma_cm_rs_store";
-
 /// The store's size on both sides.
 pub const SIZE: usize = 4 << 20;
 
@@ -36,12 +33,7 @@ const SIZES: [usize; 2] = [4096, MAX_IO];
 /// The sample serves at `addr` (every address at its port), its CQs
 /// busy-polled (`busy_poll=1`) or polled from a workqueue.
 pub fn kernel(addr: SocketAddr, ops: usize, busy_poll: bool) -> Result<Vec<Block>> {
-    let size = format!("size={SIZE}");
-    let mut params = vec![size.as_str()];
-    if busy_poll {
-        params.push("busy_poll=1");
-    }
-    crate::sample_module::with_loaded(MODULE, addr.port(), &params, || client(addr, ops))
+    crate::store::with_sample(addr.port(), SIZE, busy_poll, || client(addr, ops))
 }
 
 /// The user-space store serves at `addr`.

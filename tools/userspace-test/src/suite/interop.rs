@@ -369,17 +369,12 @@ pub(super) fn rping_module_server(ctx: &mut Ctx) -> Result<()> {
 /// modes meet both transports and both topologies without another
 /// scenario.
 pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
-    const SIZE: u32 = 4 << 20;
+    const SIZE: usize = 4 << 20;
     const CONNS: usize = 4;
     let port = ctx.port();
-    let size = format!("size={SIZE}");
     let busy_poll = crate::uapi::sync_mode();
-    let mut params = vec![size.as_str()];
-    if busy_poll {
-        params.push("busy_poll=1");
-    }
     let dev = format!("{}0", ctx.transport.name());
-    crate::sample_module::with_loaded("rdma_cm_rs_store", port, &params, || {
+    crate::store::with_sample(port, SIZE, busy_poll, || {
         let addr = SocketAddr::new(ctx.local4, port);
         let call = Call::start(
             &ctx.agent,
@@ -403,7 +398,12 @@ pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
         );
         // The connections take the device's completion vectors in turn:
         // as many vectors used as there are, up to CONNS.
-        let (vectors, used, cqs, polled) = store_vectors_used(&dev, port)?;
+        let StoreLog {
+            vectors,
+            used,
+            cqs,
+            polled,
+        } = store_log(&dev, port)?;
         let want = if busy_poll {
             "busy-polled"
         } else {
@@ -424,15 +424,21 @@ pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
     })
 }
 
+/// What the storage sample's kernel log says of one device.
+struct StoreLog {
+    /// The device's completion vectors.
+    vectors: usize,
+    /// The vectors its connections' CQs are on.
+    used: BTreeSet<usize>,
+    /// The CQs of the sample's pool they used.
+    cqs: BTreeSet<usize>,
+    /// How the pool's CQs are polled: "busy-polled" or "workqueue".
+    polled: String,
+}
+
 /// What the storage sample loaded for `port` (its lines of the kernel log
-/// from its "listening" line on; loads are one at a time) says of `dev`:
-/// how many completion vectors the device has, which of them its
-/// connections' CQs are on, which CQs of its pool they used, and how the
-/// pool's CQs are polled ("busy-polled" or "workqueue").
-fn store_vectors_used(
-    dev: &str,
-    port: u16,
-) -> Result<(usize, BTreeSet<usize>, BTreeSet<usize>, String)> {
+/// from its "listening" line on; loads are one at a time) says of `dev`.
+fn store_log(dev: &str, port: u16) -> Result<StoreLog> {
     let lines = dmesg_lines()?;
     let listening = "rdma_cm_rs_store: store of ";
     let marker = format!(" listening on 0.0.0.0:{port}");
@@ -474,7 +480,12 @@ fn store_vectors_used(
         cqs.insert(cq.parse()?);
         used.insert(vector.parse()?);
     }
-    Ok((vectors, used, cqs, polled))
+    Ok(StoreLog {
+        vectors,
+        used,
+        cqs,
+        polled,
+    })
 }
 
 /// The kernel log's lines.
