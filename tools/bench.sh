@@ -136,7 +136,9 @@ in_vm() {
 wait_listener() {
 	local i
 	for ((i = 0; i < 50; i++)); do
-		rdma resource show cm_id 2>/dev/null | grep -E "LISTEN" | grep -qE "[:.]$1( |$)" && return 0
+		# No `grep -q`: under pipefail a writer it leaves behind dies of
+		# SIGPIPE and the match counts as none.
+		rdma resource show cm_id 2>/dev/null | grep -E "LISTEN" | grep -E "[:.]$1( |$)" >/dev/null && return 0
 		sleep 0.1
 	done
 	say "guest: warning: no listener on port $1 after 5 s" >&2

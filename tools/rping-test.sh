@@ -20,6 +20,9 @@ port=7174
 # ibv_reg_mr in rping needs locked memory.
 ulimit -l unlimited
 
+# The kernel log from here on (other tests loaded the sample before).
+marker="rdma-cm-rs: rping test starts $$"
+echo "$marker" >/dev/kmsg
 insmod "$built"/rdma_cm_rs_rping.ko port=$port size=65536
 result $? "rping: insmod rdma_cm_rs_rping"
 # Sessions the sample ended after N pings, as its dmesg lines say.
@@ -56,8 +59,12 @@ for t in $transports; do
 done
 rmmod rdma_cm_rs_rping
 result $? "rping: rmmod with sessions ended"
-if dmesg | grep -q "rdma_cm_rs_rping: session failed"; then
-	dmesg | grep "rdma_cm_rs_rping: session failed" | sed 's/^/# /'
+# The sample logs a session that failed as "session ended (...) after N
+# pings, failed".  grep reads to the end (no -q: a writer it left behind
+# would die of SIGPIPE, which pipefail reports as no match).
+failed=$(dmesg | sed -n "/$marker/,\$p" | grep "rdma_cm_rs_rping: session ended .*, failed\$")
+if [ -n "$failed" ]; then
+	echo "$failed" | sed 's/^/# /'
 	result 1 "rping: no session failed"
 else
 	result 0 "rping: no session failed"

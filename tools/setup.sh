@@ -53,10 +53,12 @@ install_packages() {
 
 install_rust_parts() {
 	command -v rustup >/dev/null || die "rustup not found: install Rust with rustup first"
-	rustup component list --installed 2>/dev/null | grep -q '^rust-src' ||
+	# grep reads the whole list: with -q, rustup (writing line by line)
+	# could die of SIGPIPE, and pipefail would install again.
+	rustup component list --installed 2>/dev/null | grep '^rust-src' >/dev/null ||
 		rustup component add rust-src
 	for c in rustfmt clippy; do
-		rustup component list --installed 2>/dev/null | grep -q "^$c" ||
+		rustup component list --installed 2>/dev/null | grep "^$c" >/dev/null ||
 			rustup component add "$c"
 	done
 	if ! bindgen --version 2>/dev/null | grep -qx "bindgen $bindgen_version"; then
