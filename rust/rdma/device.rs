@@ -347,6 +347,27 @@ impl Device {
         out
     }
 
+    /// Whether a remote WRITE the driver was placing when a region's
+    /// `ib_dereg_mr` (or an invalidation) returned may still be copying
+    /// into the region's memory: true of siw alone.  siw places a WRITE
+    /// chunk by chunk in its socket's receive callback, each chunk after
+    /// checking that the key is valid, and neither its deregistration nor
+    /// its invalidation waits for a chunk under way (they clear the key's
+    /// valid flag and return).  Every chunk's check and copy run with
+    /// bottom halves disabled (`siw_qp_llp_data_ready` under
+    /// `read_lock_bh`), an RCU read-side critical section: a grace period
+    /// after the key went invalid waits for each, and later chunks see the
+    /// key invalid (`read_lock`; `read_lock_bh` with the test kernel's
+    /// siw patches, whose drain at the peer's close also disables bottom
+    /// halves).  rxe's deregistration waits for its responders
+    /// (`rxe_cleanup`); the verbs promise that of every driver.
+    pub(crate) fn places_after_deregistration(&self) -> bool {
+        // SAFETY: The device is valid (type invariants); drivers set their
+        // ops before registering and never change them.
+        let driver = unsafe { (*self.as_ptr()).ops.driver_id };
+        driver == bindings::rdma_driver_id_RDMA_DRIVER_SIW
+    }
+
     /// The device's transport.  An iWARP device is an RNIC
     /// (`RDMA_NODE_RNIC`): every port of it is iWARP.
     pub fn transport(&self) -> Transport {

@@ -54,7 +54,9 @@ fn pieces(offset: usize, len: usize) -> impl Iterator<Item = (usize, usize, usiz
 /// at most `pages.len() * PAGE_SIZE`.  While the consumer can reach the
 /// object, no device can reach the pages: the layer maps them only while
 /// it owns the buffer, and hands it back only once no registration a peer
-/// knows covers them (see [`super::verbs::RwDone`]).
+/// knows covers them and no placement through one can still be copying
+/// (see [`super::verbs::RwDone`] and
+/// [`super::device::Device::places_after_deregistration`]).
 pub struct SgBuffer {
     pages: KVec<Page>,
     len: usize,

@@ -95,6 +95,21 @@ fn take_out<T: Unpin, U>(lock: &kernel::sync::Mutex<T>, take: impl FnOnce(&mut T
 }
 
 /// Polls `done` every 10 ms for up to 5 s; whether it came true.
+/// [`wait_until`] checking every 10 to 20 microseconds, for up to `limit`:
+/// the caller acts while what it waits for is still under way.  Sleeping
+/// (rather than spinning) lets the scheduler wake the caller on another
+/// CPU than the work it watches.
+fn poll_until(limit: kernel::time::Delta, mut done: impl FnMut() -> bool) -> bool {
+    let start = kernel::time::Instant::<kernel::time::Monotonic>::now();
+    while start.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        kernel::time::delay::fsleep(kernel::time::Delta::from_micros(10));
+    }
+    done()
+}
+
 fn wait_until(mut done: impl FnMut() -> bool) -> bool {
     for _ in 0..500 {
         if done() {
@@ -2112,7 +2127,7 @@ mod mr_tests {
 
 #[kunit_tests(rdma_cm_rs_sync)]
 mod sync_tests {
-    use super::{take_out, wait_until, Checks};
+    use super::{poll_until, take_out, wait_until, Checks};
     use crate::rdma::{
         addr::SocketAddr,
         blocking::{EventWaiter, SyncOutcome},
@@ -2120,7 +2135,7 @@ mod sync_tests {
         conn_param::ConnParam,
         cq_pool::CqPool,
         event::*,
-        mr::{Mr, MrAccess, RemoteRegion},
+        mr::{Mr, MrAccess, RemoteRegion, MAX_MR_LEN},
         net::NetNs,
         pd::Pd,
         poller::BusyPoller,
@@ -2448,9 +2463,10 @@ mod sync_tests {
         last_digest: AtomicU32,
         /// The QP the last receive arrived on.
         last_qp_num: AtomicU32,
-        /// Memory work that succeeded, and that was flushed.
+        /// Memory work that succeeded, that was flushed, and all of it.
         work_ok: AtomicU32,
         work_flushed: AtomicU32,
+        work_back: AtomicU32,
         /// R/W transfers given back, the successful ones, and the
         /// [`digest`] of the last successful one's buffer.
         rw_back: AtomicU32,
@@ -2548,6 +2564,7 @@ mod sync_tests {
             self.0.sends_back.fetch_add(1, Ordering::AcqRel);
         }
         fn work_done(&self, _done: WorkDone, result: Result) {
+            self.0.work_back.fetch_add(1, Ordering::AcqRel);
             if result == Err(EACCES) {
                 self.0.refused_work.fetch_add(1, Ordering::AcqRel);
             }
@@ -3885,6 +3902,83 @@ mod sync_tests {
     #[test]
     fn page_region_on_iwarp() {
         page_region_moves_bytes(SIW_IP, 7203);
+    }
+
+    /// A region dropped while its peer still WRITEs into it, on siw: the
+    /// memory is freed only once no placement of the driver can still
+    /// reach it.  siw places a WRITE chunk by chunk, each after checking
+    /// the key, in its socket's receive callback, and its `ib_dereg_mr`
+    /// does not wait for a chunk under way: freed right after the
+    /// deregistration, the region is written after its free.  Each round
+    /// drops the region once the first WRITE's placement passed a point
+    /// that moves with the round; the later WRITEs fail.  The window (siw's
+    /// check to its copy) is a few instructions: with
+    /// `tools/debug/siw-dereg-window.patch`, which widens it to 200 us,
+    /// KASAN reported the write to freed memory in the first run without
+    /// the grace period.
+    #[test]
+    fn region_dropped_under_a_peers_write_is_freed_after_it() {
+        const ROUNDS: u16 = 16;
+        const WRITES: u32 = 3;
+        const PATTERN: u8 = 0xa5;
+        let ns = NetNs::init();
+        let access = MrAccess {
+            remote_read: false,
+            remote_write: true,
+        };
+        let mut rounds_run = 0;
+        let mut writes_failed = 0;
+        for round in 0..ROUNDS {
+            let Some(pair) = recording_pair(&ns, SIW_IP, 7221 + round, PollContext::Workqueue, 0)
+            else {
+                // Only the first round may find siw0 missing.
+                assert_eq!(round, 0);
+                return;
+            };
+            let local = Mr::new(pair.client_qp.pd(), MAX_MR_LEN).unwrap();
+            let mut bytes = KVec::new();
+            bytes.resize(MAX_MR_LEN, PATTERN, GFP_KERNEL).unwrap();
+            local.write(0, &bytes).unwrap();
+            let region = Mr::new(pair.server_qp.pd(), MAX_MR_LEN).unwrap();
+            let ready = pair.client_qp.register(&local, MrAccess::LOCAL, 1).is_ok()
+                && wait_until(|| pair.client_seen.work_ok.load(Ordering::Acquire) == 1);
+            let remote = pair.server_qp.register(&region, access, 1).ok();
+            let ready = ready
+                && remote.is_some()
+                && wait_until(|| pair.server_seen.work_ok.load(Ordering::Acquire) == 1);
+            let posted = match (ready, remote) {
+                (true, Some(remote)) => (0..WRITES)
+                    .take_while(|w| {
+                        pair.client_qp
+                            .rdma(WorkOp::RdmaWrite, &local, 0, remote, 2 + u64::from(*w))
+                            .is_ok()
+                    })
+                    .count() as u32,
+                _ => 0,
+            };
+            // Dropped while the placement is under way: as soon as the
+            // first WRITE reached a point that moves with the round.
+            let at = (usize::from(round) + 1) * (MAX_MR_LEN / usize::from(ROUNDS + 1));
+            let mut byte = [0u8];
+            let reached = poll_until(Delta::from_secs(5), || {
+                region.read(at, &mut byte).is_ok() && byte[0] == PATTERN
+            });
+            drop(region);
+            let seen = pair.client_seen.clone();
+            let ended = wait_until(|| seen.work_back.load(Ordering::Acquire) > posted);
+            writes_failed +=
+                seen.work_back.load(Ordering::Acquire) - seen.work_ok.load(Ordering::Acquire);
+            drop((local, pair));
+            assert!(ready);
+            assert_eq!(posted, WRITES);
+            assert!(reached);
+            assert!(ended);
+            rounds_run += 1;
+        }
+        assert_eq!(rounds_run, ROUNDS);
+        // The WRITEs after the drop failed (the peer's QP saw the key
+        // invalid and terminated the connection).
+        assert!(writes_failed > 0);
     }
 
     fn page_region_moves_bytes(ip: [u8; 4], port: u16) {

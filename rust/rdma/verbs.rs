@@ -173,7 +173,11 @@ pub struct RwDone {
     /// The buffer, unmapped again: after a successful READ it holds the
     /// peer's bytes.  A failed iWARP READ's buffer comes back only once
     /// its QP is destroyed: the READ request gave the peer a key to write
-    /// into it, which only the READ's success revokes.
+    /// into it, which only the READ's success revokes.  On siw an iWARP
+    /// READ's buffer comes back an RCU grace period after the key ended
+    /// (after the READ's success, or the QP's destruction): a chunk of
+    /// another QP's WRITE through the key that siw began placing before
+    /// may still be copying until then.
     pub buf: SgBuffer,
 }
 
@@ -1572,6 +1576,12 @@ impl WrCredits {
     /// Takes the entry of one outstanding request out of the tracking.
     fn pop_posted(&self) -> Option<PostedCqe> {
         self.posted.lock().pop()
+    }
+
+    /// Whether an R/W transfer is parked or still tracked.
+    fn holds_rw(&self) -> bool {
+        let parked = !self.parked.lock().is_empty();
+        parked || self.posted.lock().iter().any(|e| e.1 == WrQueue::Rw)
     }
 
     /// Records a request posted (being posted) on the send queue, after
@@ -3076,6 +3086,7 @@ impl<C: CompletionHandler> Qp<C> {
         };
         let mut cqe: bindings::ib_cqe = pin_init::zeroed();
         cqe.done = Some(rw_done::<C>);
+        let exposes_sink = op == RwOp::Read && self.device().transport() == Transport::Iwarp;
         // INVARIANT: Released (nothing initialised) until the context is.
         let mut work = KBox::write(
             room,
@@ -3084,7 +3095,9 @@ impl<C: CompletionHandler> Qp<C> {
                 ctx: Opaque::zeroed(),
                 released: AtomicBool::new(true),
                 posting: AtomicBool::new(false),
-                exposes_sink: op == RwOp::Read && self.device().transport() == Transport::Iwarp,
+                exposes_sink,
+                sink_waits_for_placements: exposes_sink
+                    && self.device().places_after_deregistration(),
                 qp: ptr::null_mut(),
                 port: self.port_num.load(Ordering::Acquire),
                 credit: None,
@@ -3303,6 +3316,14 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         // send that may have succeeded as flushed too: none gives back
         // another.
         self.credits.clear_send_order();
+        if self.credits.holds_rw() && self.device().places_after_deregistration() {
+            // The destruction deregistered the pool's registrations, among
+            // them the keys of iWARP READ sinks the peer was given; a chunk
+            // of a WRITE placed through one may still be copying (see
+            // `Device::places_after_deregistration`).  Their buffers go
+            // back below, a grace period later.
+            kernel::sync::rcu::synchronize_rcu();
+        }
         let mut reclaimed = 0u32;
         while let Some(entry) = self.credits.pop_posted() {
             let cqe = entry.0.as_ptr();
@@ -3806,6 +3827,10 @@ struct RwWork {
     /// An iWARP READ: its sink is registered for the peer to write, under
     /// a key the READ request hands over and only its success revokes.
     exposes_sink: bool,
+    /// An iWARP READ on a device whose placements may outlive the key's
+    /// invalidation ([`Device::places_after_deregistration`]): its sink
+    /// goes back a grace period after the key ended.
+    sink_waits_for_placements: bool,
     qp: *mut bindings::ib_qp,
     port: u32,
     /// Returned when the transfer is taken apart at its completion.
@@ -3896,6 +3921,20 @@ unsafe extern "C" fn rw_done<C: CompletionHandler>(
             }
         }
         credits.finish_rw(entry, || work.release());
+        if work.sink_waits_for_placements {
+            // The sink's key ended before this completion (the READ's
+            // READ_WITH_INV, or for a failed READ not parked, the QP's
+            // destruction), but a chunk of another QP's WRITE that passed
+            // the key's check before may still be copying into the sink
+            // (see `Device::places_after_deregistration`).  Expedited: a
+            // normal grace period took a siw READ of 4 KiB from 4-8 ms to
+            // 20 ms in the test VM, an expedited one left it there; siw
+            // is the only driver that pays it.
+            // SAFETY: Process context (the layer offers no softirq
+            // polling; the handler already slept on `post_done` above),
+            // outside any RCU read-side critical section.
+            unsafe { bindings::synchronize_rcu_expedited() };
+        }
     }
     // A transfer the reclaim completes was released by the shutdown.
     work.release();
