@@ -353,14 +353,16 @@ impl Device {
     /// chunk by chunk in its socket's receive callback, each chunk after
     /// checking that the key is valid, and neither its deregistration nor
     /// its invalidation waits for a chunk under way (they clear the key's
-    /// valid flag and return).  Every chunk's check and copy run with
-    /// bottom halves disabled (`siw_qp_llp_data_ready` under
-    /// `read_lock_bh`), an RCU read-side critical section: a grace period
-    /// after the key went invalid waits for each, and later chunks see the
-    /// key invalid (`read_lock`; `read_lock_bh` with the test kernel's
-    /// siw patches, whose drain at the peer's close also disables bottom
-    /// halves).  rxe's deregistration waits for its responders
-    /// (`rxe_cleanup`); the verbs promise that of every driver.
+    /// valid flag and return).  Each chunk's check and copy run in
+    /// `siw_qp_llp_data_ready` under the socket's callback lock taken for
+    /// reading (`read_lock`; `read_lock_bh` with the test kernel's patch
+    /// 0003), that is with preemption or bottom halves disabled: an RCU
+    /// read-side critical section.  A grace period after the key went
+    /// invalid therefore waits for every chunk under way, and later chunks
+    /// see the key invalid.  (The test kernel's patch 0009 also receives
+    /// at the peer's close, with bottom halves disabled for this reason.)
+    /// rxe's deregistration waits for its responders (`rxe_cleanup`), as
+    /// the verbs expect of every driver.
     pub(crate) fn places_after_deregistration(&self) -> bool {
         // SAFETY: The device is valid (type invariants); drivers set their
         // ops before registering and never change them.
