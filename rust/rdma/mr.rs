@@ -544,13 +544,10 @@ impl Drop for MrResources {
             pr_err!("ib_dereg_mr failed ({ret}), leaking the region\n");
             return;
         }
-        if self.pd.device().places_after_deregistration() {
-            // A peer's WRITE the driver began placing before the key went
-            // invalid may still be copying into the memory: each such copy
-            // is an RCU read-side critical section (see the function).
-            // Process context: `ib_dereg_mr` has just slept too.
-            kernel::sync::rcu::synchronize_rcu();
-        }
+        // A peer's WRITE the driver began placing before the key went
+        // invalid may still be copying into the memory.  Process context:
+        // `ib_dereg_mr` has just slept too.
+        self.pd.device().wait_for_late_placements();
         let dev = self.pd.device().as_ptr();
         match &mut self.memory {
             Memory::Contiguous {

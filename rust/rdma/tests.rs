@@ -98,7 +98,7 @@ fn take_out<T: Unpin, U>(lock: &kernel::sync::Mutex<T>, take: impl FnOnce(&mut T
 /// the caller acts while what it waits for is still under way.  Sleeping
 /// (rather than spinning) lets the scheduler wake the caller on another
 /// CPU than the work it watches.
-fn poll_until(limit: kernel::time::Delta, mut done: impl FnMut() -> bool) -> bool {
+fn wait_closely_until(limit: kernel::time::Delta, mut done: impl FnMut() -> bool) -> bool {
     let start = kernel::time::Instant::<kernel::time::Monotonic>::now();
     while start.elapsed() < limit {
         if done() {
@@ -2127,7 +2127,7 @@ mod mr_tests {
 
 #[kunit_tests(rdma_cm_rs_sync)]
 mod sync_tests {
-    use super::{poll_until, take_out, wait_until, Checks};
+    use super::{take_out, wait_closely_until, wait_until, Checks};
     use crate::rdma::{
         addr::SocketAddr,
         blocking::{EventWaiter, SyncOutcome},
@@ -3965,7 +3965,7 @@ mod sync_tests {
             let at = (usize::from(round) + 1) * (MAX_MR_LEN / usize::from(ROUNDS + 1));
             let mut byte = [0u8];
             let reached = posted > 0
-                && poll_until(Delta::from_secs(5), || {
+                && wait_closely_until(Delta::from_secs(5), || {
                     region.read(at, &mut byte).is_ok() && byte[0] == PATTERN
                 });
             drop(region);

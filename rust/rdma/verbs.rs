@@ -73,7 +73,7 @@ use super::{
     ah::{Datagram, UdDest, GRH_SIZE},
     bindings,
     callback::{CallbackMark, CallbackTarget},
-    device::{Device, Transport},
+    device::{self, Device, Transport},
     mr::{check_range, Mr, MrAccess, Registration, RemoteRegion},
     pd::{Pd, RemoteKey},
     sg::SgBuffer,
@@ -3316,13 +3316,12 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         // send that may have succeeded as flushed too: none gives back
         // another.
         self.credits.clear_send_order();
-        if self.credits.holds_rw() && self.device().places_after_deregistration() {
+        if self.credits.holds_rw() {
             // The destruction deregistered the pool's registrations, among
             // them the keys of iWARP READ sinks the peer was given; a chunk
-            // of a WRITE placed through one may still be copying (see
-            // `Device::places_after_deregistration`).  Their buffers go
-            // back below, a grace period later.
-            kernel::sync::rcu::synchronize_rcu();
+            // of a WRITE placed through one may still be copying.  Their
+            // buffers go back below.
+            self.device().wait_for_late_placements();
         }
         let mut reclaimed = 0u32;
         while let Some(entry) = self.credits.pop_posted() {
@@ -3926,14 +3925,10 @@ unsafe extern "C" fn rw_done<C: CompletionHandler>(
             // READ_WITH_INV, or for a failed READ not parked, the QP's
             // destruction), but a chunk of another QP's WRITE that passed
             // the key's check before may still be copying into the sink
-            // (see `Device::places_after_deregistration`).  Expedited: a
-            // normal grace period took a siw READ of 4 KiB from 4-8 ms to
-            // 20 ms in the test VM, an expedited one left it there; siw
-            // is the only driver that pays it.
-            // SAFETY: Process context (the layer offers no softirq
-            // polling; the handler already slept on `post_done` above),
-            // outside any RCU read-side critical section.
-            unsafe { bindings::synchronize_rcu_expedited() };
+            // (see `Device::places_after_deregistration`).  Process
+            // context: the layer offers no softirq polling, and the
+            // handler already slept on `post_done` above.
+            device::wait_out_late_placements();
         }
     }
     // A transfer the reclaim completes was released by the shutdown.
