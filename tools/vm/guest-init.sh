@@ -21,7 +21,9 @@
 #   errors     one line per failure of the harness (setup, insmod, rmmod,
 #              timeout); any line fails the run
 #   output     the command's stdout and stderr, interleaved as written
-#   kmemleak   the kmemleak report after the command and the rmmods
+#   kmemleak   the kmemleak report after the command and the rmmods (a
+#              failed scan or read, or a kmemleak that disabled itself, is
+#              a line in `errors` instead)
 #   dmesg      the whole kernel log, no timestamps (KTAP parses from it)
 #   dmesg.time the same with timestamps
 #   timing     guest uptimes at each phase
@@ -370,10 +372,33 @@ for name in "${loaded[@]}"; do
 		lsmod >>"$R/guest.log" 2>&1
 	fi
 done
-if [ -n "$kml" ]; then
-	echo scan >$kml
-	sleep 5
-	echo scan >$kml
-	cat $kml >"$R/kmemleak"
-fi
+# kmemleak_report FILE: two scans, then the report into $R/kmemleak.  An
+# empty report is what the host reads as "kmemleak clean", so every step
+# must have worked: a write kmemleak refuses (EPERM once it has disabled
+# itself, mm/kmemleak.c, which also empties the report if it had found
+# nothing yet) or a report that cannot be read is an error, and so is a
+# kmemleak that refuses a command after the report was read (it may have
+# disabled itself while we read).  The host's dmesg gate also fails the run
+# on kmemleak's "Kernel memory leak detector disabled".
+kmemleak_report() {
+	local f=$1 err step
+	for step in "the first scan" "the second scan"; do
+		[ "$step" = "the first scan" ] || sleep 5
+		if ! err=$({ echo scan >"$f"; } 2>&1); then
+			error "kmemleak: $step after the command failed (${err:-no message}): kmemleak disabled itself? No leak check for this run (see dmesg)"
+			return 1
+		fi
+	done
+	if ! err=$(cat "$f" 2>&1 >"$R/kmemleak"); then
+		error "kmemleak: cannot read its report (${err:-no message}): no leak check for this run"
+		return 1
+	fi
+	# scan=off: no change (the periodic scans are off since the set-up),
+	# refused once kmemleak is disabled.
+	if ! err=$({ echo scan=off >"$f"; } 2>&1); then
+		error "kmemleak: refuses commands after its report was read (${err:-no message}): it disabled itself, the report means nothing"
+		return 1
+	fi
+}
+[ -z "$kml" ] || kmemleak_report "$kml"
 collect
