@@ -853,12 +853,43 @@ impl CtlFile {
             Wait::new(req.timeout_ms, nonblock),
             |s| !s.events.is_empty(),
         )?;
+        // Dequeued, then copied out without the lock, which the CM's
+        // callbacks take: a copy that faults on memory user space stalls
+        // (userfaultfd, FUSE) would stall every CM event of the system.
+        // The dequeued event keeps its room (a promise, as a connection
+        // request's), so that a failed copy puts it back first: a bad
+        // pointer loses no event.
         let mut out = req;
-        out.event = st.events[0];
-        // Copy before dequeuing: a bad pointer loses no event.
-        write_arg(arg, &out)?;
-        st.events.remove(0)?;
-        Ok(())
+        out.event = st.events.remove(0)?;
+        st.reserved += 1;
+        drop(st);
+        let copied = write_arg(arg, &out);
+        let mut st = self.state.lock();
+        st.reserved -= 1;
+        let Err(e) = copied else {
+            return Ok(());
+        };
+        let listener_gone = out.event.new_id != 0 && !st.handles.contains(&out.event.id);
+        if st.closing || listener_gone {
+            // Its id went meanwhile (the file closes, or the listener was
+            // destroyed and the requests queued for it with it): the new
+            // id of a connection request goes the same way.
+            drop(st);
+            if out.event.new_id != 0 {
+                drop(self.detach(out.event.new_id));
+            }
+            return Err(e);
+        }
+        // The room promised above: this does not allocate.
+        if st.events.insert_within_capacity(0, out.event).is_err() {
+            // Unreachable by the promise; the new id must not linger
+            // unknown to user space.
+            drop(st);
+            if out.event.new_id != 0 {
+                drop(self.detach(out.event.new_id));
+            }
+        }
+        Err(e)
     }
 
     /// The oldest connection request of a synchronous listener.
@@ -882,12 +913,29 @@ impl CtlFile {
         if st.retired {
             return Err(ECANCELED);
         }
+        // Dequeued, then copied out without the listener's lock, which its
+        // callbacks take (see `get_event`); a failed copy puts it back.
         let mut out = req;
-        out.event = st.requests[0];
-        // Copy before dequeuing: a bad pointer loses no request.
-        write_arg(arg, &out)?;
-        st.requests.remove(0)?;
-        Ok(())
+        out.event = st.requests.remove(0)?;
+        drop(st);
+        let copied = write_arg(arg, &out);
+        let Err(e) = copied else {
+            return Ok(());
+        };
+        let mut st = shared.state.lock();
+        // Room the request left, unless another took it meanwhile.
+        let requeued = !st.retired
+            && (st.requests.insert_within_capacity(0, out.event).is_ok()
+                || (st.requests.reserve(1, GFP_KERNEL).is_ok()
+                    && st.requests.insert_within_capacity(0, out.event).is_ok()));
+        drop(st);
+        if !requeued {
+            // The listener was destroyed meanwhile (and the requests it
+            // had with it), or no memory: the new id goes, as a request
+            // the listener never got (the peer's connect fails).
+            drop(self.detach(out.event.new_id));
+        }
+        Err(e)
     }
 
     /// The data path of an id of type `qp_type`: `EOPNOTSUPP` on an id of
