@@ -464,13 +464,21 @@ impl Device {
     /// (registrations, where the device registers) the R/W API takes for
     /// a transfer of up to `max_pages` pages on `port`
     /// (`rdma_rw_mr_factor`); `EINVAL` for a port the device does not
-    /// have.
+    /// have, `EOPNOTSUPP` on a device that reports no fast-registration
+    /// page list or no RDMA READ scatter entry (the C function divides by
+    /// whichever of the two it uses).
     pub fn rw_mr_factor(&self, port: u32, max_pages: u32) -> Result<u32> {
         if !self.ports().contains(&port) {
             return Err(EINVAL);
         }
+        let attrs = self.attrs();
+        if attrs.max_fast_reg_page_list_len == 0 || attrs.max_sge_rd == 0 {
+            return Err(EOPNOTSUPP);
+        }
         // SAFETY: The device is valid and `port` one of its ports; the
-        // function reads the port's protocol and fixed attributes.
+        // function reads the port's protocol and fixed attributes, and
+        // divides by the device's fast-registration page list length
+        // (capped at 256) or its `max_sge_rd`, neither 0 (checked above).
         Ok(unsafe { bindings::rdma_rw_mr_factor(self.as_ptr(), port, max_pages) })
     }
 
