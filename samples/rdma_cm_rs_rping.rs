@@ -33,7 +33,7 @@ use kernel::{
 };
 use rdma::{
     addr::{SocketAddr, AF_INET},
-    client::{Client, ClientRegistration, ClientSlot},
+    client::{Client, ClientRegistration},
     cm::{CmId, ConnectRequest, DestroyQueue, Handler, LockedId, PortSpace, QpType},
     device::Device,
     event::{Event, EventType},
@@ -291,15 +291,11 @@ struct PerDevice {
 /// its removal.
 struct RpingDevices;
 
+crate::rdma_client_slot!(RpingDevices);
+
 impl Client for RpingDevices {
     type DeviceData = PerDevice;
     const NAME: &'static CStr = c"rdma_cm_rs_rping";
-
-    fn slot() -> &'static ClientSlot {
-        static SLOT: ClientSlot = ClientSlot::new();
-        &SLOT
-    }
-
     fn add(&self, dev: &ARef<Device>) -> Result<PerDevice> {
         let pd = Pd::alloc(dev)?;
         pr_info!(

@@ -60,7 +60,7 @@ use kernel::{
 };
 use rdma::{
     addr::{SocketAddr, AF_INET},
-    client::{Client, ClientRegistration, ClientSlot},
+    client::{Client, ClientRegistration},
     cm::{CmId, ConnectRequest, DestroyQueue, Handler, LockedId, PortSpace, QpType},
     cq_pool::CqPool,
     device::Device,
@@ -385,15 +385,11 @@ struct StoreDevices {
     poller: Option<Arc<BusyPoller>>,
 }
 
+crate::rdma_client_slot!(StoreDevices);
+
 impl Client for StoreDevices {
     type DeviceData = StoreDevice;
     const NAME: &'static CStr = c"rdma_cm_rs_store";
-
-    fn slot() -> &'static ClientSlot {
-        static SLOT: ClientSlot = ClientSlot::new();
-        &SLOT
-    }
-
     fn add(&self, dev: &ARef<Device>) -> Result<StoreDevice> {
         let pd = Pd::alloc(dev)?;
         let srq = Srq::new(&pd, SRQ_DEPTH)?;

@@ -27,7 +27,8 @@
 //!
 //! The C `add` callback names the device only, not the client, so the
 //! registration is found through a slot of the client's type
-//! ([`Client::slot`]): one registration of a type at a time.
+//! ([`HasClientSlot::slot`], implemented by [`rdma_client_slot!`]): one
+//! registration of a type at a time.
 
 use super::{bindings, callback::CallbackTarget, device::Device};
 use core::{
@@ -45,8 +46,7 @@ use kernel::{
 };
 
 /// Where the registration of a [`Client`] type is found while it is
-/// registered.  Declare one `static` per client type and return it from
-/// [`Client::slot`].
+/// registered: a `static` of the type's own, made by [`rdma_client_slot!`].
 pub struct ClientSlot(AtomicPtr<core::ffi::c_void>);
 
 impl ClientSlot {
@@ -62,18 +62,52 @@ impl Default for ClientSlot {
     }
 }
 
+/// The slot of a [`Client`] type's registration.
+///
+/// # Safety
+///
+/// [`HasClientSlot::slot`] returns the same `static` on every call, and no
+/// other type's: the C callbacks find the registration there and read it
+/// as this type's.  Implement it with [`rdma_client_slot!`].
+pub unsafe trait HasClientSlot {
+    /// The slot of this type's registration.
+    fn slot() -> &'static ClientSlot;
+}
+
+/// Implements [`HasClientSlot`] for a [`Client`] type, with a `static`
+/// slot of the expansion's own.
+///
+/// # Examples
+///
+/// ```ignore
+/// struct Devices;
+/// rdma_client_slot!(Devices);
+/// impl Client for Devices { /* ... */ }
+/// ```
+#[macro_export]
+macro_rules! rdma_client_slot {
+    ($t:ty) => {
+        // SAFETY: `slot` returns the one `static` of this expansion, which
+        // no other type's implementation names.
+        #[allow(unsafe_code)]
+        unsafe impl $crate::rdma::client::HasClientSlot for $t {
+            fn slot() -> &'static $crate::rdma::client::ClientSlot {
+                static SLOT: $crate::rdma::client::ClientSlot =
+                    $crate::rdma::client::ClientSlot::new();
+                &SLOT
+            }
+        }
+    };
+}
+
 /// A ULP's presence on every RDMA device.
-pub trait Client: Send + Sync + Sized + 'static {
+pub trait Client: HasClientSlot + Send + Sync + Sized + 'static {
     /// What the client keeps for one device: for example its PD, made in
     /// [`Client::add`].
     type DeviceData: Send + Sync;
 
     /// The name the IB core lists the client under.
     const NAME: &'static CStr;
-
-    /// The slot of this type's registration, a `static` of the
-    /// implementation's own.
-    fn slot() -> &'static ClientSlot;
 
     /// A device is there.  Runs with the IB core's lists of devices and
     /// clients locked for writing when called during registration: it must
@@ -132,7 +166,7 @@ impl<C: Client> ClientRegistration<C> {
             client,
             // Before `raw`: the callbacks the registration runs use it.
             devices <- XArray::new(AllocKind::Alloc),
-            _target: CallbackTarget::new(),
+            _target: CallbackTarget::new()?,
             raw <- Opaque::try_ffi_init(|raw: *mut bindings::ib_client| {
                 // SAFETY: `raw` points into the `raw` field (an `Opaque`,
                 // transparent over the `ib_client`) of a `Self` being
