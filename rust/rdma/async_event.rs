@@ -155,12 +155,13 @@ impl<H: AsyncEventHandler> AsyncEventRegistration<H> {
             return Err(ENXIO);
         }
         let raw_dev = dev.as_ptr();
+        let target = CallbackTarget::new()?;
         let inner = Arc::pin_init(
             pin_init!(Registered {
                 handler,
                 dev: dev.clone(),
                 registered: AtomicBool::new(false),
-                _target: CallbackTarget::new(),
+                _target: target,
                 raw <- Opaque::ffi_init(move |raw: *mut bindings::ib_event_handler| {
                     // SAFETY: `raw` is valid for writes; every field of
                     // `ib_event_handler` is valid all-zero, and what

@@ -14,8 +14,9 @@
 use super::bindings;
 use core::{
     ptr,
-    sync::atomic::{AtomicPtr, AtomicUsize, Ordering},
+    sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering},
 };
+use kernel::prelude::*;
 
 /// Tasks running a callback.  The table is small and fixed; when it is full,
 /// [`UNLISTED`] counts the extra callbacks and every task is treated as
@@ -81,26 +82,72 @@ static TARGETS: AtomicUsize = AtomicUsize::new(0);
 /// safe Rust (`mem::forget`, a reference cycle such as QP -> CQ -> handler
 /// -> QP), and without the wait the C side would go on calling the
 /// trampoline after the module was unloaded: with it, the unload waits
-/// for good (and says why) instead.
+/// for good (and says why) instead.  That wait exists only while the
+/// module holds a queue, so a target is made only then: without one (or
+/// once its drop has begun) [`CallbackTarget::new`] fails, and with it the
+/// construction of every object that holds one.
 pub(crate) struct CallbackTarget(());
 
+/// Set by the `DestroyQueue`'s drop before it waits for the count: no
+/// target is made after it read the count (see [`CallbackTarget::new`]).
+static CLOSED: AtomicBool = AtomicBool::new(true);
+
 impl CallbackTarget {
-    /// Counts one more object.
-    pub(crate) fn new() -> Self {
-        TARGETS.fetch_add(1, Ordering::AcqRel);
-        Self(())
+    /// Counts one more object.  `ENXIO` unless a `DestroyQueue` is open,
+    /// whose drop waits for this one.
+    pub(crate) fn new() -> Result<Self> {
+        // Counted before the check, the drop's store before its read of
+        // the count (both `SeqCst`): either the drop sees this target and
+        // waits for it, or this sees the queue closing and gives up.
+        TARGETS.fetch_add(1, Ordering::SeqCst);
+        if CLOSED.load(Ordering::SeqCst) || refused_for_a_test() {
+            TARGETS.fetch_sub(1, Ordering::SeqCst);
+            return Err(ENXIO);
+        }
+        Ok(Self(()))
     }
+}
+
+/// Opened by a new `DestroyQueue`, closed by its drop before it waits for
+/// the targets.
+pub(super) fn set_targets_open(open: bool) {
+    CLOSED.store(!open, Ordering::SeqCst);
+}
+
+/// KUnit: makes [`CallbackTarget::new`] fail while it is set, as in a
+/// module without a `DestroyQueue` (the module's own queue cannot be
+/// closed under its running tests).
+#[cfg(CONFIG_KUNIT)]
+static REFUSE_FOR_TEST: AtomicBool = AtomicBool::new(false);
+
+#[cfg(CONFIG_KUNIT)]
+fn refused_for_a_test() -> bool {
+    REFUSE_FOR_TEST.load(Ordering::SeqCst)
+}
+
+#[cfg(not(CONFIG_KUNIT))]
+fn refused_for_a_test() -> bool {
+    false
+}
+
+/// KUnit: runs `f` as if the module held no `DestroyQueue`.
+#[cfg(CONFIG_KUNIT)]
+pub(crate) fn without_destroy_queue<R>(f: impl FnOnce() -> R) -> R {
+    REFUSE_FOR_TEST.store(true, Ordering::SeqCst);
+    let r = f();
+    REFUSE_FOR_TEST.store(false, Ordering::SeqCst);
+    r
 }
 
 impl Drop for CallbackTarget {
     fn drop(&mut self) {
-        TARGETS.fetch_sub(1, Ordering::AcqRel);
+        TARGETS.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 /// How many [`CallbackTarget`]s are alive.
 pub(crate) fn callback_targets() -> usize {
-    TARGETS.load(Ordering::Acquire)
+    TARGETS.load(Ordering::SeqCst)
 }
 
 /// The current task, as an identity to compare (never dereferenced).

@@ -18,7 +18,13 @@
 //!   class with the id's).  [`CmId::disconnect`] too: on iWARP it waits for
 //!   a pending connect's reply, which needs the mutex.  Outside callbacks,
 //!   every call on an id, these included, is serialised by a mutex of the
-//!   layer's own (`calls`).  Both hand out a [`LockedId`],
+//!   layer's own (`calls`).  The two calls without the handler mutex also
+//!   hold a second one (`unlocked_call`), which the CM calls of the id's
+//!   callbacks only try: while a disconnect or listen runs they fail with
+//!   `EBUSY` (waiting could be for themselves), and while they run the
+//!   disconnect waits (a connect that fails frees the CM's IB or iWARP id
+//!   that `rdma_disconnect` uses).  So every CM call on an id is ordered
+//!   against every other, whoever makes it.  Both hand out a [`LockedId`],
 //!   the only type with CM operations on it.  This serialises the id's
 //!   operations with each other and with its events ("the rdma_cm must be
 //!   used single threaded", ucma.c), makes `rdma_accept`'s lockdep
@@ -73,7 +79,7 @@ use core::{
 use kernel::{
     ffi, new_mutex,
     prelude::*,
-    sync::{aref::ARef, Arc, Mutex},
+    sync::{aref::ARef, Arc, Mutex, MutexGuard},
     time::Delta,
 };
 
@@ -151,6 +157,12 @@ enum QpSlot {
     Empty,
     /// The id's live QP.
     Live(Arc<dyn QpShutdown>),
+    /// [`LockedId::destroy_qp`] is tearing the QP down: its teardown runs
+    /// completion handlers in the caller's task, which may reach this id
+    /// again (a nested `with_lock`), and must find neither a QP to destroy
+    /// nor room for a new one, which `rdma_create_qp` would put in the
+    /// id's `qp` over the one being destroyed.
+    TearingDown,
     /// The id is being destroyed: no QP may be created any more.
     Dying,
 }
@@ -180,9 +192,18 @@ struct IdInner<H: Handler> {
     #[pin]
     qp: Mutex<QpSlot>,
     /// Serialises the owner's calls on the id: `with_lock` (outside the
-    /// id's callbacks) and `listen`.  Taken before the handler mutex.
+    /// id's callbacks), `listen` and `disconnect`.  Taken before the
+    /// handler mutex.
     #[pin]
     calls: Mutex<()>,
+    /// Held by the calls made without the handler mutex (`listen`,
+    /// `disconnect`) for their duration, after `calls`.  A CM call under
+    /// the handler mutex that may change what they use (the CM's IB or
+    /// iWARP id, which a failed connect frees) only tries it: inside a
+    /// callback it fails with `EBUSY` rather than wait, since on iWARP a
+    /// disconnect waits for the very callback that would wait for it.
+    #[pin]
+    unlocked_call: Mutex<()>,
     handler: H,
     /// Counted while the C side may call into the module through this
     /// object (see [`CallbackTarget`]).
@@ -198,6 +219,7 @@ impl<H: Handler> IdInner<H> {
         request_param: Option<ConnParam>,
         handler: H,
     ) -> Result<Arc<Self>> {
+        let target = CallbackTarget::new()?;
         Arc::pin_init(
             pin_init!(Self {
                 raw: AtomicPtr::new(raw),
@@ -208,8 +230,9 @@ impl<H: Handler> IdInner<H> {
                 answered: AtomicBool::new(false),
                 qp <- new_mutex!(QpSlot::Empty),
                 calls <- new_mutex!(()),
+                unlocked_call <- new_mutex!(()),
                 handler,
-                _target: CallbackTarget::new(),
+                _target: target,
             }),
             GFP_KERNEL,
         )
@@ -239,6 +262,7 @@ impl<H: Handler> IdInner<H> {
             request_param: self.request_param,
             answered: Some(&self.answered),
             qp_slot: Some(&self.qp),
+            unlocked_call: Some(&self.unlocked_call),
             _lock: PhantomData,
         }
     }
@@ -257,7 +281,9 @@ pub struct CmId<H: Handler> {
 // SAFETY: The CM may be called on an id from any thread; every call is
 // serialised by the id's handler mutex (see `CmId::with_lock`).
 unsafe impl<H: Handler> Send for CmId<H> {}
-// SAFETY: As above: `&CmId` only gives access to `with_lock`, which serialises.
+// SAFETY: As above: `&CmId` gives access to `with_lock`, which serialises
+// with the handler mutex, and to `listen` and `disconnect`, which hold
+// `calls` and `unlocked_call` against the owner's and the callbacks' calls.
 unsafe impl<H: Handler> Sync for CmId<H> {}
 
 impl<H: Handler> CmId<H> {
@@ -367,6 +393,7 @@ impl<H: Handler> CmId<H> {
             return Err(EDEADLK);
         }
         let _calls = self.inner.calls.lock();
+        let _unlocked = self.inner.unlocked_call.lock();
         // SAFETY: The id is live (type invariants); `rdma_listen` needs no
         // lock of the caller's and may take the handler mutexes of the
         // internal listeners it destroys on failure, none of which this
@@ -398,11 +425,19 @@ impl<H: Handler> CmId<H> {
             return Err(EDEADLK);
         }
         let _calls = self.inner.calls.lock();
+        // Ordered against the CM calls of the id's callbacks (a failed
+        // connect frees the CM's IB or iWARP id, which `rdma_disconnect`
+        // reads twice and then uses): those hold this while they run, and
+        // give up with `EBUSY` if this is held.
+        let _unlocked = self.inner.unlocked_call.lock();
         // `rdma_disconnect` moves the QP to the error state under the id's
         // `qp_mutex` (`cma_modify_qp_err`), which `rdma_destroy_qp` takes
         // too: a QP destroyed meanwhile by `LockedId::destroy_qp` is gone.
         // SAFETY: The id is live (type invariants) and cannot be destroyed
-        // while `self` is borrowed; the call needs no lock of the caller's.
+        // while `self` is borrowed; the call needs no lock of the caller's,
+        // and no other call on the id changes its CM id meanwhile (the
+        // owner's are serialised by `calls`, its callbacks' by
+        // `unlocked_call`).
         to_result(unsafe { bindings::rdma_disconnect(self.inner.raw()) })
     }
 }
@@ -607,6 +642,8 @@ impl<'a, H: Handler> ConnectRequest<'a, H> {
             answered: None,
             // A QP needs an owner: adopt the id first.
             qp_slot: None,
+            // No owner yet, so no call without the handler mutex.
+            unlocked_call: None,
             _lock: PhantomData,
         }
     }
@@ -649,6 +686,8 @@ pub struct LockedId<'a> {
     request_param: Option<ConnParam>,
     answered: Option<&'a AtomicBool>,
     qp_slot: Option<&'a Mutex<QpSlot>>,
+    /// The owner's lock of the calls made without the handler mutex.
+    unlocked_call: Option<&'a Mutex<()>>,
     _lock: PhantomData<&'a ()>,
 }
 
@@ -670,9 +709,21 @@ fn resolve_timeout_ms(timeout: Delta) -> Result<usize> {
     usize::try_from(ms).map_err(|_| EINVAL)
 }
 
-impl LockedId<'_> {
+impl<'a> LockedId<'a> {
     fn as_ptr(&self) -> *mut bindings::rdma_cm_id {
         self.raw.as_ptr()
+    }
+
+    /// Excludes the owner's calls made without the handler mutex
+    /// ([`CmId::disconnect`], [`CmId::listen`]) for as long as the guard
+    /// lives: for a CM call that may change the id's CM state under them.
+    /// `EBUSY` while one runs (inside `with_lock` none can: they take the
+    /// owner's `calls` too).
+    fn exclude_unlocked_calls(&self) -> Result<Option<MutexGuard<'a, ()>>> {
+        match self.unlocked_call {
+            None => Ok(None),
+            Some(lock) => lock.try_lock().map(Some).ok_or(EBUSY),
+        }
     }
 
     /// Reads a field of the id that C may write meanwhile (the address
@@ -739,6 +790,7 @@ impl LockedId<'_> {
 
     /// Binds to a local address (`rdma_bind_addr`); port 0 picks one.
     pub fn bind(&self, addr: &SocketAddr) -> Result {
+        let _excluded = self.exclude_unlocked_calls()?;
         let mut buf = addr.to_sockaddr();
         // SAFETY: `buf` is a valid, aligned sockaddr for the call's
         // duration; the id is live.
@@ -754,6 +806,7 @@ impl LockedId<'_> {
         timeout: Delta,
     ) -> Result {
         let timeout_ms = resolve_timeout_ms(timeout)?;
+        let _excluded = self.exclude_unlocked_calls()?;
         if let Some(src) = src {
             if src.family() != dst.family() {
                 return Err(EINVAL);
@@ -782,6 +835,7 @@ impl LockedId<'_> {
     /// ROUTE_RESOLVED or ROUTE_ERROR.  `timeout` must be 1 ms to 60 s.
     pub fn resolve_route(&self, timeout: Delta) -> Result {
         let timeout_ms = resolve_timeout_ms(timeout)?;
+        let _excluded = self.exclude_unlocked_calls()?;
         // SAFETY: The id is live.
         to_result(unsafe { bindings::rdma_resolve_route(self.as_ptr(), timeout_ms) })
     }
@@ -820,6 +874,7 @@ impl LockedId<'_> {
             QpType::Rc => PrivateDataUse::ConnectRc,
         };
         self.check_param(param, usage)?;
+        let _excluded = self.exclude_unlocked_calls()?;
         let mut raw = param.as_raw();
         // SAFETY: The handler mutex is held (type invariants), as
         // `rdma_connect_locked` requires; `raw` and the private data it
@@ -857,6 +912,7 @@ impl LockedId<'_> {
     /// the error state on its way out.
     pub fn accept(&self, param: Option<&ConnParam>) -> Result {
         self.check_unanswered()?;
+        let _excluded = self.exclude_unlocked_calls()?;
         if !self.has_live_qp() {
             return Err(ENOTCONN);
         }
@@ -916,6 +972,7 @@ impl LockedId<'_> {
     /// request to answer.
     pub fn reject(&self, reason: u8, data: &[u8]) -> Result {
         self.check_unanswered()?;
+        let _excluded = self.exclude_unlocked_calls()?;
         let usage = match self.qp_type {
             QpType::Rc => PrivateDataUse::Reject,
             QpType::Ud => PrivateDataUse::AcceptUd,
@@ -1103,7 +1160,7 @@ impl LockedId<'_> {
         let mut slot = slot.lock();
         match *slot {
             QpSlot::Empty => {}
-            QpSlot::Live(_) => return Err(EBUSY),
+            QpSlot::Live(_) | QpSlot::TearingDown => return Err(EBUSY),
             QpSlot::Dying => return Err(ESHUTDOWN),
         }
         // COMM_EST is the IB CM's (an RC QP's first message before the
@@ -1151,26 +1208,41 @@ impl LockedId<'_> {
     }
 
     /// Drains and destroys the id's QP (`rdma_destroy_qp`), e.g. after a
-    /// connect or accept that failed: the id can get a new one.  `ENOENT`
-    /// if it has none, `EINVAL` on an id not adopted yet.
+    /// connect or accept that failed: the id can get a new one once this
+    /// returned.  `ENOENT` if it has none, `EINVAL` on an id not adopted
+    /// yet.  The teardown runs the QP's flushed completions; a handler of
+    /// a [`super::verbs::PollContext::Direct`] CQ runs in this task and
+    /// may reach the id again (a nested [`CmId::with_lock`]): there a
+    /// `create_qp` or a second `destroy_qp` fails with `EBUSY`.  From a
+    /// completion handler that [`Cq::poll`] runs on one of the QP's CQs
+    /// (inside `with_lock` or a callback of the id): `EDEADLK`, since the
+    /// teardown waits until that poll returned.
     pub fn destroy_qp(&self) -> Result {
         let slot = self.qp_slot.ok_or(EINVAL)?;
         let qp = {
             let mut slot = slot.lock();
-            match core::mem::replace(&mut *slot, QpSlot::Empty) {
-                QpSlot::Live(qp) => qp,
-                other => {
-                    *slot = other;
-                    return Err(ENOENT);
-                }
+            let qp = match &*slot {
+                QpSlot::Live(qp) => qp.clone(),
+                QpSlot::TearingDown => return Err(EBUSY),
+                QpSlot::Empty | QpSlot::Dying => return Err(ENOENT),
+            };
+            if qp.polled_by_current_task() {
+                return Err(EDEADLK);
             }
+            *slot = QpSlot::TearingDown;
+            qp
         };
         if qp.shutdown() {
             // SAFETY: The id is live and locked; its QP is shut down and
-            // nothing posts to it any more.
+            // nothing posts to it any more.  It is the QP `create_qp` made:
+            // while the slot says `TearingDown`, no `create_qp` replaces
+            // the id's `qp`, nested in this teardown's handlers or not.
             unsafe { bindings::rdma_destroy_qp(self.as_ptr()) };
             qp.reclaim();
         }
+        // Only this call leaves `TearingDown`; the id's destruction, which
+        // marks the slot `Dying`, waits for the handler mutex held here.
+        *slot.lock() = QpSlot::Empty;
         Ok(())
     }
 }

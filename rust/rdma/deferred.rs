@@ -14,7 +14,7 @@
 
 use super::{
     bindings,
-    callback::{callback_targets, in_any_callback, CallbackMark},
+    callback::{callback_targets, in_any_callback, set_targets_open, CallbackMark},
 };
 use core::{
     ptr,
@@ -38,9 +38,11 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 
 /// The module's queue of deferred destructions.
 ///
-/// A module that creates ids holds one for as long as any id can exist
-/// (make it the last field of the module's state, so it drops after the
-/// ids): [`super::cm::CmId::new`] refuses to create ids without it.  Its
+/// A module that makes objects the C side calls back (ids, CQs, SRQs,
+/// client and event registrations, busy pollers) holds one for as long as
+/// any can exist (make it the last field of the module's state, so it
+/// drops after them): their constructors refuse (`ENXIO`) without it, and
+/// once its drop has begun.  Its
 /// drop also waits until no object the C side can call into the module
 /// through is alive (see [`super::callback::CallbackTarget`]): a leaked
 /// one keeps the unload waiting, with a message after 10 s and every
@@ -70,6 +72,7 @@ impl DestroyQueue {
             unsafe { bindings::rdma_cm_rs_destroy_wq(wq) };
             return Err(EBUSY);
         }
+        set_targets_open(true);
         // INVARIANT: Published above.
         Ok(Self { _private: () })
     }
@@ -108,6 +111,9 @@ fn flush_until_idle(wq: *mut bindings::workqueue_struct) {
 impl Drop for DestroyQueue {
     fn drop(&mut self) {
         let wq = QUEUE.load(Ordering::SeqCst);
+        // No object the C side can call back is made from now on: the wait
+        // below is for those that exist.
+        set_targets_open(false);
         // Still published: a destruction that defers another one (dropping
         // the last reference to an id's owner) queues it here, and the
         // flushes wait for it too.
@@ -197,11 +203,16 @@ impl workqueue::WorkItem for DestroyWork {
         // Counts as a callback: what the destruction drops (the handler, and
         // with it maybe the last reference to other ids) is deferred in turn
         // rather than flushing or destroying on this queue's own worker.
-        let _mark = CallbackMark::enter();
+        let mark = CallbackMark::enter();
         this.victim.destroy();
+        // The victim itself goes inside the mark too: its last reference
+        // may be this one, and its fields (an id's handler, and the ids
+        // that owns) drop here.
+        drop(this);
         // Counted out after the destruction and what it queued in turn
         // (counted in before this): the queue's drop waits for both.
         PENDING.fetch_sub(1, Ordering::SeqCst);
+        drop(mark);
     }
 }
 

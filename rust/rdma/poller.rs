@@ -106,6 +106,7 @@ impl BusyPoller {
     pub fn new() -> Result<Self> {
         let stopping = Arc::new(AtomicBool::new(false), GFP_KERNEL)?;
         let loops = Arc::new(AtomicUsize::new(0), GFP_KERNEL)?;
+        let target = CallbackTarget::new()?;
         // SAFETY: Allocates a workqueue named after the module.
         let wq = unsafe { bindings::rdma_cm_rs_alloc_poll_wq() };
         let wq = NonNull::new(wq).ok_or(ENOMEM)?;
@@ -114,7 +115,7 @@ impl BusyPoller {
         let queue = Arc::new(
             PollQueue {
                 wq,
-                _target: CallbackTarget::new(),
+                _target: target,
             },
             GFP_KERNEL,
         )

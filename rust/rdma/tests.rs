@@ -434,25 +434,27 @@ mod getaddrinfo_tests {
 mod id_tests {
     use crate::rdma::{
         addr::SocketAddr,
+        async_event::{AsyncEventHandler, AsyncEventRegistration, DeviceEvent},
         bindings,
-        callback::callback_targets,
+        callback::{callback_targets, without_destroy_queue},
+        client::{Client, ClientRegistration},
         cm::*,
         cq_pool::CqPool,
         deferred::flush_deferred_destroys,
-        device::Transport,
+        device::{Device, Transport},
         event::*,
         mr::{Mr, MrAccess},
         net::NetNs,
         pd::Pd,
         poller::BusyPoller,
         sg::SgBuffer,
-        verbs::{CompletionHandler, Cq, PollContext, Qp, QpCaps, RecvBuffer, SendBuffer},
+        verbs::{CompletionHandler, Cq, PollContext, Qp, QpCaps, RecvBuffer, SendBuffer, Srq},
     };
     use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     use kernel::{
         new_mutex,
         prelude::*,
-        sync::{Arc, Mutex},
+        sync::{aref::ARef, Arc, Mutex},
         time::{delay::fsleep, Delta},
     };
 
@@ -585,6 +587,80 @@ mod id_tests {
         assert_eq!(with_loop, before + 3);
         assert_eq!(loop_gone, before + 2);
         assert_eq!(cq_gone, before + 1);
+        assert_eq!(after, before);
+    }
+
+    /// A client that keeps nothing per device.
+    struct Bare;
+
+    crate::rdma_client_slot!(Bare);
+
+    impl Client for Bare {
+        type DeviceData = ();
+        const NAME: &'static kernel::str::CStr = c"rdma_cm_rs_kunit_bare";
+
+        fn add(&self, _dev: &ARef<Device>) -> Result {
+            Ok(())
+        }
+    }
+
+    impl AsyncEventHandler for Nop {
+        fn event(&self, _dev: &Device, _event: DeviceEvent) {}
+    }
+
+    /// Without the module's `DestroyQueue`, whose drop waits for them,
+    /// no object the C side calls back through is made (`ENXIO`): an id,
+    /// a CQ, a QP, an SRQ, a busy poller, a client and a device event
+    /// registration.  Before, all but the ids and the event registration
+    /// were made, and one leaked (`mem::forget`) in a module without a
+    /// queue had the RDMA core call freed module text after the unload.
+    #[test]
+    fn callback_targets_need_a_destroy_queue() {
+        flush_deferred_destroys().unwrap();
+        let before = callback_targets();
+        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let made = id.with_lock(|l| {
+            l.bind(&rxe_addr())?;
+            let dev = l.device()?;
+            let pd = Pd::alloc(&dev)?;
+            let cq = Cq::alloc(&dev, 16, Nop)?;
+            Ok((dev, pd, cq))
+        });
+        let (dev, pd, cq) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                drop(id);
+                super::skip_without_devices(e);
+                return;
+            }
+        };
+        let caps = QpCaps {
+            max_send_wr: 2,
+            max_recv_wr: 2,
+            max_inline_data: 0,
+            ..QpCaps::default()
+        };
+        let with_objects = callback_targets();
+        let refused = without_destroy_queue(|| {
+            [
+                CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).err(),
+                Cq::alloc(&dev, 8, Nop).err(),
+                id.with_lock(|l| l.create_qp(&pd, &cq, caps)).err(),
+                Srq::<Nop>::new(&pd, 4).err(),
+                BusyPoller::new().err(),
+                KBox::pin_init(ClientRegistration::new(Bare), GFP_KERNEL).err(),
+                AsyncEventRegistration::new(&dev, Nop).err(),
+            ]
+        });
+        let after_refusals = callback_targets();
+        // With the queue, the QP is made.
+        let qp = id.with_lock(|l| l.create_qp(&pd, &cq, caps)).map(drop);
+        drop((cq, pd, dev, id));
+        flush_deferred_destroys().unwrap();
+        let after = callback_targets();
+        assert_eq!(refused, [Some(ENXIO); 7]);
+        assert_eq!(after_refusals, with_objects);
+        assert_eq!(qp, Ok(()));
         assert_eq!(after, before);
     }
 
@@ -2145,7 +2221,7 @@ mod sync_tests {
             SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone, WorkOp, FLUSH_TIMEOUT,
         },
     };
-    use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
     use kernel::{
         new_mutex,
         prelude::*,
@@ -4229,6 +4305,333 @@ mod sync_tests {
         );
         drop((server, listener));
     }
+
+    /// What a completion handler does to its own id, through a nested
+    /// `with_lock`, the first time it runs.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Reentry {
+        /// Gives the id a new QP on the spare CQ.
+        CreateQp,
+        /// Destroys the id's QP.
+        DestroyQp,
+    }
+
+    /// The caps of the QPs of the re-entry cases.
+    const REENTRY_CAPS: QpCaps = QpCaps {
+        max_send_wr: 2,
+        max_recv_wr: 2,
+        max_inline_data: 0,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_rdma_ctxs: 0,
+    };
+
+    /// The id a [`Reentrant`] handler turns back to, its PD and a spare CQ.
+    type ReentryTarget = (Arc<CmId<Node>>, Arc<Pd>, Arc<Cq<Nop>>);
+
+    /// A client made by [`reentrant_client`]: its id, its handler's state
+    /// and the `Direct` CQ of its QP.
+    type ReentrantClient = (Arc<CmId<Node>>, Arc<ReentryState>, Arc<Cq<Reentrant>>);
+
+    /// The id a [`Reentrant`] handler turns back to, and what it saw.
+    #[pin_data]
+    struct ReentryState {
+        action: Reentry,
+        /// The id, its PD and a spare CQ: taken by the first completion.
+        #[pin]
+        target: Mutex<Option<ReentryTarget>>,
+        /// What the nested call returned.
+        #[pin]
+        outcome: Mutex<Option<Result>>,
+    }
+
+    /// A completion handler that calls into its QP's id.
+    struct Reentrant(Arc<ReentryState>);
+
+    impl Reentrant {
+        fn reenter(&self) {
+            let Some((id, pd, spare)) = self.0.target.lock().take() else {
+                return;
+            };
+            let outcome = id.with_lock(|l| match self.0.action {
+                Reentry::CreateQp => l.create_qp(&pd, &spare, REENTRY_CAPS).map(drop),
+                Reentry::DestroyQp => l.destroy_qp(),
+            });
+            *self.0.outcome.lock() = Some(outcome);
+        }
+    }
+
+    impl CompletionHandler for Reentrant {
+        fn recv_done(&self, _buf: RecvBuffer, _result: Result<usize>) {
+            self.reenter();
+        }
+        fn send_done(&self, _buf: SendBuffer, _result: Result) {
+            self.reenter();
+        }
+    }
+
+    /// A synchronous client of `world` resolved to `addr`, with a QP on a
+    /// `Direct` CQ whose [`Reentrant`] handler does `action`, two receives
+    /// posted; the state, the CQ and the spare CQ's PD and CQ.
+    fn reentrant_client(
+        world: &Arc<World>,
+        addr: &SocketAddr,
+        action: Reentry,
+    ) -> Result<ReentrantClient> {
+        let ns = NetNs::init();
+        let id = CmId::new(Node::synchronous(world)?, &ns, PortSpace::Tcp, QpType::Rc)?;
+        id.resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))?
+            .into_event()?;
+        id.resolve_route_sync(ms(2000), Some(ms(5000)))?
+            .into_event()?;
+        let id = Arc::new(id, GFP_KERNEL)?;
+        let state = Arc::pin_init(
+            pin_init!(ReentryState {
+                action,
+                target <- new_mutex!(None),
+                outcome <- new_mutex!(None),
+            }),
+            GFP_KERNEL,
+        )?;
+        let cq = id.with_lock(|l| {
+            let dev = l.device()?;
+            let pd = Pd::alloc(&dev)?;
+            let entries = REENTRY_CAPS.cq_entries()?;
+            let cq = Cq::alloc_with(
+                &dev,
+                entries,
+                0,
+                PollContext::Direct,
+                Reentrant(state.clone()),
+            )?;
+            let spare = Cq::alloc(&dev, entries, Nop)?;
+            let qp = l.create_qp(&pd, &cq, REENTRY_CAPS)?;
+            for _ in 0..2 {
+                qp.post_recv(RecvBuffer::new(&pd, 64)?)
+                    .map_err(|(e, _)| e)?;
+            }
+            *state.target.lock() = Some((id.clone(), pd, spare));
+            Ok(cq)
+        });
+        match cq {
+            Ok(cq) => Ok((id, state, cq)),
+            Err(e) => {
+                // The handler's reference to the id goes with the state.
+                drop(state.target.lock().take());
+                Err(e)
+            }
+        }
+    }
+
+    /// A QP's teardown runs its flushed completions in the caller's task
+    /// when its CQ is `Direct`; a handler there that locks the id again
+    /// (which runs directly: the task holds the id's mutex) finds the QP
+    /// being torn down, and its `create_qp` is refused with `EBUSY`.
+    /// Before, it succeeded: `rdma_create_qp` replaced the id's `qp`,
+    /// the outer call destroyed the new QP, and the old one stayed with a
+    /// context about to be freed.  Once the teardown returned the id
+    /// takes a new QP.
+    #[test]
+    fn qp_created_inside_its_teardown_is_refused() {
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening(&ns, 7220) else {
+            return;
+        };
+        let made = reentrant_client(&world, &addr, Reentry::CreateQp);
+        let (id, state, cq) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                failed_to_connect(listener, world, e);
+                return;
+            }
+        };
+        let destroyed = id.with_lock(|l| l.destroy_qp());
+        let nested = take_out(&state.outcome, Option::take);
+        let spare = take_out(&state.target, Option::take);
+        let again = id.with_lock(|l| {
+            let dev = l.device()?;
+            let pd = Pd::alloc(&dev)?;
+            let spare = Cq::alloc(&dev, REENTRY_CAPS.cq_entries()?, Nop)?;
+            l.create_qp(&pd, &spare, REENTRY_CAPS).map(drop)
+        });
+        drop((id, spare, cq, listener, world));
+        assert_eq!(destroyed, Ok(()));
+        assert_eq!(nested, Some(Err(EBUSY)));
+        assert_eq!(again, Ok(()));
+    }
+
+    /// A handler that [`Cq::poll`] runs inside the id's `with_lock` may
+    /// not destroy the QP of that CQ (`EDEADLK`): the teardown would wait
+    /// for the poll that is running it, holding the id's mutex, for ever.
+    /// The QP's receives are flushed by a connect the peer's CM rejected
+    /// (nobody listens on the port).
+    #[test]
+    fn qp_destroyed_from_its_own_poll_is_refused() {
+        let ns = NetNs::init();
+        let Some((world, listener, _)) = listening(&ns, 7221) else {
+            return;
+        };
+        let nobody = SocketAddr::V4 {
+            ip: RXE_IP,
+            port: 7222,
+        };
+        let made = reentrant_client(&world, &nobody, Reentry::DestroyQp);
+        let (id, state, cq) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                failed_to_connect(listener, world, e);
+                return;
+            }
+        };
+        let refused = id
+            .connect_sync(&ConnParam::new(), Some(ms(5000)))
+            .map(|o| o.result());
+        // The flushed receives reach the CQ after the rejection; the
+        // handler runs in the first poll that finds one.
+        let ran = wait_until(|| {
+            let _ = id.with_lock(|_| cq.poll(4));
+            state.outcome.lock().is_some()
+        });
+        let nested = take_out(&state.outcome, Option::take);
+        drop(take_out(&state.target, Option::take));
+        let destroyed = id.with_lock(|l| l.destroy_qp());
+        drop((id, cq, listener, world));
+        assert_eq!(refused, Ok(Err(ECONNREFUSED)));
+        assert!(ran);
+        assert_eq!(nested, Some(Err(EDEADLK)));
+        assert_eq!(destroyed, Ok(()));
+    }
+
+    /// What [`ConnectsInCallback`] did.
+    #[derive(Default)]
+    struct ConnectRace {
+        /// The id's callbacks are over: its connect returned, or it failed
+        /// before.
+        done: AtomicBool,
+        /// Connects that returned, and those refused with `EBUSY` (a
+        /// disconnect was running).
+        connects: AtomicU32,
+        busy: AtomicU32,
+        /// Route resolutions refused with `EBUSY` (a disconnect was
+        /// running): the round ends without a connect.
+        busy_before_connect: AtomicU32,
+        /// Disconnects made while the connect could run, and the loop
+        /// making them returned.
+        disconnects: AtomicU32,
+        disconnector_done: AtomicBool,
+    }
+
+    /// Makes its QP on ADDR_RESOLVED and connects from ROUTE_RESOLVED,
+    /// inside the callback, as a ULP that drives its id from its events.
+    struct ConnectsInCallback(Arc<ConnectRace>);
+
+    impl Handler for ConnectsInCallback {
+        fn event(&self, id: &LockedId<'_>, event: &Event<'_>) {
+            let race = &self.0;
+            let next = match event.kind() {
+                EventType::AddrResolved => {
+                    let routing = (|| {
+                        let dev = id.device()?;
+                        let pd = Pd::alloc(&dev)?;
+                        let cq = Cq::alloc(&dev, REENTRY_CAPS.cq_entries()?, Nop)?;
+                        id.create_qp(&pd, &cq, REENTRY_CAPS)?;
+                        id.resolve_route(ms(2000))
+                    })();
+                    if routing == Err(EBUSY) {
+                        race.busy_before_connect.fetch_add(1, Ordering::AcqRel);
+                    }
+                    routing
+                }
+                EventType::RouteResolved => {
+                    let connected = id.connect(&ConnParam::new());
+                    race.connects.fetch_add(1, Ordering::AcqRel);
+                    if connected == Err(EBUSY) {
+                        race.busy.fetch_add(1, Ordering::AcqRel);
+                    }
+                    Err(ECANCELED)
+                }
+                _ => Ok(()),
+            };
+            if next.is_err() {
+                race.done.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// `CmId::disconnect` runs without the handler mutex, and is ordered
+    /// against a connect that a callback of the id makes: on siw the
+    /// connect to a port nobody listens on fails and frees the iWARP CM id
+    /// while a disconnect, looping on another thread, would use it (KASAN
+    /// reported the use after free in `iw_cm_disconnect` before).  Every
+    /// round ends with its connect returned, or with the callback's call
+    /// refused (`EBUSY`) while a disconnect ran, and the disconnects
+    /// returned.
+    #[test]
+    fn disconnect_is_ordered_against_a_callbacks_connect() {
+        let ns = NetNs::init();
+        let nobody = SocketAddr::V4 {
+            ip: SIW_IP,
+            port: 7223,
+        };
+        let (mut rounds, mut ended, mut connects, mut disconnects) = (0, 0, 0, 0);
+        let (mut busy, mut busy_before_connect) = (0, 0);
+        for _ in 0..24 {
+            let Ok(race) = Arc::new(ConnectRace::default(), GFP_KERNEL) else {
+                break;
+            };
+            let made = CmId::new(
+                ConnectsInCallback(race.clone()),
+                &ns,
+                PortSpace::Tcp,
+                QpType::Rc,
+            )
+            .and_then(|id| Ok(Arc::new(id, GFP_KERNEL)?));
+            let Ok(id) = made else { break };
+            let (looping, looped) = (id.clone(), race.clone());
+            let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
+                while !looped.done.load(Ordering::Acquire) {
+                    let _ = looping.disconnect();
+                    looped.disconnects.fetch_add(1, Ordering::AcqRel);
+                }
+                drop(looping);
+                looped.disconnector_done.store(true, Ordering::Release);
+            });
+            if spawned.is_err() {
+                race.done.store(true, Ordering::Release);
+                break;
+            }
+            rounds += 1;
+            if let Err(e) = id.with_lock(|l| l.resolve_addr(None, &nobody, ms(2000))) {
+                race.done.store(true, Ordering::Release);
+                let _ = wait_until(|| race.disconnector_done.load(Ordering::Acquire));
+                drop(id);
+                super::skip_without_devices(e);
+                return;
+            }
+            let done = wait_until(|| race.done.load(Ordering::Acquire));
+            // Ends the loop if the callbacks did not.
+            race.done.store(true, Ordering::Release);
+            let stopped = wait_until(|| race.disconnector_done.load(Ordering::Acquire));
+            if done && stopped {
+                ended += 1;
+            }
+            connects += race.connects.load(Ordering::Acquire);
+            busy += race.busy.load(Ordering::Acquire);
+            busy_before_connect += race.busy_before_connect.load(Ordering::Acquire);
+            disconnects += race.disconnects.load(Ordering::Acquire);
+            drop(id);
+            if !stopped {
+                break;
+            }
+        }
+        kernel::pr_info!(
+            "disconnect race: {rounds} rounds, {connects} connects ({busy} refused with EBUSY), {busy_before_connect} route resolutions refused with EBUSY, {disconnects} disconnects\n"
+        );
+        assert_eq!(rounds, 24);
+        assert_eq!(ended, rounds);
+        assert_eq!(connects + busy_before_connect, rounds);
+        assert!(disconnects >= rounds);
+    }
 }
 
 #[kunit_tests(rdma_cm_rs_client)]
@@ -4236,7 +4639,7 @@ mod client_tests {
     use super::wait_until;
     use crate::rdma::{
         async_event::{AsyncEventHandler, AsyncEventRegistration, DeviceEvent},
-        client::{Client, ClientRegistration, ClientSlot},
+        client::{Client, ClientRegistration},
         device::{Device, Transport},
         pd::Pd,
     };
@@ -4268,15 +4671,11 @@ mod client_tests {
 
     struct TestClient(Arc<Seen>);
 
+    crate::rdma_client_slot!(TestClient);
+
     impl Client for TestClient {
         type DeviceData = PerDevice;
         const NAME: &'static CStr = c"rdma_cm_rs_kunit";
-
-        fn slot() -> &'static ClientSlot {
-            static SLOT: ClientSlot = ClientSlot::new();
-            &SLOT
-        }
-
         fn add(&self, dev: &ARef<Device>) -> Result<PerDevice> {
             let pd = Pd::alloc(dev)?;
             let name = dev.name();
@@ -4369,15 +4768,11 @@ mod client_tests {
         offered: Arc<Mutex<KVec<ARef<Device>>>>,
     }
 
+    crate::rdma_client_slot!(RxeOnly);
+
     impl Client for RxeOnly {
         type DeviceData = PerDevice;
         const NAME: &'static CStr = c"rdma_cm_rs_kunit_rxe_only";
-
-        fn slot() -> &'static ClientSlot {
-            static SLOT: ClientSlot = ClientSlot::new();
-            &SLOT
-        }
-
         fn add(&self, dev: &ARef<Device>) -> Result<PerDevice> {
             self.offered.lock().push(dev.clone(), GFP_KERNEL)?;
             if !dev.name().as_bytes().starts_with(b"rxe") {
@@ -4635,15 +5030,11 @@ mod client_tests {
     /// mixed up.
     struct CapsClient(Arc<Seen>);
 
+    crate::rdma_client_slot!(CapsClient);
+
     impl Client for CapsClient {
         type DeviceData = ();
         const NAME: &'static CStr = c"rdma_cm_rs_kunit_caps";
-
-        fn slot() -> &'static ClientSlot {
-            static SLOT: ClientSlot = ClientSlot::new();
-            &SLOT
-        }
-
         fn add(&self, dev: &ARef<Device>) -> Result {
             let c = dev.caps();
             let name = dev.name();

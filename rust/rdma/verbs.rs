@@ -72,7 +72,7 @@
 use super::{
     ah::{Datagram, UdDest, GRH_SIZE},
     bindings,
-    callback::{CallbackMark, CallbackTarget},
+    callback::{current_task, CallbackMark, CallbackTarget},
     device::{self, Device, Transport},
     mr::{check_range, Mr, MrAccess, Registration, RemoteRegion},
     pd::{Pd, RemoteKey},
@@ -388,10 +388,10 @@ pub struct Cq<C: CompletionHandler> {
     entries: u32,
     comp_vector: u32,
     poll: PollContext,
-    /// [`PollContext::Direct`]: a task processes the CQ.  Completions run
-    /// one at a time and in order, as from a workqueue: what a QP's
-    /// ordering of its send queue relies on.
-    polling: AtomicBool,
+    /// [`PollContext::Direct`]: the task processing the CQ, or null.
+    /// Completions run one at a time and in order, as from a workqueue:
+    /// what a QP's ordering of its send queue relies on.
+    polling: AtomicPtr<bindings::task_struct>,
     committed: AtomicU32,
     handler: C,
     dev: ARef<Device>,
@@ -433,11 +433,11 @@ impl<C: CompletionHandler> Cq<C> {
                 entries,
                 comp_vector,
                 poll,
-                polling: AtomicBool::new(false),
+                polling: AtomicPtr::new(ptr::null_mut()),
                 committed: AtomicU32::new(0),
                 handler,
                 dev: dev.into(),
-                _target: CallbackTarget::new(),
+                _target: CallbackTarget::new()?,
             },
             GFP_KERNEL,
         )?;
@@ -538,8 +538,10 @@ impl<C: CompletionHandler> Cq<C> {
     /// found it empty); the reclaim completes the QP's leftovers under it,
     /// so that they too run one at a time with the CQ's others.  For a CQ
     /// polled from a workqueue, waits until its poll work is idle, and
-    /// `None`.  Not from a handler of this CQ (the layer defers a QP's
-    /// teardown out of every callback), which the wait would be for.
+    /// `None`.  Not from a handler of this CQ, which the wait would be
+    /// for: the CM defers a QP's teardown out of every callback but a
+    /// nested `with_lock`, where `LockedId::destroy_qp` refuses a task
+    /// that is processing the CQ.
     fn quiesce(&self) -> Option<DirectPoll<'_, C>> {
         if self.poll != PollContext::Direct {
             // SAFETY: The CQ is live and polled from a workqueue, whose
@@ -560,6 +562,13 @@ impl<C: CompletionHandler> Cq<C> {
 
     fn as_ptr(&self) -> *mut bindings::ib_cq {
         self.raw.load(Ordering::Acquire)
+    }
+
+    /// Whether the current task is processing this CQ (a [`Self::poll`]
+    /// whose handler is running, or a teardown's poll): a teardown that
+    /// waited for the CQ to be free would wait for itself.
+    fn polled_by_current_task(&self) -> bool {
+        self.polling.load(Ordering::Acquire) == current_task()
     }
 
     /// Reserves `n` entries for a QP; `ENOSPC` if the CQ could overflow.
@@ -583,7 +592,12 @@ struct DirectPoll<'a, C: CompletionHandler>(&'a Cq<C>);
 impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
     fn try_start(cq: &'a Cq<C>) -> Option<Self> {
         cq.polling
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(
+                ptr::null_mut(),
+                current_task(),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
             .ok()
             .map(|_| Self(cq))
     }
@@ -627,7 +641,7 @@ fn give_way(found: bool) {
 
 impl<C: CompletionHandler> Drop for DirectPoll<'_, C> {
     fn drop(&mut self) {
-        self.0.polling.store(false, Ordering::Release);
+        self.0.polling.store(ptr::null_mut(), Ordering::Release);
     }
 }
 
@@ -1868,6 +1882,10 @@ pub(crate) trait QpShutdown: Send + Sync {
     /// once the CQ has delivered whatever the driver queued before the
     /// destruction.  Runs the completion handler in the caller's context.
     fn reclaim(&self);
+    /// Whether the current task is processing one of the QP's CQs (a
+    /// completion handler run by [`Cq::poll`]): [`QpShutdown::reclaim`]
+    /// would wait for that poll, its own caller, for ever.
+    fn polled_by_current_task(&self) -> bool;
     /// The QP's number.
     fn qp_num(&self) -> u32;
 }
@@ -2022,6 +2040,7 @@ impl<C: CompletionHandler> Qp<C> {
             attr.cap.max_recv_sge = caps.max_recv_sge.max(1);
         }
         let credits = WrCredits::new(caps, false)?;
+        let target = CallbackTarget::new()?;
         send_cq.reserve(send_room)?;
         if let Err(e) = recv_cq.reserve(recv_room) {
             send_cq.release(send_room);
@@ -2062,7 +2081,7 @@ impl<C: CompletionHandler> Qp<C> {
                 srq: srq.cloned(),
                 srq_key: AtomicUsize::new(0),
                 signaled_writes: AtomicU64::new(0),
-                _target: CallbackTarget::new(),
+                _target: target,
             }),
             GFP_KERNEL,
         );
@@ -3296,6 +3315,10 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         true
     }
 
+    fn polled_by_current_task(&self) -> bool {
+        self.send_cq.polled_by_current_task() || self.recv_cq.polled_by_current_task()
+    }
+
     fn reclaim(&self) {
         // The registrations a failed transfer's sink had are gone with the
         // QP: its buffer may go back at once.
@@ -3429,7 +3452,10 @@ impl<C: CompletionHandler> PinnedDrop for Qp<C> {
 /// * Once set by the constructor (and whenever the object is
 ///   reachable), `raw` is a live SRQ on `pd`, of at least `max_wr`
 ///   receives of at least `max_sge` scatter entries each, whose events'
-///   context is this object, until the object is dropped.
+///   context is `sink`, until the object is dropped.
+/// * `sink` is a live [`SrqEventSink`] leaked by the constructor, freed by
+///   the drop only once the SRQ is destroyed (one whose destruction failed
+///   keeps it, and the module's code with its count of callback targets).
 /// * `credits` (shared) counts and tracks every buffer posted to it whose
 ///   completion has not run, at most `max_wr`, and records the QPs
 ///   created on it that still exist.
@@ -3445,6 +3471,14 @@ pub struct Srq<C: CompletionHandler> {
     pd: Arc<Pd>,
     #[pin]
     recv_cqs: Mutex<KVec<(Arc<Cq<C>>, u32)>>,
+    /// The context of the SRQ's events.
+    sink: NonNull<SrqEventSink>,
+}
+
+/// The context of an [`Srq`]'s events, apart from it: an SRQ whose
+/// destruction failed stays registered with the driver, and keeps this
+/// (and the module's code) while the `Srq` itself goes.
+struct SrqEventSink {
     /// Who hears of the SRQ's events.
     events: Option<Arc<dyn SrqEvents>>,
     /// Counted while the C side may call into the module through this
@@ -3528,7 +3562,16 @@ impl<C: CompletionHandler> Srq<C> {
             },
             true,
         )?;
-        // The object first: it is the context of the SRQ's events.
+        // The context of the SRQ's events first.
+        let sink = KBox::new(
+            SrqEventSink {
+                events,
+                _target: CallbackTarget::new()?,
+            },
+            GFP_KERNEL,
+        )?;
+        // Freed by the drop, or below if the object cannot be made.
+        let sink = NonNull::from(KBox::leak(sink));
         let srq = Arc::pin_init(
             pin_init!(Self {
                 raw: AtomicPtr::new(ptr::null_mut()),
@@ -3537,22 +3580,25 @@ impl<C: CompletionHandler> Srq<C> {
                 credits,
                 pd: pd.clone(),
                 recv_cqs <- new_mutex!(KVec::new()),
-                events,
-                _target: CallbackTarget::new(),
+                sink,
             }),
             GFP_KERNEL,
-        )?;
-        let context: *const Self = &*srq;
+        )
+        .inspect_err(|_| {
+            // SAFETY: Leaked above, never handed to C: this is its owner.
+            drop(unsafe { KBox::from_raw(sink.as_ptr()) });
+        })?;
+        let context = sink.as_ptr();
         // SAFETY: `pd` is live (held); `ib_create_srq` sleeps, as this may;
-        // `context` outlives the SRQ (destroyed in `drop`), and
-        // `srq_event_callback::<C>` is the handler for that context.
+        // `context` (the sink) outlives the SRQ (the drop frees it only once
+        // the SRQ is destroyed), and `srq_event_callback` is its handler.
         let raw = unsafe {
             bindings::rdma_cm_rs_create_srq(
                 pd.as_ptr(),
                 max_wr,
                 max_sge,
-                Some(srq_event_callback::<C>),
-                context.cast_mut().cast(),
+                Some(srq_event_callback),
+                context.cast(),
             )
         };
         let raw = kernel::error::from_err_ptr(raw)?;
@@ -3662,20 +3708,27 @@ impl<C: CompletionHandler> Srq<C> {
 impl<C: CompletionHandler> PinnedDrop for Srq<C> {
     fn drop(self: Pin<&mut Self>) {
         let raw = self.as_ptr();
+        let sink = self.sink;
+        // SAFETY: The sink the constructor leaked, which no SRQ names as
+        // its events' context any more (none was created, or it was
+        // destroyed): this is its owner.
+        let free_sink = || drop(unsafe { KBox::from_raw(sink.as_ptr()) });
         if raw.is_null() {
             // Never created: nothing was posted.
+            free_sink();
             return;
         }
         // Every QP on the SRQ is gone (each holds it), and dropped after
         // its reclaim delivered what its CQ held of it.
         // SAFETY: Live SRQ (type invariants) that no QP uses any more;
-        // destroyed once, here, before the object its events name goes.
+        // destroyed once, here, before the sink its events name goes.
         let ret = unsafe { bindings::rdma_cm_rs_destroy_srq(raw) };
         if ret != 0 {
             // The device may still reach the buffers: they stay allocated
             // and mapped for good.  The SRQ stays too, its events naming
-            // this module's trampoline: the module never goes (this
-            // object's count of callback targets goes with its fields).
+            // this module's trampoline and the sink, which stays with its
+            // count of callback targets (the module's `DestroyQueue` waits
+            // for it at unload) and a reference on the module.
             pr_err!(
                 "SRQ destruction failed ({}): {} receive buffers leaked\n",
                 ret,
@@ -3695,6 +3748,7 @@ impl<C: CompletionHandler> PinnedDrop for Srq<C> {
             // SAFETY: By the above, the live object `KBox::into_raw` leaked.
             drop(unsafe { KBox::from_raw(entry.0.as_ptr().cast::<Buffer>()) });
         }
+        free_sink();
     }
 }
 
@@ -3702,15 +3756,16 @@ impl<C: CompletionHandler> PinnedDrop for Srq<C> {
 ///
 /// # Safety
 ///
-/// Called by the driver only, for an SRQ created by [`Srq::create`] for a
-/// `Srq<C>`: `context` is that object, which outlives the SRQ (its drop
-/// destroys the SRQ first), and no event comes after the destruction.
-unsafe extern "C" fn srq_event_callback<C: CompletionHandler>(
+/// Called by the driver only, for an SRQ created by [`Srq::with_caps`]:
+/// `context` is its [`SrqEventSink`], which outlives the SRQ (freed only
+/// after its destruction succeeded), and no event comes after the
+/// destruction.
+unsafe extern "C" fn srq_event_callback(
     event: *mut bindings::ib_event,
     context: *mut core::ffi::c_void,
 ) {
-    // SAFETY: `context` is the live `Srq<C>` (the safety requirements).
-    let srq = unsafe { &*context.cast::<Srq<C>>() };
+    // SAFETY: `context` is the live sink (the safety requirements).
+    let srq = unsafe { &*context.cast::<SrqEventSink>() };
     // SAFETY: The driver passes a valid event for the call.
     let event = match unsafe { (*event).event } {
         bindings::ib_event_type_IB_EVENT_SRQ_LIMIT_REACHED => SrqEvent::LimitReached,
