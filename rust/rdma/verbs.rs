@@ -2268,11 +2268,15 @@ impl<C: CompletionHandler> Qp<C> {
         self.device().transport() == Transport::Iwarp
     }
 
-    /// Whether a send with pages (`list`) must be signaled whatever its
-    /// buffer asks ([`Self::sends_unsignaled_from_pages`]); its own
-    /// completion then hands the pages back.
-    fn signals_pages(&self, list: Option<&SgeList>) -> bool {
-        list.is_some() && self.sends_unsignaled_from_pages()
+    /// Whether a send of `len` bytes from its buffer, with pages (`list`)
+    /// or not, must be signaled whatever its buffer asks
+    /// ([`Self::sends_unsignaled_from_pages`]): one with pages, and one
+    /// whose buffer is a page or more (siw's `SENDPAGE_THRESH`; a buffer
+    /// above 8 KiB is not slab memory, which siw would copy, but pages of
+    /// their own that it splices).  Its own completion then hands the
+    /// memory back, once TCP has let go of it.
+    fn signals_pages(&self, len: usize, list: Option<&SgeList>) -> bool {
+        (list.is_some() || len >= kernel::page::PAGE_SIZE) && self.sends_unsignaled_from_pages()
     }
 
     fn check_type(&self, want: QpType) -> Result {
@@ -2564,7 +2568,7 @@ impl<C: CompletionHandler> Qp<C> {
             &mut sge,
             list.as_ref(),
         );
-        let unsignaled = inner.unsignaled && !self.signals_pages(list.as_ref());
+        let unsignaled = inner.unsignaled && !self.signals_pages(inner.len, list.as_ref());
         // The request keeps the address handle; a copy of its fields goes
         // into the work request.
         let ud = dest.as_ref().map(|d| (d.ah.as_ptr(), d.qp_num, d.qkey));
@@ -2829,7 +2833,7 @@ impl<C: CompletionHandler> Qp<C> {
             &mut sge,
             list.as_ref(),
         );
-        let unsignaled = inner.unsignaled && !self.signals_pages(list.as_ref());
+        let unsignaled = inner.unsignaled && !self.signals_pages(inner.len, list.as_ref());
 
         let guard = self.raw.lock();
         let Some(raw) = *guard else {
