@@ -2135,9 +2135,51 @@ fn nonblocking_and_poll(ctx: &mut Ctx) -> Result<()> {
         n == 1 && revents & libc::POLLIN != 0,
         "poll {n} {revents:#x}"
     );
+    // GET_EVENT copies out with no lock held, after dequeuing the event: a
+    // copy that faults puts it back first.
+    if !dev.is_sync() {
+        expect_errno(
+            "GET_EVENT into read-only memory",
+            get_event_read_only(&dev),
+            libc::EFAULT,
+        )?;
+        ensure!(poll(0).0 == 1, "not readable after a failed copy");
+    }
     ensure!(dev.get_event(0)?.event == EventType::AddrResolved);
     ensure!(poll(0) == (0, 0), "readable after the event was read");
     Ok(())
+}
+
+/// GET_EVENT (timeout 0) with its argument in a read-only page: the
+/// module reads it, and fails to write the event back.
+fn get_event_read_only(dev: &Device) -> io::Result<i32> {
+    let page = 4096;
+    // SAFETY: A fresh anonymous private mapping of one page.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let arg = rdma_cm_rs_get_event::default();
+    // SAFETY: The page is writable, aligned and large enough.
+    unsafe { p.cast::<rdma_cm_rs_get_event>().write(arg) };
+    // SAFETY: The page is ours.
+    let r = if unsafe { libc::mprotect(p, page, libc::PROT_READ) } != 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        dev.raw_ioctl(IOC_GET_EVENT, p as usize)
+    };
+    // SAFETY: Mapped above, referenced nowhere else.
+    unsafe { libc::munmap(p, page) };
+    r
 }
 
 /// The two disconnects the first scenarios do not make: the module ends a
