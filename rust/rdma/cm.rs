@@ -561,23 +561,34 @@ fn destroy_now<H: Handler>(inner: &IdInner<H>) {
     // the layer, nor in `with_lock`: both defer destructions).
     unsafe { bindings::rdma_lock_handler(raw) };
     // A callback that was running has returned, and any later one sees the
-    // id dying: no QP can appear after this.
+    // id dying: no QP can appear after this, and none is handed to the CM
+    // any more (`LockedId::connect` and `accept` want a live QP in the
+    // slot, which they read under this mutex).
     let slot = core::mem::replace(&mut *inner.qp.lock(), QpSlot::Dying);
-    // The QP goes with the mutex still held, as every CM call on the id
-    // runs: a callback cannot hand the QP to the CM (an iWARP connect
-    // passes its number to `iw_get_qp`) while it is destroyed.  The drain
-    // waits only for completions, whose callbacks never take this mutex
-    // (`with_lock` refuses there).
+    // SAFETY: Taken above.
+    unsafe { bindings::rdma_unlock_handler(raw) };
+    // The QP goes without the handler mutex, as the kernel's ULPs destroy
+    // theirs: `siw_destroy_qp` waits until every reference on the QP is
+    // gone, and the iWARP CM drops its own (taken by the connect or the
+    // accept) only when it handles the connection's CLOSE, after the
+    // events queued before it on its one workqueue, whose upcalls
+    // (`cma_iw_handler`) take this mutex.  Holding it here deadlocked: an
+    // ESTABLISHED still queued when the id was destroyed waited for the
+    // mutex, the destruction for the QP, and behind them every iWARP event,
+    // every siw id's destruction (`iw_destroy_cm_id` flushes that queue)
+    // and `rdma link delete siw0` (the fuzzer, seed 2).  The CM serialises
+    // the destruction with its own uses of the QP by the id's `qp_mutex`
+    // (`rdma_destroy_qp`, `cma_modify_qp_*`), and the drain waits only for
+    // completions, whose callbacks never take the handler mutex.
     if let QpSlot::Live(qp) = slot {
         if qp.shutdown() {
-            // SAFETY: The id is live and locked, its QP shut down; nothing
-            // posts to it any more (`shutdown` took it).
+            // SAFETY: The id is live, its QP shut down; nothing posts to
+            // it any more (`shutdown` took it), and no callback hands it
+            // to the CM (the slot is `Dying`).
             unsafe { bindings::rdma_destroy_qp(raw) };
             qp.reclaim();
         }
     }
-    // SAFETY: Taken above.
-    unsafe { bindings::rdma_unlock_handler(raw) };
     // SAFETY: The id is live; `rdma_destroy_id` waits for a running
     // callback, and none starts after it.  Then the CM no longer uses
     // `context`, whose reference is released.

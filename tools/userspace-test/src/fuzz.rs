@@ -233,6 +233,43 @@ const CMDS: [(Cmd, &str, u32); 23] = [
     (Cmd::UdRecv, "UD_RECV", IOC_UD_RECV),
 ];
 
+/// Every command number of the uapi (`uapi.rs`), those the generator does
+/// not drive (`GET_REQUEST`) included: a "wrong" number the generator makes
+/// must be none of them (seed 2 made GET_EVENT's `0xc148_d70d` into
+/// `0xc148_d717`, GET_REQUEST, and wanted `ENOTTY` of it).  A test checks
+/// the list against the header's `RDMA_CM_RS_IOC_*` lines.
+const REAL_IOCTLS: [u32; 24] = [
+    IOC_INFO,
+    IOC_CREATE_ID,
+    IOC_DESTROY_ID,
+    IOC_BIND,
+    IOC_RESOLVE_ADDR,
+    IOC_RESOLVE_ROUTE,
+    IOC_LISTEN,
+    IOC_CONNECT,
+    IOC_ACCEPT,
+    IOC_REJECT,
+    IOC_DISCONNECT,
+    IOC_SET_OPTION,
+    IOC_QUERY,
+    IOC_GET_EVENT,
+    IOC_SEND,
+    IOC_RECV,
+    IOC_MR_REG,
+    IOC_MR_DEREG,
+    IOC_MR_WRITE,
+    IOC_MR_READ,
+    IOC_RDMA,
+    IOC_UD_SEND,
+    IOC_UD_RECV,
+    IOC_GET_REQUEST,
+];
+
+/// Whether `n` is a command of the ABI.
+fn is_real_ioctl(n: u32) -> bool {
+    REAL_IOCTLS.contains(&n)
+}
+
 impl Cmd {
     pub fn name(self) -> &'static str {
         CMDS[self as usize].1
@@ -755,6 +792,8 @@ struct Shared {
     /// resolve them for their SIDR lookups.
     ud_listen_ports: Mutex<VecDeque<u16>>,
     quiet: bool,
+    /// The blocked tasks were dumped (at the first HANG finding).
+    hang_dumped: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -829,6 +868,7 @@ impl Shared {
             listen_ports: Mutex::new(VecDeque::new()),
             ud_listen_ports: Mutex::new(VecDeque::new()),
             quiet: false,
+            hang_dumped: AtomicBool::new(false),
         }
     }
 
@@ -866,6 +906,12 @@ impl Shared {
     fn finding(&self, what: String) {
         if !self.quiet {
             eprintln!("fuzz: FINDING: {what}");
+            if what.starts_with("HANG") && !self.hang_dumped.swap(true, Ordering::SeqCst) {
+                // Where the stuck tasks wait, while they still do (the
+                // run's end may free them, or leave them for the VM's
+                // teardown): the kernel stacks of every task in D state.
+                eprint!("{}", blocked_tasks());
+            }
         }
         let mut f = self.findings.lock().unwrap();
         f.push(what);
@@ -873,6 +919,46 @@ impl Shared {
             self.stop.store(true, Ordering::SeqCst);
         }
     }
+}
+
+/// Every task in uninterruptible sleep (state D) with its command, wait
+/// channel and kernel stack (`/proc/PID/task/TID/stack`, root only), one
+/// `#` comment a line: what a HANG waits for.  Empty without /proc.
+fn blocked_tasks() -> String {
+    let mut out = String::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    let read = |p: &Path, f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+    for proc in procs.flatten() {
+        let Ok(tasks) = std::fs::read_dir(proc.path().join("task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let p = task.path();
+            let state = read(&p, "status")
+                .lines()
+                .find_map(|l| l.strip_prefix("State:").map(|s| s.trim().to_string()))
+                .unwrap_or_default();
+            if !state.starts_with('D') {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "# fuzz: blocked task {} ({}), waiting in {}:",
+                task.file_name().to_string_lossy(),
+                read(&p, "comm").trim(),
+                read(&p, "wchan").trim()
+            );
+            for frame in read(&p, "stack").lines().take(24) {
+                let _ = writeln!(out, "#   {frame}");
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push_str("# fuzz: no task in D state\n");
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------
@@ -2223,6 +2309,43 @@ impl Worker {
         None
     }
 
+    /// A changed command number for `right` (of size `size`): `kind` 0
+    /// another size, 1 another direction, 2 another number or type.  It
+    /// may still be a real one (another command's number): the caller
+    /// draws again then.
+    fn wrong_number(&mut self, right: u32, size: u32, kind: u64) -> u32 {
+        match kind {
+            0 => {
+                // Another size: another, unknown command.
+                let other = loop {
+                    let s = match self.rng.below(3) {
+                        0 => size + 8,
+                        1 => size.saturating_sub(8),
+                        _ => self.rng.below(0x4000) as u32,
+                    };
+                    if s != size {
+                        break s;
+                    }
+                };
+                (right & !(0x3fff << 16)) | (other << 16)
+            }
+            1 => {
+                let dir = right >> 30;
+                let other = (dir + 1 + self.rng.below(3) as u32) % 4;
+                (right & 0x3fff_ffff) | (other << 30)
+            }
+            _ => {
+                let nr = self.rng.range(0x17, 0xff) as u32;
+                if self.rng.pct(30) {
+                    // Another type, the right number.
+                    (right & !0xff00) | (0xd8 << 8)
+                } else {
+                    (right & !0xff) | nr
+                }
+            }
+        }
+    }
+
     /// One hostile change to a plausible call.
     fn mutate(&mut self, op: &mut Op) {
         let Act::Ioctl(cmd) = op.act else { return };
@@ -2237,34 +2360,18 @@ impl Worker {
             op.expect = Expect::Any;
         }
         match self.rng.below(12) {
-            0 => {
-                // Another size: another, unknown command.
-                let other = loop {
-                    let s = match self.rng.below(3) {
-                        0 => size + 8,
-                        1 => size.saturating_sub(8),
-                        _ => self.rng.below(0x4000) as u32,
-                    };
-                    if s != size {
-                        break s;
+            kind @ 0..=2 => {
+                // A wrong number: never one of the ABI's (another command
+                // would answer it), drawn again until it is none.  The
+                // draws are those of the first try when it is wrong, so a
+                // seed's sequence changes only where it made a real one.
+                let raw = loop {
+                    let raw = self.wrong_number(right, size, kind);
+                    if !is_real_ioctl(raw) {
+                        break raw;
                     }
                 };
-                op.raw = Some((right & !(0x3fff << 16)) | (other << 16));
-                op.expect = Expect::Enotty;
-            }
-            1 => {
-                let dir = right >> 30;
-                let other = (dir + 1 + self.rng.below(3) as u32) % 4;
-                op.raw = Some((right & 0x3fff_ffff) | (other << 30));
-                op.expect = Expect::Enotty;
-            }
-            2 => {
-                let nr = self.rng.range(0x17, 0xff) as u32;
-                op.raw = Some((right & !0xff) | nr);
-                if self.rng.pct(30) {
-                    // Another type, the right number.
-                    op.raw = Some((right & !0xff00) | (0xd8 << 8));
-                }
+                op.raw = Some(raw);
                 op.expect = Expect::Enotty;
             }
             3 => {
@@ -4153,6 +4260,76 @@ fn shrink(o: &Options, env: &Env, all: &[String]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocked_tasks_reads_proc() {
+        // Nothing of this test process is in D state; the dump is one
+        // comment line or more, and never fails.
+        let dump = blocked_tasks();
+        assert!(!dump.is_empty());
+        assert!(dump.lines().all(|l| l.starts_with('#')), "{dump}");
+    }
+
+    #[test]
+    fn real_ioctls_are_the_headers_commands() {
+        // Every `#define RDMA_CM_RS_IOC_X _IO..(MAGIC, nr, struct ...)` of
+        // the header is in the list, and nothing else: a command added to
+        // the ABI must be added there, or the generator may "mutate" into it.
+        let header = include_str!("../../../rust/uapi/rdma_cm_rs.h");
+        let mut nrs: Vec<u32> = header
+            .lines()
+            .filter(|l| l.starts_with("#define RDMA_CM_RS_IOC_") && l.contains("_IO"))
+            .map(|l| {
+                let args = l.split_once('(').unwrap().1;
+                let nr = args.split(',').nth(1).unwrap().trim();
+                u32::from_str_radix(nr.trim_start_matches("0x"), 16).unwrap()
+            })
+            .collect();
+        nrs.sort_unstable();
+        let mut ours: Vec<u32> = REAL_IOCTLS.iter().map(|n| n & 0xff).collect();
+        ours.sort_unstable();
+        assert_eq!(nrs, ours);
+        for (c, _, n) in CMDS {
+            assert!(is_real_ioctl(n), "{}", c.name());
+        }
+    }
+
+    #[test]
+    fn wrong_command_numbers_are_never_real() {
+        // The old generator made one real number in some 4,000 mutations of
+        // GET_EVENT (another nr in 0x17..=0xff kept GET_EVENT's direction
+        // and size: 0x17 is GET_REQUEST, 328 bytes too): seed 2 stopped on
+        // `GET_EVENT: expected enotty, got ENOENT` for `cmd=0xc148d717`.
+        let sh = || {
+            let mut sh = Shared::new(OptionsLite::test(), 1, None);
+            sh.quiet = true;
+            Arc::new(sh)
+        };
+        let mut wrong = 0u32;
+        for seed in 0..40u64 {
+            let mut w = Worker::new(0, seed, sh()).unwrap();
+            w.files.push(FileRec {
+                fds: vec![100],
+                ..Default::default()
+            });
+            for &(cmd, name, right) in &CMDS {
+                for _ in 0..600 {
+                    let mut op = Op::new(0, 0, Act::Ioctl(cmd));
+                    w.mutate(&mut op);
+                    let Some(raw) = op.raw else { continue };
+                    wrong += 1;
+                    assert_ne!(raw, right, "{name} seed {seed}");
+                    assert!(
+                        !is_real_ioctl(raw),
+                        "{name} seed {seed}: {raw:#x} is a real command"
+                    );
+                    assert_eq!(op.expect, Expect::Enotty);
+                }
+            }
+        }
+        // A quarter of the mutations change the number.
+        assert!(wrong > 40 * 23 * 600 / 5, "{wrong}");
+    }
 
     #[test]
     fn prng_is_deterministic() {
