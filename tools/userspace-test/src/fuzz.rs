@@ -1474,8 +1474,9 @@ struct IdRec {
     /// CONNECT, moves the model's state back.)
     qp: bool,
     /// UD: its SIDR lookup failed (UNREACHABLE, REJECTED, CONNECT_ERROR
-    /// after its CONNECT) or it was rejected: UD_SEND is `ENOTCONN` for
-    /// good.
+    /// after its CONNECT) or it was rejected: UD_SEND is `ENOTCONN` until
+    /// a CONNECT succeeds (seed 2, 2026-11-28: a UD id looked up again
+    /// after a REJECTED sent to its earlier peer, as the module allows).
     dead: bool,
 }
 
@@ -3388,6 +3389,10 @@ impl Worker {
                     self.set_state(op, St::Connecting);
                     if let Some(i) = self.rec_of(op) {
                         i.qp = true;
+                        // A UD id whose lookup failed may look up again: a
+                        // connect the module took makes its state CONNECT,
+                        // and its peers from before take sends again.
+                        i.dead = false;
                     }
                 }
                 r
@@ -3786,7 +3791,7 @@ impl Worker {
                 EventType::Rejected => self.sh.kind("ud: SIDR lookups REJECTED"),
                 _ => {}
             }
-            // The module's state is DISCONNECT for good.
+            // The module's state is DISCONNECT until a CONNECT succeeds.
             if rec.ids[slot].qp
                 && matches!(
                     kind,
