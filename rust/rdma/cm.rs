@@ -433,12 +433,12 @@ impl<H: Handler> CmId<H> {
         // `rdma_disconnect` moves the QP to the error state under the id's
         // `qp_mutex` (`cma_modify_qp_err`), which `rdma_destroy_qp` takes
         // too: a QP destroyed meanwhile by `LockedId::destroy_qp` is gone.
-        // SAFETY: The id is live (type invariants) and cannot be destroyed
-        // while `self` is borrowed; the call needs no lock of the caller's,
-        // and no other call on the id changes its CM id meanwhile (the
-        // owner's are serialised by `calls`, its callbacks' by
-        // `unlocked_call`).
-        to_result(unsafe { bindings::rdma_disconnect(self.inner.raw()) })
+        // No other call on the id changes its CM id meanwhile: the owner's
+        // are serialised by `calls`, its callbacks' by `unlocked_call`.
+        let raw = self.inner.raw();
+        // SAFETY: The id is live (type invariants), not destroyed while
+        // `self` is borrowed; the call needs no lock of the caller's.
+        to_result(unsafe { bindings::rdma_disconnect(raw) })
     }
 }
 
