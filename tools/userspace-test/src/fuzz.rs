@@ -2701,6 +2701,8 @@ impl Worker {
                     return;
                 }
                 let fd = rec.fds[op.fd as usize % rec.fds.len()];
+                let own = self.as_own_id(op);
+                let op = own.as_ref().unwrap_or(op);
                 let r = self.ioctl_op(fd, cmd, op);
                 if r == Err(NOT_RUN) {
                     return;
@@ -3687,6 +3689,25 @@ impl Worker {
         }
     }
 
+    /// `op` on one of its own file's ids when it names another file's id
+    /// or a raw handle that is also one of this file's: handles are the
+    /// file's own, counted from 1 in every file, so the module takes it
+    /// for this file's id and the model must follow (seed 2, 2026-11-28:
+    /// a CONNECT on another file's id connected this file's UD id of the
+    /// same handle, whose UD_RECV the model then expected to be
+    /// `ENOTCONN`).
+    fn as_own_id(&self, op: &Op) -> Option<Op> {
+        if matches!(op.id, IdRef::Slot(_)) {
+            return None;
+        }
+        let handle = self.resolve_id(op);
+        let n = self.files.get(op.f as usize)?.slot_of(handle)?;
+        Some(Op {
+            id: IdRef::Slot(n as u32),
+            ..op.clone()
+        })
+    }
+
     /// The model of the id `op` names in its own file.
     fn rec_of(&mut self, op: &Op) -> Option<&mut IdRec> {
         let IdRef::Slot(n) = op.id else { return None };
@@ -4645,6 +4666,36 @@ mod tests {
         for o in peers.iter().chain(&link) {
             assert_eq!(Op::parse(&o.line()).as_ref(), Some(o));
         }
+    }
+
+    #[test]
+    fn another_files_id_of_the_same_handle_is_this_files() {
+        let mut sh = Shared::new(OptionsLite::test(), 1, None);
+        sh.quiet = true;
+        let mut w = Worker::new(0, 1, Arc::new(sh)).unwrap();
+        for handles in [[1, 2], [1, 3]] {
+            w.files.push(FileRec {
+                fds: vec![100],
+                ids: handles
+                    .iter()
+                    .map(|&h| IdRec::new(h, true, St::Idle))
+                    .collect(),
+                ..Default::default()
+            });
+        }
+        let mut op = Op::new(0, 0, Act::Ioctl(Cmd::Connect));
+        // File 1's second id is handle 3, which file 0 does not have.
+        op.id = IdRef::Other(1, 1);
+        assert!(w.as_own_id(&op).is_none());
+        // File 1's first id is handle 1: in file 0, its first id.
+        op.id = IdRef::Other(1, 0);
+        assert_eq!(w.as_own_id(&op).map(|o| o.id), Some(IdRef::Slot(0)));
+        op.id = IdRef::Raw(2);
+        assert_eq!(w.as_own_id(&op).map(|o| o.id), Some(IdRef::Slot(1)));
+        op.id = IdRef::Raw(7);
+        assert!(w.as_own_id(&op).is_none());
+        op.id = IdRef::Slot(1);
+        assert!(w.as_own_id(&op).is_none());
     }
 
     #[test]
