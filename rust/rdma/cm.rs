@@ -189,6 +189,11 @@ struct IdInner<H: Handler> {
     /// id's state alone after a SIDR reply, so a second answer would reach
     /// it, fail, and put the QP in the error state on its way out.
     answered: AtomicBool,
+    /// The iWARP CM holds a reference on the id's QP: from a connect or
+    /// accept that succeeded until the connection's end or the connect's
+    /// failure is reported (see [`LockedId::destroy_qp`]).  Written under
+    /// the handler mutex.
+    iwarp_cm_holds_qp: AtomicBool,
     #[pin]
     qp: Mutex<QpSlot>,
     /// Serialises the owner's calls on the id: `with_lock` (outside the
@@ -228,6 +233,7 @@ impl<H: Handler> IdInner<H> {
                 handler_task: AtomicPtr::new(handler_task),
                 request_param,
                 answered: AtomicBool::new(false),
+                iwarp_cm_holds_qp: AtomicBool::new(false),
                 qp <- new_mutex!(QpSlot::Empty),
                 calls <- new_mutex!(()),
                 unlocked_call <- new_mutex!(()),
@@ -261,6 +267,7 @@ impl<H: Handler> IdInner<H> {
             qp_type: self.qp_type,
             request_param: self.request_param,
             answered: Some(&self.answered),
+            iwarp_cm_holds_qp: Some(&self.iwarp_cm_holds_qp),
             qp_slot: Some(&self.qp),
             unlocked_call: Some(&self.unlocked_call),
             _lock: PhantomData,
@@ -652,6 +659,7 @@ impl<'a, H: Handler> ConnectRequest<'a, H> {
             // callback returns, unless adopted.
             answered: None,
             // A QP needs an owner: adopt the id first.
+            iwarp_cm_holds_qp: None,
             qp_slot: None,
             // No owner yet, so no call without the handler mutex.
             unlocked_call: None,
@@ -696,6 +704,7 @@ pub struct LockedId<'a> {
     qp_type: QpType,
     request_param: Option<ConnParam>,
     answered: Option<&'a AtomicBool>,
+    iwarp_cm_holds_qp: Option<&'a AtomicBool>,
     qp_slot: Option<&'a Mutex<QpSlot>>,
     /// The owner's lock of the calls made without the handler mutex.
     unlocked_call: Option<&'a Mutex<()>>,
@@ -891,7 +900,21 @@ impl<'a> LockedId<'a> {
         // `rdma_connect_locked` requires; `raw` and the private data it
         // points into (inside `param`) live across the call, which copies
         // them.
-        to_result(unsafe { bindings::rdma_connect_locked(self.as_ptr(), &mut raw) })
+        to_result(unsafe { bindings::rdma_connect_locked(self.as_ptr(), &mut raw) })?;
+        self.note_iwarp_cm_holds_qp();
+        Ok(())
+    }
+
+    /// After a connect or accept that succeeded: on iWARP the CM took a
+    /// reference on the QP (`iw_cm_connect`, `iw_cm_accept`), which it
+    /// drops before reporting the connection's end or the connect's
+    /// failure.
+    fn note_iwarp_cm_holds_qp(&self) {
+        if self.qp_type == QpType::Rc && self.transport() == Ok(Transport::Iwarp) {
+            if let Some(holds) = self.iwarp_cm_holds_qp {
+                holds.store(true, Ordering::Release);
+            }
+        }
     }
 
     /// The parameters `rdma_accept(3)` uses when given none: the request's
@@ -954,6 +977,7 @@ impl<'a> LockedId<'a> {
         // `rdma_accept` asserts; `raw` outlives the call.
         to_result(unsafe { bindings::rdma_accept(self.as_ptr(), &mut raw) })?;
         self.mark_answered();
+        self.note_iwarp_cm_holds_qp();
         Ok(())
     }
 
@@ -1228,8 +1252,25 @@ impl<'a> LockedId<'a> {
     /// completion handler that [`Cq::poll`] runs on one of the QP's CQs
     /// (inside `with_lock` or a callback of the id): `EDEADLK`, since the
     /// teardown waits until that poll returned.
+    ///
+    /// On iWARP, from a connect or accept that succeeded until the
+    /// connection's `Disconnected` (or the connect's `Rejected`,
+    /// `Unreachable` or `ConnectError`) was reported: `EBUSY`.  The
+    /// iWARP CM holds the QP until then and the driver's destroy waits
+    /// for that reference, which the CM drops in its event work, behind
+    /// this id's pending events, whose upcalls need the handler mutex held
+    /// here (from the id's own `Established` callback, the very work that
+    /// would drop it).  Disconnect and destroy the QP once `Disconnected`
+    /// came, or drop the id, whose teardown destroys the QP without the
+    /// mutex.
     pub fn destroy_qp(&self) -> Result {
         let slot = self.qp_slot.ok_or(EINVAL)?;
+        if self
+            .iwarp_cm_holds_qp
+            .is_some_and(|holds| holds.load(Ordering::Acquire))
+        {
+            return Err(EBUSY);
+        }
         let qp = {
             let mut slot = slot.lock();
             let qp = match &*slot {
@@ -1326,6 +1367,17 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
         return 0;
     };
     let _mark = CallbackMark::enter();
+    if matches!(
+        event.kind(),
+        EventType::Disconnected
+            | EventType::Rejected
+            | EventType::Unreachable
+            | EventType::ConnectError
+    ) {
+        // The iWARP CM dropped its reference on the QP before this upcall
+        // (`cm_close_handler`, `cm_conn_rep_handler`).
+        inner.iwarp_cm_holds_qp.store(false, Ordering::Release);
+    }
     if event.kind() != EventType::ConnectRequest {
         // Events of one id are serialised by its handler mutex: nothing
         // else sets the marker meanwhile.

@@ -2294,7 +2294,7 @@ mod sync_tests {
         }
     }
 
-    fn with_qp(id: &CmId<Node>) -> Result {
+    fn with_qp<H: Handler>(id: &CmId<H>) -> Result {
         id.with_lock(|l| {
             let dev = l.device()?;
             let pd = Pd::alloc(&dev)?;
@@ -4631,6 +4631,109 @@ mod sync_tests {
         assert_eq!(ended, rounds);
         assert_eq!(connects + busy_before_connect, rounds);
         assert!(disconnects >= rounds);
+    }
+
+    /// What [`DestroysQpOnEvents`] got from `destroy_qp`.
+    #[derive(Default)]
+    struct TeardownSeen {
+        on_established: Option<Result>,
+        on_disconnected: Option<Result>,
+    }
+
+    /// A synchronous client that destroys its QP from its ESTABLISHED and
+    /// DISCONNECTED callbacks.
+    struct DestroysQpOnEvents {
+        seen: Arc<Mutex<TeardownSeen>>,
+        waiter: Pin<KBox<EventWaiter>>,
+    }
+
+    impl Handler for DestroysQpOnEvents {
+        fn event(&self, id: &LockedId<'_>, event: &Event<'_>) {
+            match event.kind() {
+                EventType::Established => {
+                    self.seen.lock().on_established = Some(id.destroy_qp());
+                }
+                EventType::Disconnected => {
+                    self.seen.lock().on_disconnected = Some(id.destroy_qp());
+                }
+                _ => {}
+            }
+        }
+
+        fn waiter(&self) -> Option<&EventWaiter> {
+            Some(&self.waiter)
+        }
+    }
+
+    /// On iWARP the CM holds a connected id's QP until the connection
+    /// ends, and siw's destroy waits for that reference: from the id's own
+    /// ESTABLISHED callback `destroy_qp` is refused (`EBUSY`).  Before, it
+    /// waited for good for the CM's close work, queued behind that very
+    /// callback, and with it every later iWARP event, siw teardown and
+    /// `rdma link delete`.  From DISCONNECTED (the CM let go first) it
+    /// destroys the QP.
+    #[test]
+    fn iwarp_qp_held_by_the_cm_is_not_destroyed() {
+        let ns = NetNs::init();
+        let Some((world, listener, addr)) = listening_at(&ns, SIW_IP, 7224) else {
+            return;
+        };
+        let seen = Arc::pin_init(new_mutex!(TeardownSeen::default()), GFP_KERNEL).unwrap();
+        let made = (|| {
+            let handler = DestroysQpOnEvents {
+                seen: seen.clone(),
+                waiter: KBox::pin_init(EventWaiter::new(), GFP_KERNEL)?,
+            };
+            let client = CmId::new(handler, &ns, PortSpace::Tcp, QpType::Rc)?;
+            client
+                .resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)))?
+                .into_event()?;
+            client
+                .resolve_route_sync(ms(2000), Some(ms(5000)))?
+                .into_event()?;
+            with_qp(&client)?;
+            Ok(client)
+        })();
+        let client = match made {
+            Ok(client) => client,
+            Err(e) => {
+                failed_to_connect(listener, world, e);
+                return;
+            }
+        };
+        let w = world.clone();
+        let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
+            let server = if wait_until(|| w.seen.lock().server.is_some()) {
+                w.seen.lock().server.clone()
+            } else {
+                None
+            };
+            let accepted = server.ok_or(ENOENT).and_then(|server| {
+                with_qp(&server)?;
+                server.accept_sync(None, Some(ms(5000)))
+            });
+            w.seen.lock().accepted = Some(accepted);
+        });
+        let connected = spawned
+            .map_err(|_| ENOMEM)
+            .and_then(|()| client.connect_sync(&ConnParam::new(), Some(ms(5000))))
+            .and_then(|o| o.result());
+        let accepted = wait_until(|| world.seen.lock().accepted.is_some());
+        let disconnected = client
+            .disconnect_sync(Some(ms(5000)))
+            .and_then(|o| o.result());
+        let gone = client.with_lock(|l| l.destroy_qp());
+        drop(client);
+        drop(listener);
+        drop(take_out(&world.seen, |seen| seen.server.take()));
+        drop(world);
+        let seen = take_out(&seen, core::mem::take);
+        assert_eq!(connected, Ok(()));
+        assert!(accepted);
+        assert_eq!(seen.on_established, Some(Err(EBUSY)));
+        assert_eq!(disconnected, Ok(()));
+        assert_eq!(seen.on_disconnected, Some(Ok(())));
+        assert_eq!(gone, Err(ENOENT));
     }
 }
 
