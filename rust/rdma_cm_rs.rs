@@ -46,13 +46,13 @@ struct RdmaCmRs {
     /// hold the module, so none is open by then, and dropping the queue
     /// waits for the destructions they deferred before the module's code
     /// goes.  Made first, before any file can be opened.
-    destroy_queue: rdma::cm::DestroyQueue,
+    destroy_queue: rdma::DestroyQueue,
 }
 
 impl kernel::InPlaceModule for RdmaCmRs {
     fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
-            destroy_queue: rdma::cm::DestroyQueue::new()?,
+            destroy_queue: rdma::DestroyQueue::new()?,
             ctl <- misc_poll::PollMiscRegistration::register(c"rdma_cm_rs"),
         })
     }

@@ -30,13 +30,9 @@ use kernel::{
     sync::{Arc, Mutex, SetOnce},
 };
 use rdma::{
-    addr::{SocketAddr, AF_INET},
-    cm::{CmId, ConnectRequest, DestroyQueue, Handler, LockedId, PortSpace, QpType},
-    event::{Event, EventType},
-    net::NetNs,
-    pd::Pd,
-    poller::{BusyPoller, PollLoop},
-    verbs::{CompletionHandler, Cq, PollContext, Qp, QpCaps, RecvBuffer, SendBuffer},
+    addr::AF_INET, BusyPoller, CmId, CompletionHandler, ConnectRequest, Cq, DestroyQueue, Event,
+    EventType, Handler, LockedId, NetNs, Pd, PollContext, PollLoop, PortSpace, Qp, QpCaps, QpType,
+    RecvBuffer, SendBuffer, SocketAddr,
 };
 
 module! {

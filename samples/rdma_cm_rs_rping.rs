@@ -32,15 +32,9 @@ use kernel::{
     sync::{aref::ARef, Arc, Mutex, SetOnce},
 };
 use rdma::{
-    addr::{SocketAddr, AF_INET},
-    client::{Client, ClientRegistration},
-    cm::{CmId, ConnectRequest, DestroyQueue, Handler, LockedId, PortSpace, QpType},
-    device::Device,
-    event::{Event, EventType},
-    mr::{Mr, MrAccess, RemoteRegion},
-    net::NetNs,
-    pd::Pd,
-    verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer, WorkDone, WorkOp},
+    addr::AF_INET, Client, ClientRegistration, CmId, CompletionHandler, ConnectRequest, Cq,
+    DestroyQueue, Device, Event, EventType, Handler, LockedId, Mr, MrAccess, NetNs, Pd, PortSpace,
+    Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, SendBuffer, SocketAddr, WorkDone, WorkOp,
 };
 
 module! {

@@ -59,20 +59,10 @@ use kernel::{
     sync::{aref::ARef, Arc, Mutex},
 };
 use rdma::{
-    addr::{SocketAddr, AF_INET},
-    client::{Client, ClientRegistration},
-    cm::{CmId, ConnectRequest, DestroyQueue, Handler, LockedId, PortSpace, QpType},
-    cq_pool::CqPool,
-    device::Device,
-    event::{Event, EventType},
-    mr::RemoteRegion,
-    net::NetNs,
-    pd::Pd,
-    poller::BusyPoller,
-    sg::SgBuffer,
-    verbs::{
-        CompletionHandler, PollContext, Qp, QpCaps, RecvBuffer, RwDone, RwOp, SendBuffer, Srq,
-    },
+    addr::AF_INET, BusyPoller, Client, ClientRegistration, CmId, CompletionHandler, ConnectRequest,
+    CqPool, DestroyQueue, Device, Event, EventType, Handler, LockedId, NetNs, Pd, PollContext,
+    PortSpace, Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, RwDone, RwOp, SendBuffer, SgBuffer,
+    SocketAddr, Srq,
 };
 
 module! {

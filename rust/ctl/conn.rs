@@ -10,14 +10,8 @@ use super::wait::{wait_for, wait_polled, Wait};
 use crate::{
     abi,
     rdma::{
-        ah::{UdDest, GRH_SIZE},
-        cm::LockedId,
-        mr::{Mr, MrAccess, RemoteRegion},
-        pd::Pd,
-        verbs::{
-            CompletionHandler, Cq, PollContext, Qp, QpCaps, QpType, RecvBuffer, SendBuffer,
-            WorkDone, WorkOp,
-        },
+        ah::GRH_SIZE, CompletionHandler, Cq, LockedId, Mr, MrAccess, Pd, PollContext, Qp, QpCaps,
+        QpType, RecvBuffer, RemoteRegion, SendBuffer, UdDest, WorkDone, WorkOp,
     },
 };
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -633,7 +627,7 @@ impl Conn {
 
     /// Checks a copy's range against a region before any user memory moves.
     pub(crate) fn mr_check(&self, handle: u32, offset: usize, len: usize) -> Result {
-        crate::rdma::mr::check_range(offset, len, self.mr(handle)?.len())
+        self.mr(handle)?.check_range(offset, len)
     }
 
     /// One RDMA READ or WRITE, waited for.

@@ -16,11 +16,8 @@ use super::{conn::Conn, CtlFile};
 use crate::{
     abi,
     rdma::{
-        blocking::{EventWaiter, OwnedEvent},
-        cm::{CmId, ConnectRequest, Handler, LockedId, QpType},
-        conn_param::ConnParamView,
-        device::Transport,
-        event::{Event, EventType},
+        conn_param::ConnParamView, CmId, ConnectRequest, Event, EventType, EventWaiter, Handler,
+        LockedId, OwnedEvent, QpType, Transport,
     },
 };
 use core::sync::atomic::{AtomicU32, Ordering};
@@ -34,7 +31,7 @@ use kernel::{
 pub(crate) type CtlId = CmId<IdEvents>;
 
 /// A listener's backlog: requests delivered and not yet answered, which no
-/// CM bounds (see [`crate::rdma::cm::CmId::listen`]), so the file does, as
+/// CM bounds (see [`crate::rdma::CmId::listen`]), so the file does, as
 /// ucma does.
 pub(crate) struct Backlog {
     limit: u32,

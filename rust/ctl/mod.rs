@@ -30,13 +30,8 @@ use crate::{
     capability::{capable_in_init_ns, Capability},
     misc_poll::{PollMiscDevice, POLL_READABLE},
     rdma::{
-        addr::SocketAddr,
-        blocking::{SyncOp, SyncResult},
-        cm::{CmId, LockedId, PortSpace, QpType},
-        conn_param::{ConnParam, PrivateDataUse},
-        mr::{MrAccess, RemoteRegion},
-        net::NetNs,
-        verbs::WorkOp,
+        CmId, ConnParam, LockedId, MrAccess, NetNs, PortSpace, PrivateDataUse, QpType,
+        RemoteRegion, SocketAddr, SyncOp, SyncResult, WorkOp,
     },
 };
 use core::mem::size_of;

@@ -35,8 +35,8 @@
 //!   callbacks (the id's own: the deadlock `rdma_destroy_id` documents;
 //!   another id's: two handler mutexes of one lock class; a completion: a
 //!   QP drain behind the running completion), the destruction is deferred
-//!   to the module's [`DestroyQueue`].  For the same reasons
-//!   [`CmId::with_lock`] refuses (`EDEADLK`) to take an id's mutex inside
+//!   to the module's [`DestroyQueue`](super::DestroyQueue).  For the same
+//!   reasons [`CmId::with_lock`] refuses (`EDEADLK`) to take an id's mutex inside
 //!   another callback of the layer; inside the id's own callback it runs
 //!   without taking the mutex the CM already holds.
 //! * A connection request hands the listener's handler a [`ConnectRequest`]
@@ -48,15 +48,14 @@
 //!   destroys the new id (take-once ownership: the id is destroyed by
 //!   exactly one party).
 //! * The id owns its QP ([`LockedId::create_qp`]: reliable connected on
-//!   TCP ids, unreliable datagram on UDP ids).  Destruction first marks the id dying under its handler mutex,
-//!   which waits for a running callback and makes every later `create_qp`
-//!   fail, then shuts down (flushes) and destroys the QP, then destroys
-//!   the id.
+//!   TCP ids, unreliable datagram on UDP ids).  Destruction first marks the
+//!   id dying under its handler mutex, which waits for a running callback
+//!   and makes every later `create_qp` fail, then shuts down (flushes) and
+//!   destroys the QP without the mutex, then destroys the id.
 //! * DEVICE_REMOVAL: the CM waits for every id on the device to be destroyed
 //!   before the device goes.  Consumers drop their ids on that event (from
 //!   the handler, which defers the destruction).
 
-pub use super::verbs::QpType;
 use super::{
     addr::{SockaddrBuf, SocketAddr},
     ah::{Ah, UdDest},
@@ -69,7 +68,7 @@ use super::{
     event::{Event, EventType},
     net::NetNs,
     pd::Pd,
-    verbs::{CommEstNotify, CompletionHandler, Cq, Qp, QpCaps, QpQueues, QpShutdown, Srq},
+    verbs::{CommEstNotify, CompletionHandler, Cq, Qp, QpCaps, QpQueues, QpShutdown, QpType, Srq},
 };
 use core::{
     marker::PhantomData,
@@ -82,8 +81,6 @@ use kernel::{
     sync::{aref::ARef, Arc, Mutex, MutexGuard},
     time::Delta,
 };
-
-pub use super::deferred::DestroyQueue;
 
 /// Port spaces (`enum rdma_ucm_port_space`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -296,8 +293,8 @@ unsafe impl<H: Handler> Sync for CmId<H> {}
 impl<H: Handler> CmId<H> {
     /// Creates an id (`rdma_create_id`) in `ns`, with port space `ps` and QP
     /// type `qp_type`.  `EINVAL` if the QP type does not fit the port space;
-    /// `ENXIO` if the module holds no [`DestroyQueue`].  The id takes its
-    /// own reference on the namespace.
+    /// `ENXIO` if the module holds no [`DestroyQueue`](super::DestroyQueue).
+    /// The id takes its own reference on the namespace.
     pub fn new(handler: H, ns: &NetNs, ps: PortSpace, qp_type: QpType) -> Result<Self> {
         if !ps.carries(qp_type) {
             return Err(EINVAL);
@@ -668,7 +665,8 @@ impl<'a, H: Handler> ConnectRequest<'a, H> {
     }
 
     /// Takes ownership of the new id with its own handler.  `ENXIO` if the
-    /// module holds no [`DestroyQueue`] (see [`CmId::new`]).
+    /// module holds no [`DestroyQueue`](super::DestroyQueue) (see
+    /// [`CmId::new`]).
     pub fn adopt(self, handler: H) -> Result<CmId<H>> {
         if !deferred::available() {
             return Err(ENXIO);

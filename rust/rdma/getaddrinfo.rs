@@ -11,7 +11,8 @@
 
 use super::{
     addr::{parse_ipv4, parse_ipv6_scoped, parse_port, SocketAddr, AF_IB, AF_INET, AF_INET6},
-    cm::{PortSpace, QpType},
+    cm::PortSpace,
+    verbs::QpType,
 };
 use kernel::prelude::*;
 

@@ -128,7 +128,7 @@ impl RemoteRegion {
     }
 }
 
-pub use super::sg::check_range;
+use super::sg::check_range;
 
 /// The registration state of a region, changed only under [`Mr::reg`].
 pub(crate) struct Registration {
@@ -394,6 +394,12 @@ impl Mr {
     /// Whether a registration is posted and no invalidation after it.
     pub fn is_registered(&self) -> bool {
         self.reg.lock().is_valid()
+    }
+
+    /// `EINVAL` unless `len` bytes at `offset` (`len` not 0) lie within
+    /// the region: what [`Self::read`] and [`Self::write`] check first.
+    pub fn check_range(&self, offset: usize, len: usize) -> Result {
+        check_range(offset, len, self.res.len)
     }
 
     /// Copies `out.len()` bytes at `offset` out of the region.

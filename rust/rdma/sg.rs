@@ -20,7 +20,7 @@ use kernel::{
 
 /// Checks that `len` bytes at `offset` lie within memory of `size` bytes
 /// (and that `len` is not 0).
-pub fn check_range(offset: usize, len: usize, size: usize) -> Result {
+pub(crate) fn check_range(offset: usize, len: usize, size: usize) -> Result {
     match offset.checked_add(len) {
         Some(end) if len > 0 && end <= size => Ok(()),
         _ => Err(EINVAL),

@@ -309,7 +309,7 @@ mod conn_param_tests {
 
 #[kunit_tests(rdma_cm_rs_getaddrinfo)]
 mod getaddrinfo_tests {
-    use crate::rdma::{addr::*, cm::*, getaddrinfo::*};
+    use crate::rdma::{addr::*, cm::*, getaddrinfo::*, QpType};
     use kernel::error::code::*;
 
     #[test]
@@ -449,6 +449,7 @@ mod id_tests {
         poller::BusyPoller,
         sg::SgBuffer,
         verbs::{CompletionHandler, Cq, PollContext, Qp, QpCaps, RecvBuffer, SendBuffer, Srq},
+        QpType,
     };
     use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     use kernel::{
@@ -1494,6 +1495,7 @@ mod ud_tests {
         pd::Pd,
         sg::SgBuffer,
         verbs::{CompletionHandler, Cq, Qp, QpCaps, RecvBuffer, SendBuffer},
+        QpType,
     };
     use core::sync::atomic::{AtomicU32, Ordering};
     use kernel::{
@@ -1997,7 +1999,9 @@ mod mr_tests {
         mr::*,
         net::NetNs,
         pd::Pd,
+        sg::check_range,
         verbs::{CompletionHandler, Cq, QpCaps, RecvBuffer, SendBuffer, WorkOp},
+        QpType,
     };
     use kernel::prelude::*;
 
@@ -2220,6 +2224,7 @@ mod sync_tests {
             CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, RwDone, RwOp,
             SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone, WorkOp, FLUSH_TIMEOUT,
         },
+        QpType,
     };
     use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
     use kernel::{

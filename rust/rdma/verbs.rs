@@ -74,9 +74,9 @@ use super::{
     bindings,
     callback::{current_task, CallbackMark, CallbackTarget},
     device::{self, Device, Transport},
-    mr::{check_range, Mr, MrAccess, Registration, RemoteRegion},
+    mr::{Mr, MrAccess, Registration, RemoteRegion},
     pd::{Pd, RemoteKey},
-    sg::SgBuffer,
+    sg::{check_range, SgBuffer},
 };
 use core::{
     ptr::{self, NonNull},
