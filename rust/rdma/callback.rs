@@ -12,46 +12,76 @@
 //! handler mutex while the mark is set.
 
 use super::bindings;
-use core::{
-    ptr,
-    sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering},
-};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use kernel::prelude::*;
 
-/// Tasks running a callback.  The table is small and fixed; when it is full,
-/// [`UNLISTED`] counts the extra callbacks and every task is treated as
-/// being in one until they return: nothing deadlocks, but meanwhile every
-/// `CmId` drop is deferred and `with_lock` on an id outside its own
-/// callback fails with `EDEADLK`.
-static TASKS: [AtomicPtr<bindings::task_struct>; 64] =
-    [const { AtomicPtr::new(ptr::null_mut()) }; 64];
+/// Tasks running a callback, each with [`COMPLETION`] set while the
+/// callback is a completion handler's.  The table is small and fixed; when
+/// it is full, [`UNLISTED`] counts the extra callbacks (and
+/// [`UNLISTED_COMPLETIONS`] those that are completions) and every task is
+/// treated as being in one until they return: nothing deadlocks, but
+/// meanwhile every `CmId` drop is deferred, `with_lock` on an id outside
+/// its own callback fails with `EDEADLK`, and so does a QP's destruction.
+static TASKS: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
 static UNLISTED: AtomicUsize = AtomicUsize::new(0);
+static UNLISTED_COMPLETIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// The tag of a completion handler's entry in [`TASKS`] (a `task_struct`
+/// is aligned: its address's low bit is free).
+const COMPLETION: usize = 1;
 
 /// Lists the current task in [`TASKS`] while it lives.
-pub(crate) struct CallbackMark(Option<usize>);
+pub(crate) struct CallbackMark {
+    slot: Option<usize>,
+    completion: bool,
+}
 
 impl CallbackMark {
     /// Marks the current task as running a callback.
     pub(crate) fn enter() -> Self {
-        let me = current_task();
+        Self::enter_as(false)
+    }
+
+    /// Marks the current task as running a completion handler: besides
+    /// what every callback may not do, it may not destroy a QP (whose
+    /// teardown may wait for another task's poll of a CQ, which may wait
+    /// for the poll this handler runs in).
+    pub(crate) fn enter_completion() -> Self {
+        Self::enter_as(true)
+    }
+
+    fn enter_as(completion: bool) -> Self {
+        let entry = current_task() as usize | if completion { COMPLETION } else { 0 };
         for (i, slot) in TASKS.iter().enumerate() {
             if slot
-                .compare_exchange(ptr::null_mut(), me, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(0, entry, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                return Self(Some(i));
+                return Self {
+                    slot: Some(i),
+                    completion,
+                };
             }
         }
         UNLISTED.fetch_add(1, Ordering::AcqRel);
-        Self(None)
+        if completion {
+            UNLISTED_COMPLETIONS.fetch_add(1, Ordering::AcqRel);
+        }
+        Self {
+            slot: None,
+            completion,
+        }
     }
 }
 
 impl Drop for CallbackMark {
     fn drop(&mut self) {
-        match self.0 {
-            Some(i) => TASKS[i].store(ptr::null_mut(), Ordering::Release),
+        match self.slot {
+            Some(i) => TASKS[i].store(0, Ordering::Release),
             None => {
+                if self.completion {
+                    UNLISTED_COMPLETIONS.fetch_sub(1, Ordering::AcqRel);
+                }
                 UNLISTED.fetch_sub(1, Ordering::AcqRel);
             }
         }
@@ -63,7 +93,20 @@ pub(crate) fn in_any_callback() -> bool {
     if UNLISTED.load(Ordering::Acquire) != 0 {
         return true;
     }
-    let me = current_task();
+    let me = current_task() as usize;
+    TASKS
+        .iter()
+        .any(|slot| slot.load(Ordering::Acquire) & !COMPLETION == me)
+}
+
+/// Whether the current task may be inside a completion handler of this
+/// layer (also when it runs another callback inside one, a nested
+/// `with_lock`).
+pub(crate) fn in_completion_handler() -> bool {
+    if UNLISTED_COMPLETIONS.load(Ordering::Acquire) != 0 {
+        return true;
+    }
+    let me = current_task() as usize | COMPLETION;
     TASKS.iter().any(|slot| slot.load(Ordering::Acquire) == me)
 }
 

@@ -61,7 +61,9 @@ use super::{
     ah::{Ah, UdDest},
     bindings,
     blocking::{Begin, EventWaiter, OwnedEvent, SyncOp, SyncResult},
-    callback::{current_task, in_any_callback, CallbackMark, CallbackTarget},
+    callback::{
+        current_task, in_any_callback, in_completion_handler, CallbackMark, CallbackTarget,
+    },
     conn_param::{ConnParam, PrivateDataUse, MAX_RETRY_COUNT},
     deferred::{self, DeferredDestroy},
     device::{Device, Transport},
@@ -434,10 +436,12 @@ impl<H: Handler> CmId<H> {
         // reads twice and then uses): those hold this while they run, and
         // give up with `EBUSY` if this is held.
         let _unlocked = self.inner.unlocked_call.lock();
-        // `rdma_disconnect` moves the QP to the error state under the id's
-        // `qp_mutex` (`cma_modify_qp_err`), which `rdma_destroy_qp` takes
-        // too: a QP destroyed meanwhile by `LockedId::destroy_qp` is gone.
-        // No other call on the id changes its CM id meanwhile: the owner's
+        // On IB `rdma_disconnect` moves the QP to the error state under the
+        // id's `qp_mutex` (`cma_modify_qp_err`); on iWARP `iw_cm_disconnect`
+        // modifies the QP it read without a reference, which the iWARP CM
+        // may have let go of meanwhile (a peer's CLOSE).  Neither races
+        // with `LockedId::destroy_qp`, which holds `unlocked_call` too.  No
+        // other call on the id changes its CM id meanwhile: the owner's
         // are serialised by `calls`, its callbacks' by `unlocked_call`.
         let raw = self.inner.raw();
         // SAFETY: The id is live (type invariants), not destroyed while
@@ -574,7 +578,8 @@ fn destroy_now<H: Handler>(inner: &IdInner<H>) {
     // The QP goes without the handler mutex, as the kernel's ULPs destroy
     // theirs: `siw_destroy_qp` waits until every reference on the QP is
     // gone, and the iWARP CM drops its own (taken by the connect or the
-    // accept) only when it handles the connection's CLOSE, after the
+    // accept) only when it handles the connection's CLOSE (or a failed
+    // connect's reply, or the CM id's destruction below), after the
     // events queued before it on its one workqueue, whose upcalls
     // (`cma_iw_handler`) take this mutex.  Holding it here deadlocked: an
     // ESTABLISHED still queued when the id was destroyed waited for the
@@ -893,25 +898,31 @@ impl<'a> LockedId<'a> {
         };
         self.check_param(param, usage)?;
         let _excluded = self.exclude_unlocked_calls()?;
+        let iwarp_rc = self.is_iwarp_rc()?;
         let mut raw = param.as_raw();
         // SAFETY: The handler mutex is held (type invariants), as
         // `rdma_connect_locked` requires; `raw` and the private data it
         // points into (inside `param`) live across the call, which copies
         // them.
         to_result(unsafe { bindings::rdma_connect_locked(self.as_ptr(), &mut raw) })?;
-        self.note_iwarp_cm_holds_qp();
+        self.note_iwarp_cm_holds_qp(iwarp_rc);
         Ok(())
     }
 
-    /// After a connect or accept that succeeded: on iWARP the CM took a
-    /// reference on the QP (`iw_cm_connect`, `iw_cm_accept`), which it
-    /// drops before reporting the connection's end or the connect's
+    /// Whether the id is an RC id on an iWARP device, whose CM takes a
+    /// reference on the QP at a connect or accept (`EINVAL` if the id has
+    /// no device yet: neither has a QP to connect).
+    fn is_iwarp_rc(&self) -> Result<bool> {
+        Ok(self.qp_type == QpType::Rc && self.transport()? == Transport::Iwarp)
+    }
+
+    /// After a connect or accept that succeeded on an iWARP RC id: the CM
+    /// took a reference on the QP (`iw_cm_connect`, `iw_cm_accept`), which
+    /// it drops before reporting the connection's end or the connect's
     /// failure.
-    fn note_iwarp_cm_holds_qp(&self) {
-        if self.qp_type == QpType::Rc && self.transport() == Ok(Transport::Iwarp) {
-            if let Some(holds) = self.iwarp_cm_holds_qp {
-                holds.store(true, Ordering::Release);
-            }
+    fn note_iwarp_cm_holds_qp(&self, iwarp_rc: bool) {
+        if let (true, Some(holds)) = (iwarp_rc, self.iwarp_cm_holds_qp) {
+            holds.store(true, Ordering::Release);
         }
     }
 
@@ -970,12 +981,13 @@ impl<'a> LockedId<'a> {
             }
         };
         self.check_param(param, PrivateDataUse::AcceptRc)?;
+        let iwarp_rc = self.is_iwarp_rc()?;
         let mut raw = param.as_raw();
         // SAFETY: The handler mutex is held (type invariants), as
         // `rdma_accept` asserts; `raw` outlives the call.
         to_result(unsafe { bindings::rdma_accept(self.as_ptr(), &mut raw) })?;
         self.mark_answered();
-        self.note_iwarp_cm_holds_qp();
+        self.note_iwarp_cm_holds_qp(iwarp_rc);
         Ok(())
     }
 
@@ -1251,6 +1263,12 @@ impl<'a> LockedId<'a> {
     /// (inside `with_lock` or a callback of the id): `EDEADLK`, since the
     /// teardown waits until that poll returned.
     ///
+    /// From any completion handler (a nested `with_lock` in a handler that
+    /// [`Cq::poll`] or a teardown runs): `EDEADLK`, since the teardown may
+    /// wait for another task's poll, which may wait for this one.  While
+    /// a [`CmId::disconnect`] or [`CmId::listen`] of the id runs (from a
+    /// callback): `EBUSY`, since the disconnect may use the QP.
+    ///
     /// On iWARP, from a connect or accept that succeeded until the
     /// connection's `Disconnected` (or the connect's `Rejected`,
     /// `Unreachable` or `ConnectError`) was reported: `EBUSY`.  The
@@ -1260,15 +1278,20 @@ impl<'a> LockedId<'a> {
     /// here (from the id's own `Established` callback, the very work that
     /// would drop it).  Disconnect and destroy the QP once `Disconnected`
     /// came, or drop the id, whose teardown destroys the QP without the
-    /// mutex.
+    /// mutex.  After a `DeviceRemoval` the CM reports neither: only the
+    /// id's drop destroys the QP.
     pub fn destroy_qp(&self) -> Result {
         let slot = self.qp_slot.ok_or(EINVAL)?;
+        if in_completion_handler() {
+            return Err(EDEADLK);
+        }
         if self
             .iwarp_cm_holds_qp
             .is_some_and(|holds| holds.load(Ordering::Acquire))
         {
             return Err(EBUSY);
         }
+        let _excluded = self.exclude_unlocked_calls()?;
         let qp = {
             let mut slot = slot.lock();
             let qp = match &*slot {
@@ -1276,9 +1299,6 @@ impl<'a> LockedId<'a> {
                 QpSlot::TearingDown => return Err(EBUSY),
                 QpSlot::Empty | QpSlot::Dying => return Err(ENOENT),
             };
-            if qp.polled_by_current_task() {
-                return Err(EDEADLK);
-            }
             *slot = QpSlot::TearingDown;
             qp
         };

@@ -4507,6 +4507,167 @@ mod sync_tests {
         assert_eq!(destroyed, Ok(()));
     }
 
+    /// The state of one [`CrossDestroyer`]: the id whose QP it destroys
+    /// (taken by its first completion), how many handlers have arrived,
+    /// and what its `destroy_qp` returned.
+    #[pin_data]
+    struct CrossState {
+        #[pin]
+        target: Mutex<Option<Arc<CmId<Node>>>>,
+        arrived: Arc<AtomicU32>,
+        #[pin]
+        outcome: Mutex<Option<Result>>,
+    }
+
+    /// A completion handler that waits (up to 2 s) until the other one runs
+    /// too, then destroys its target's QP through a nested `with_lock`.
+    struct CrossDestroyer(Arc<CrossState>);
+
+    impl CrossDestroyer {
+        fn destroy(&self) {
+            let Some(id) = self.0.target.lock().take() else {
+                return;
+            };
+            self.0.arrived.fetch_add(1, Ordering::AcqRel);
+            let _ = wait_closely_until(ms(2000), || self.0.arrived.load(Ordering::Acquire) >= 2);
+            let outcome = id.with_lock(|l| l.destroy_qp());
+            *self.0.outcome.lock() = Some(outcome);
+        }
+    }
+
+    impl CompletionHandler for CrossDestroyer {
+        fn recv_done(&self, _buf: RecvBuffer, _result: Result<usize>) {
+            self.destroy();
+        }
+        fn send_done(&self, _buf: SendBuffer, _result: Result) {
+            self.destroy();
+        }
+    }
+
+    /// A client of `world` whose QP completes on `cq`, two receives posted
+    /// and flushed by a connect to `nobody` that the peer's CM refused.
+    fn refused_client(
+        world: &Arc<World>,
+        nobody: &SocketAddr,
+        cq: &Arc<Cq<CrossDestroyer>>,
+    ) -> Result<Arc<CmId<Node>>> {
+        let ns = NetNs::init();
+        let id = CmId::new(Node::synchronous(world)?, &ns, PortSpace::Tcp, QpType::Rc)?;
+        id.resolve_addr_sync(None, nobody, ms(2000), Some(ms(5000)))?
+            .into_event()?;
+        id.resolve_route_sync(ms(2000), Some(ms(5000)))?
+            .into_event()?;
+        id.with_lock(|l| {
+            let dev = l.device()?;
+            let pd = Pd::alloc(&dev)?;
+            let qp = l.create_qp(&pd, cq, REENTRY_CAPS)?;
+            for _ in 0..2 {
+                qp.post_recv(RecvBuffer::new(&pd, 64)?)
+                    .map_err(|(e, _)| e)?;
+            }
+            Ok(())
+        })?;
+        match id.connect_sync(&ConnParam::new(), Some(ms(5000)))?.result() {
+            Err(e) if e == ECONNREFUSED => Ok(Arc::new(id, GFP_KERNEL)?),
+            other => Err(other.err().unwrap_or(EPROTO)),
+        }
+    }
+
+    /// Two tasks, each inside one id's `with_lock`, poll a `Direct` CQ that
+    /// holds the other id's flushed receives; each handler, once both run,
+    /// destroys its own task's id's QP, which completes on the CQ the
+    /// other task is polling.  Both are refused (`EDEADLK`): a completion
+    /// handler may not tear a QP down.  Before, the teardown checked only
+    /// the QP's own CQs, and each waited for the other's poll for ever.
+    #[test]
+    fn qp_destroyed_from_another_cqs_poll_is_refused() {
+        let ns = NetNs::init();
+        let Some((world, listener, _)) = listening(&ns, 7225) else {
+            return;
+        };
+        let nobody = SocketAddr::V4 {
+            ip: RXE_IP,
+            port: 7226,
+        };
+        let made = (|| {
+            let arrived = Arc::new(AtomicU32::new(0), GFP_KERNEL)?;
+            let state = |arrived: &Arc<AtomicU32>| {
+                Arc::pin_init(
+                    pin_init!(CrossState {
+                        target <- new_mutex!(None),
+                        arrived: arrived.clone(),
+                        outcome <- new_mutex!(None),
+                    }),
+                    GFP_KERNEL,
+                )
+            };
+            let (on_x, on_y) = (state(&arrived)?, state(&arrived)?);
+            // Any device of the test bed: the CQs need one before an id has.
+            let probe = CmId::new(Node::synchronous(&world)?, &ns, PortSpace::Tcp, QpType::Rc)?;
+            probe
+                .resolve_addr_sync(None, &nobody, ms(2000), Some(ms(5000)))?
+                .into_event()?;
+            let dev = probe.with_lock(|l| l.device())?;
+            let entries = REENTRY_CAPS.cq_entries()?;
+            let cq = |state: &Arc<CrossState>| {
+                Cq::alloc_with(
+                    &dev,
+                    entries,
+                    0,
+                    PollContext::Direct,
+                    CrossDestroyer(state.clone()),
+                )
+            };
+            let (x, y) = (cq(&on_x)?, cq(&on_y)?);
+            // The first id's QP completes on Y, the second's on X.
+            let first = refused_client(&world, &nobody, &y)?;
+            let second = refused_client(&world, &nobody, &x)?;
+            *on_x.target.lock() = Some(first.clone());
+            *on_y.target.lock() = Some(second.clone());
+            Ok::<_, Error>((first, second, x, y, on_x, on_y))
+        })();
+        let (first, second, x, y, on_x, on_y) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                failed_to_connect(listener, world, e);
+                return;
+            }
+        };
+        let done = Arc::new(AtomicBool::new(false), GFP_KERNEL).unwrap();
+        let (b_id, b_cq, b_state, b_done) = (second.clone(), y.clone(), on_y.clone(), done.clone());
+        let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
+            let _ = wait_until(|| {
+                let _ = b_id.with_lock(|_| b_cq.poll(4));
+                b_state.outcome.lock().is_some()
+            });
+            drop((b_id, b_cq, b_state));
+            b_done.store(true, Ordering::Release);
+        });
+        let ran = spawned.is_ok()
+            && wait_until(|| {
+                let _ = first.with_lock(|_| x.poll(4));
+                on_x.outcome.lock().is_some()
+            });
+        let b_ran = spawned.is_ok() && wait_until(|| done.load(Ordering::Acquire));
+        let arrived = on_x.arrived.load(Ordering::Acquire);
+        let (a_outcome, b_outcome) = (
+            take_out(&on_x.outcome, Option::take),
+            take_out(&on_y.outcome, Option::take),
+        );
+        drop(take_out(&on_x.target, Option::take));
+        drop(take_out(&on_y.target, Option::take));
+        let destroyed = (
+            first.with_lock(|l| l.destroy_qp()),
+            second.with_lock(|l| l.destroy_qp()),
+        );
+        drop((first, second, x, y, on_x, on_y, listener, world));
+        assert!(ran && b_ran);
+        assert_eq!(arrived, 2);
+        assert_eq!(a_outcome, Some(Err(EDEADLK)));
+        assert_eq!(b_outcome, Some(Err(EDEADLK)));
+        assert_eq!(destroyed, (Ok(()), Ok(())));
+    }
+
     /// What [`ConnectsInCallback`] did.
     #[derive(Default)]
     struct ConnectRace {
@@ -4675,8 +4836,8 @@ mod sync_tests {
     /// ESTABLISHED callback `destroy_qp` is refused (`EBUSY`).  Before, it
     /// waited for good for the CM's close work, queued behind that very
     /// callback, and with it every later iWARP event, siw teardown and
-    /// `rdma link delete`.  From DISCONNECTED (the CM let go first) it
-    /// destroys the QP.
+    /// `rdma link delete`.  From the DISCONNECTED of the peer's disconnect
+    /// (the CM let go first) it destroys the QP.
     #[test]
     fn iwarp_qp_held_by_the_cm_is_not_destroyed() {
         let ns = NetNs::init();
@@ -4724,9 +4885,14 @@ mod sync_tests {
             .and_then(|()| client.connect_sync(&ConnParam::new(), Some(ms(5000))))
             .and_then(|o| o.result());
         let accepted = wait_until(|| world.seen.lock().accepted.is_some());
-        let disconnected = client
-            .disconnect_sync(Some(ms(5000)))
+        // The peer disconnects: a disconnect of the client's own, still
+        // running when its DISCONNECTED came, would make that `EBUSY`.
+        let server = world.seen.lock().server.clone();
+        let disconnected = server
+            .ok_or(ENOENT)
+            .and_then(|server| server.disconnect_sync(Some(ms(5000))))
             .and_then(|o| o.result());
+        let told = wait_until(|| seen.lock().on_disconnected.is_some());
         let gone = client.with_lock(|l| l.destroy_qp());
         drop(client);
         drop(listener);
@@ -4737,6 +4903,7 @@ mod sync_tests {
         assert!(accepted);
         assert_eq!(seen.on_established, Some(Err(EBUSY)));
         assert_eq!(disconnected, Ok(()));
+        assert!(told);
         assert_eq!(seen.on_disconnected, Some(Ok(())));
         assert_eq!(gone, Err(ENOENT));
     }

@@ -538,10 +538,9 @@ impl<C: CompletionHandler> Cq<C> {
     /// found it empty); the reclaim completes the QP's leftovers under it,
     /// so that they too run one at a time with the CQ's others.  For a CQ
     /// polled from a workqueue, waits until its poll work is idle, and
-    /// `None`.  Not from a handler of this CQ, which the wait would be
-    /// for: the CM defers a QP's teardown out of every callback but a
-    /// nested `with_lock`, where `LockedId::destroy_qp` refuses a task
-    /// that is processing the CQ.
+    /// `None`.  Not from a completion handler, which the wait could be
+    /// for: `LockedId::destroy_qp` refuses a task inside one, and a `CmId`
+    /// dropped there is destroyed later, on the module's queue.
     fn quiesce(&self) -> Option<DirectPoll<'_, C>> {
         if self.poll != PollContext::Direct {
             // SAFETY: The CQ is live and polled from a workqueue, whose
@@ -562,13 +561,6 @@ impl<C: CompletionHandler> Cq<C> {
 
     fn as_ptr(&self) -> *mut bindings::ib_cq {
         self.raw.load(Ordering::Acquire)
-    }
-
-    /// Whether the current task is processing this CQ (a [`Self::poll`]
-    /// whose handler is running, or a teardown's poll): a teardown that
-    /// waited for the CQ to be free would wait for itself.
-    fn polled_by_current_task(&self) -> bool {
-        self.polling.load(Ordering::Acquire) == current_task()
     }
 
     /// Reserves `n` entries for a QP; `ENOSPC` if the CQ could overflow.
@@ -1882,10 +1874,6 @@ pub(crate) trait QpShutdown: Send + Sync {
     /// once the CQ has delivered whatever the driver queued before the
     /// destruction.  Runs the completion handler in the caller's context.
     fn reclaim(&self);
-    /// Whether the current task is processing one of the QP's CQs (a
-    /// completion handler run by [`Cq::poll`]): [`QpShutdown::reclaim`]
-    /// would wait for that poll, its own caller, for ever.
-    fn polled_by_current_task(&self) -> bool;
     /// The QP's number.
     fn qp_num(&self) -> u32;
 }
@@ -3319,10 +3307,6 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         true
     }
 
-    fn polled_by_current_task(&self) -> bool {
-        self.send_cq.polled_by_current_task() || self.recv_cq.polled_by_current_task()
-    }
-
     fn reclaim(&self) {
         // The registrations a failed transfer's sink had are gone with the
         // QP: its buffer may go back at once.
@@ -3741,6 +3725,11 @@ impl<C: CompletionHandler> PinnedDrop for Srq<C> {
             // SAFETY: Takes a reference on this module, which is live (its
             // code is running).
             unsafe { bindings::rdma_cm_rs_pin_module() };
+            // The SRQ still counts as a user of its PD (a failed
+            // `ib_destroy_srq_user` leaves `pd->usecnt` alone), and
+            // `ib_dealloc_pd` would free it under the SRQ: its reference
+            // is leaked too.
+            core::mem::forget(self.pd.clone());
             return;
         }
         while let Some(entry) = self.credits.pop_posted() {
@@ -3945,7 +3934,7 @@ unsafe extern "C" fn rw_done<C: CompletionHandler>(
     cq: *mut bindings::ib_cq,
     wc: *mut bindings::ib_wc,
 ) {
-    let _mark = CallbackMark::enter();
+    let _mark = CallbackMark::enter_completion();
     // SAFETY: `wc` is valid during the callback.
     let own = unsafe { (*wc).__bindgen_anon_1.wr_cqe };
     // By the safety requirements `own` is the `cqe` of an `RwWork` leaked
@@ -4032,7 +4021,7 @@ unsafe extern "C" fn recv_done<C: CompletionHandler>(
     cq: *mut bindings::ib_cq,
     wc: *mut bindings::ib_wc,
 ) {
-    let _mark = CallbackMark::enter();
+    let _mark = CallbackMark::enter_completion();
     // SAFETY: By the safety requirements.
     let mut buf = unsafe { Buffer::from_wc(wc) };
     let credit = buf.credit.take();
@@ -4099,7 +4088,7 @@ unsafe extern "C" fn send_done<C: CompletionHandler>(
     cq: *mut bindings::ib_cq,
     wc: *mut bindings::ib_wc,
 ) {
-    let _mark = CallbackMark::enter();
+    let _mark = CallbackMark::enter_completion();
     // SAFETY: By the safety requirements.
     let buf = unsafe { Buffer::from_wc(wc) };
     // SAFETY: As in `recv_done`.
@@ -4140,7 +4129,7 @@ unsafe extern "C" fn marker_done<C: CompletionHandler>(
     cq: *mut bindings::ib_cq,
     wc: *mut bindings::ib_wc,
 ) {
-    let _mark = CallbackMark::enter();
+    let _mark = CallbackMark::enter_completion();
     // SAFETY: `wc` is valid during the callback.
     let own = unsafe { (*wc).__bindgen_anon_1.wr_cqe };
     // SAFETY: By the safety requirements `own` is the `cqe` of a
@@ -4252,7 +4241,7 @@ unsafe extern "C" fn work_done<C: CompletionHandler>(
     cq: *mut bindings::ib_cq,
     wc: *mut bindings::ib_wc,
 ) {
-    let _mark = CallbackMark::enter();
+    let _mark = CallbackMark::enter_completion();
     // SAFETY: By the safety requirements.
     let work = unsafe { Work::from_wc(wc) };
     // SAFETY: The CQ is live during its callback and its context is a `Cq<C>`.
