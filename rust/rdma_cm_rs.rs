@@ -25,7 +25,7 @@ pub mod rdma;
 // rust/rdma/, so that modules compiling the layer in (the samples) do not run
 // them again.
 #[cfg(CONFIG_KUNIT)]
-#[path = "rdma/tests.rs"]
+#[path = "rdma/tests/mod.rs"]
 mod rdma_tests;
 
 use kernel::prelude::*;
