@@ -121,10 +121,15 @@ fn wait_until(mut done: impl FnMut() -> bool) -> bool {
 }
 
 mod addr;
+mod blocking_calls;
 mod client;
 mod conn_param;
+mod cq;
+mod fixture;
 mod getaddrinfo;
 mod ids;
 mod mr;
-mod sync;
+mod qp;
+mod rdma;
+mod srq;
 mod ud;
