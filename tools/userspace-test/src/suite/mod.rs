@@ -1,0 +1,433 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The KTAP suite: each scenario drives the module through ioctls and a real
+//! librdmacm peer through the agent, and asserts what both sides saw.
+
+mod conn;
+mod data;
+mod faults;
+mod interop;
+mod lifecycle;
+mod limits;
+mod rdma;
+mod sync;
+mod ud;
+
+#[allow(unused_imports)]
+use self::{conn::*, data::*, faults::*, lifecycle::*, limits::*, rdma::*};
+
+use crate::agent::{Call, SEED_PEER_REGION, SEED_PEER_WRITES};
+use crate::diag;
+use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex, verify, verify_padded};
+use crate::report::Ktap;
+use crate::uapi::*;
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use std::{
+    io,
+    net::{IpAddr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+/// The device a pass of the suite runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// rxe0: RoCE v2, the IB CM.
+    Rxe,
+    /// siw0: iWARP, the iWARP CM over TCP and MPA.
+    Siw,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Rxe => "rxe",
+            Self::Siw => "siw",
+        }
+    }
+}
+
+/// Where things are.
+pub struct Ctx {
+    pub transport: Transport,
+    /// The module's address (IPv4, IPv6) and the peer's.
+    pub local4: IpAddr,
+    pub peer4: IpAddr,
+    pub local6: IpAddr,
+    pub peer6: IpAddr,
+    /// The agent serving the librdmacm side.
+    pub agent: SocketAddr,
+    next_port: u16,
+}
+
+impl Ctx {
+    pub fn new(
+        transport: Transport,
+        local4: IpAddr,
+        peer4: IpAddr,
+        local6: IpAddr,
+        peer6: IpAddr,
+        agent: SocketAddr,
+    ) -> Self {
+        Self {
+            transport,
+            local4,
+            peer4,
+            local6,
+            peer6,
+            agent,
+            // Passes run at once (rxe and siw, each asynchronous and
+            // synchronous) never meet each other's ports, nor the ports
+            // the CM picks for ids that connect unbound: those come from
+            // the ephemeral range (ip_local_port_range, 32768-60999), where
+            // siw_listen_backlog_zero_takes_the_maximum once found its
+            // fixed port taken (EADDRINUSE).
+            next_port: match (transport, crate::uapi::sync_mode()) {
+                (Transport::Rxe, false) => 18000,
+                (Transport::Rxe, true) => 21000,
+                (Transport::Siw, false) => 24000,
+                (Transport::Siw, true) => 27000,
+            },
+        }
+    }
+
+    /// Whether the pass runs on iWARP.
+    pub fn iwarp(&self) -> bool {
+        self.transport == Transport::Siw
+    }
+
+    /// Whether a librdmacm peer's `event` says its connect was refused: by
+    /// the CM (REJECTED, or UNREACHABLE where nothing answered); on iWARP
+    /// also by TCP inside `rdma_connect` (the agent's REFUSED_AT_CONNECT).
+    fn refused(&self, event: &str) -> bool {
+        ["REJECTED", "UNREACHABLE"].contains(&event)
+            || (self.iwarp() && event == crate::agent::REFUSED_AT_CONNECT)
+    }
+
+    /// A port no earlier scenario used.
+    fn port(&mut self) -> u16 {
+        self.next_port += 1;
+        self.next_port
+    }
+}
+
+type Test = fn(&mut Ctx) -> Result<()>;
+
+const TESTS: &[(&str, Test)] = &[
+    ("info_reports_abi", info_reports_abi),
+    ("module_listens_librdmacm_connects", module_listens_v4),
+    ("module_connects_librdmacm_listens", module_connects),
+    ("module_listens_librdmacm_connects_ipv6", module_listens_v6),
+    ("private_data_limits", private_data_limits),
+    ("reject_with_reason_and_private_data", reject_both_ways),
+    ("accept_with_request_param", accept_with_request_param),
+    ("conn_param_negotiation", conn_param_negotiation),
+    ("messages_1_to_4096_bytes_both_ways", messages_all_sizes),
+    ("send_window_nowait", send_window_nowait),
+    ("busy_poll_data_path", busy_poll_data_path),
+    (
+        "disconnect_under_incoming_sends",
+        disconnect_under_incoming_sends,
+    ),
+    ("rdma_read_write_both_ways", rdma_read_write),
+    ("rdma_bad_key_and_bad_requests", rdma_errors),
+    ("hundred_connections", hundred_connections),
+    (
+        "first_message_right_after_established",
+        first_message_right_after_established,
+    ),
+    ("backlog_enforced", backlog_enforced),
+    ("listen_backlog_zero_takes_the_maximum", backlog_zero),
+    ("options_and_their_effects", options),
+    ("unreachable_address", unreachable_address),
+    ("connect_without_listener_rejected", connect_no_listener),
+    ("listen_on_busy_port", listen_busy_port),
+    ("malformed_ioctls", malformed_ioctls),
+    ("nonblocking_timeouts_and_poll", nonblocking_and_poll),
+    (
+        "disconnect_initiated_by_either_side",
+        disconnect_either_side,
+    ),
+    ("afonly_ipv6_listener_refuses_ipv4", afonly_refuses_ipv4),
+    ("close_destroys_everything", close_destroys_everything),
+    ("ids_live_in_the_openers_namespace", namespace_of_opener),
+    ("ud_id_has_no_rc_data_path", ud_id_has_no_rc_data_path),
+    (
+        "failed_connect_leaves_id_usable",
+        failed_connect_leaves_id_usable,
+    ),
+    (
+        "destroy_listener_with_requests_pending",
+        destroy_listener_pending,
+    ),
+    ("access_control", access_control),
+    ("librdmacm_peer_killed", librdmacm_peer_killed),
+    ("backlog_overflow_burst", backlog_overflow_burst),
+    (
+        "ud_module_client_librdmacm_server",
+        ud::module_client_librdmacm_server,
+    ),
+    (
+        "ud_librdmacm_client_module_listener",
+        ud::librdmacm_client_module_listener,
+    ),
+    ("ud_several_peers_on_one_id", ud::several_peers_on_one_id),
+    ("ud_limits_and_bad_requests", ud::limits_and_bad_requests),
+    ("ud_reject_both_ways", ud::reject_both_ways),
+    (
+        "ud_destroy_with_datagrams_in_flight",
+        ud::destroy_with_datagrams_in_flight,
+    ),
+    ("ud_udaddy_module_server", ud::udaddy_module_server),
+    ("ud_udaddy_module_client", ud::udaddy_module_client),
+    ("interop_rping_module_client", interop::rping_module_client),
+    ("interop_rping_module_server", interop::rping_module_server),
+    ("interop_store_module_server", interop::store_module_server),
+    (
+        "interop_ucmatose_module_server",
+        interop::ucmatose_module_server,
+    ),
+    (
+        "interop_ucmatose_module_client",
+        interop::ucmatose_module_client,
+    ),
+    ("iwarp_ud_refused", iwarp_ud_refused),
+    (
+        "iwarp_active_side_sends_first",
+        iwarp_active_side_sends_first,
+    ),
+    (
+        "sync_ids_return_events_with_the_call",
+        sync::sync_ids_return_events_with_the_call,
+    ),
+    (
+        "sync_signal_interrupts_and_resumes",
+        sync::sync_signal_interrupts_and_resumes,
+    ),
+    (
+        "sync_wait_limit_leaves_call_in_flight",
+        sync::sync_wait_limit_leaves_call_in_flight,
+    ),
+    (
+        "sync_destroy_while_a_call_blocks",
+        sync::sync_destroy_while_a_call_blocks,
+    ),
+];
+
+/// Scenarios `suite --sync` does not run on synchronous ids, and why.
+const NOT_SYNCHRONOUS: &[(&str, &str)] = &[
+    ("info_reports_abi", "no id"),
+    ("malformed_ioctls", "the ABI's checks, mode-blind"),
+    (
+        "nonblocking_timeouts_and_poll",
+        "the file's event queue and poll",
+    ),
+    ("access_control", "who may open the device"),
+    (
+        "ud_",
+        "datagrams: a SIDR reply ends the exchange with no event to wait for",
+    ),
+    ("sync_", "synchronous already"),
+    (
+        "busy_poll_data_path",
+        "a busy-polling connection's waits are the same on synchronous ids, whose blocking calls are all CM ones: the asynchronous passes run it (make check's time)",
+    ),
+];
+
+/// Scenarios a pass on iWARP (siw) does not run, and why.
+const NOT_ON_IWARP: &[(&str, &str)] = &[
+    ("info_reports_abi", "no device"),
+    ("malformed_ioctls", "the ABI's checks, transport-blind"),
+    (
+        "nonblocking_timeouts_and_poll",
+        "the file's event queue and poll, transport-blind",
+    ),
+    ("access_control", "who may open the device"),
+    (
+        "ud_",
+        "no UD on iWARP (iwarp_ud_refused checks the refusal)",
+    ),
+    ("sync_", "the synchronous mode's own rules, transport-blind"),
+    (
+        "interop_ucmatose_module",
+        "cmatose's protocol has the passive side send first, which iWARP forbids (rdma_connect(3)): the module, passive, refuses to (EAGAIN); active, it would depend on siw reading data that came before its QP owned the socket",
+    ),
+    (
+        "disconnect_under_incoming_sends",
+        "siw: the peer's sends after the module's disconnect neither completed nor flushed within 20 s, its QP in ERR (2026-11-25, not explained); the bug it reproduces is rxe's",
+    ),
+];
+
+/// Scenarios the synchronous pass on iWARP (siw) does not run, and why:
+/// none at present (`backlog_overflow_burst` was, until its late requests
+/// were understood as iWARP's backlog at work).
+const NOT_SYNCHRONOUS_ON_IWARP: &[(&str, &str)] = &[];
+
+/// Scenarios only a pass on iWARP runs.
+const ONLY_ON_IWARP: &[&str] = &["iwarp_"];
+
+pub fn names() -> impl Iterator<Item = &'static str> {
+    TESTS.iter().map(|(n, _)| *n)
+}
+
+/// Runs the scenarios whose name contains `filter`; prints KTAP.  `Ok(false)`
+/// when one failed.  `left_out`: runs instead the ones the mode and the
+/// transport leave out (NOT_SYNCHRONOUS, NOT_ON_IWARP,
+/// NOT_SYNCHRONOUS_ON_IWARP), to see what they do there.
+pub fn run(ctx: &mut Ctx, filter: Option<&str>, left_out: bool) -> Result<bool> {
+    let sync = sync_mode();
+    let iwarp = ctx.iwarp();
+    let listed = |name: &str, list: &[(&str, &str)]| list.iter().any(|(n, _)| name.starts_with(n));
+    let tests: Vec<_> = TESTS
+        .iter()
+        .filter(|(name, _)| filter.is_none_or(|f| name.contains(f)))
+        .filter(|(name, _)| iwarp || !ONLY_ON_IWARP.iter().any(|n| name.starts_with(n)))
+        .filter(|(name, _)| {
+            let excluded = (sync && listed(name, NOT_SYNCHRONOUS))
+                || (iwarp && listed(name, NOT_ON_IWARP))
+                || (sync && iwarp && listed(name, NOT_SYNCHRONOUS_ON_IWARP));
+            excluded == left_out
+        })
+        .collect();
+    let mut ktap = Ktap::new(io::stdout(), tests.len())?;
+    if tests.is_empty() {
+        ktap.diag(&format!("no scenario matches {filter:?}"))?;
+        return Ok(false);
+    }
+    ktap.diag(&format!(
+        "{}: module side {} / {}, librdmacm agent {} (peer {} / {})",
+        ctx.transport.name(),
+        ctx.local4,
+        ctx.local6,
+        ctx.agent,
+        ctx.peer4,
+        ctx.peer6
+    ))?;
+    if sync {
+        ktap.diag(
+            "synchronous ids (RDMA_CM_RS_ID_SYNC): events come back with the blocking calls",
+        )?;
+    }
+    for (name, test) in tests {
+        let start = Instant::now();
+        let outcome = test(ctx).map_err(|e| format!("{e:#}"));
+        let name = if sync {
+            format!("{}_sync_mode_{name}", ctx.transport.name())
+        } else {
+            format!("{}_{name}", ctx.transport.name())
+        };
+        ktap.result(&name, outcome, start.elapsed())?;
+    }
+    Ok(ktap.failed == 0)
+}
+
+const T: u32 = 10_000;
+/// How long a scenario waits for a peer that prepares many connections
+/// before it sends its first request.
+const PEER_SETUP_WAIT_MS: u32 = 60_000;
+
+/// The next module event, which must be `want` (TIMEWAIT_EXIT of earlier
+/// connections, which may come or not, is passed over).
+fn wait(dev: &Device, want: EventType) -> Result<Event> {
+    let deadline = Instant::now() + Duration::from_millis(T.into());
+    let ev = loop {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u32;
+        let ev = dev
+            .get_event(left.max(1))
+            .with_context(|| format!("module: waiting for {}", want.name()))?;
+        if ev.event != EventType::TimewaitExit || want == EventType::TimewaitExit {
+            break ev;
+        }
+    };
+    ensure!(
+        ev.event == want,
+        "module: expected {} but got {} on id {} (status {})",
+        want.name(),
+        ev.name(),
+        ev.id,
+        ev.status
+    );
+    Ok(ev)
+}
+
+/// The module disconnects and waits for its DISCONNECTED.
+///
+/// Scenarios without a message exchange let the module disconnect: a peer
+/// that disconnected right after its own ESTABLISHED could have its DREQ
+/// overtake the RTU on a real wire, and the passive side would then see
+/// DISCONNECTED without ESTABLISHED (a valid CM sequence, not what these
+/// scenarios test).
+fn disconnect_and_wait(dev: &Device, id: u32) -> Result<()> {
+    dev.disconnect(id)?;
+    let d = wait(dev, EventType::Disconnected)?;
+    ensure!(d.id == id, "DISCONNECTED on id {}", d.id);
+    Ok(())
+}
+
+fn errno_of<T>(r: io::Result<T>) -> Option<i32> {
+    r.err().and_then(|e| e.raw_os_error())
+}
+
+fn expect_errno<T>(what: &str, r: io::Result<T>, want: i32) -> Result<()> {
+    match r {
+        Ok(_) => bail!("{what}: succeeded, expected errno {want}"),
+        Err(e) if e.raw_os_error() == Some(want) => Ok(()),
+        Err(e) => bail!("{what}: {e}, expected errno {want}"),
+    }
+}
+
+fn listen(dev: &Device, addr: SocketAddr, backlog: u32, context: u64) -> Result<u32> {
+    let id = dev.create_id(context)?;
+    dev.bind(id, &addr).context("bind")?;
+    dev.listen(id, backlog).context("listen")?;
+    Ok(id)
+}
+
+/// Creates an id and resolves address and route to `dst`.
+fn resolve(dev: &Device, dst: SocketAddr) -> Result<u32> {
+    resolve_ps(dev, dst, RDMA_CM_RS_PS_TCP, RDMA_CM_RS_QPT_RC)
+}
+
+/// [`resolve`] with an id of port space `ps` and QP type `qpt`.
+fn resolve_ps(dev: &Device, dst: SocketAddr, ps: u32, qpt: u32) -> Result<u32> {
+    let id = dev.create_id_ps(1, ps, qpt)?;
+    dev.resolve_addr(id, &dst, 2000).context("resolve_addr")?;
+    wait(dev, EventType::AddrResolved)?;
+    dev.resolve_route(id, 2000).context("resolve_route")?;
+    wait(dev, EventType::RouteResolved)?;
+    Ok(id)
+}
+
+fn field<'a>(r: &'a std::collections::BTreeMap<String, String>, k: &str) -> Result<&'a str> {
+    r.get(k)
+        .map(String::as_str)
+        .ok_or_else(|| anyhow!("peer result has no {k}: {r:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_names_are_unique() {
+        let mut names: Vec<_> = TESTS.iter().map(|(n, _)| *n).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), TESTS.len());
+    }
+
+    #[test]
+    fn ports_are_fresh() {
+        let ip = IpAddr::from([192, 0, 2, 1]);
+        let mut ctx = Ctx::new(
+            Transport::Rxe,
+            ip,
+            ip,
+            ip,
+            ip,
+            "127.0.0.1:1".parse().unwrap(),
+        );
+        let a = ctx.port();
+        assert_ne!(a, ctx.port());
+    }
+}
