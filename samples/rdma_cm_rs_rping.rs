@@ -34,7 +34,7 @@ use kernel::{
 use rdma::{
     addr::AF_INET, Client, ClientRegistration, CmId, CompletionHandler, ConnectRequest, Cq,
     DestroyQueue, Device, Event, EventType, Handler, LockedId, Mr, MrAccess, NetNs, Pd, PortSpace,
-    Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, SendBuffer, SocketAddr, WorkDone, WorkOp,
+    Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, RwOp, SendBuffer, SocketAddr, WorkDone, WorkOp,
 };
 
 module! {
@@ -142,7 +142,7 @@ impl Session {
                 if remote.len == 0 || remote.len as usize > self.region.len() {
                     return self.fail(st, "ping size out of range", EMSGSIZE);
                 }
-                match qp.rdma(WorkOp::RdmaRead, &self.region, 0, remote, 0) {
+                match qp.rdma(RwOp::Read, &self.region, 0, remote, 0) {
                     Ok(()) => {
                         st.step = Step::Reading;
                         st.ping_len = remote.len;
@@ -167,7 +167,7 @@ impl Session {
                     Ok(sink) => sink,
                     Err(e) => return self.fail(st, "sink too small", e),
                 };
-                match qp.rdma(WorkOp::RdmaWrite, &self.region, 0, sink, 0) {
+                match qp.rdma(RwOp::Write, &self.region, 0, sink, 0) {
                     Ok(()) => st.step = Step::Writing,
                     Err(e) => self.fail(st, "RDMA WRITE", e),
                 }

@@ -11,7 +11,7 @@ use crate::{
     abi,
     rdma::{
         ah::GRH_SIZE, CompletionHandler, Cq, LockedId, Mr, MrAccess, Pd, PollContext, Qp, QpCaps,
-        QpType, RecvBuffer, RemoteRegion, SendBuffer, UdDest, WorkDone, WorkOp,
+        QpType, RecvBuffer, RemoteRegion, RwOp, SendBuffer, UdDest, WorkDone,
     },
 };
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -633,7 +633,7 @@ impl Conn {
     /// One RDMA READ or WRITE, waited for.
     pub(crate) fn rdma(
         &self,
-        op: WorkOp,
+        op: RwOp,
         handle: u32,
         offset: usize,
         remote: RemoteRegion,

@@ -31,7 +31,7 @@ use crate::{
     misc_poll::{PollMiscDevice, POLL_READABLE},
     rdma::{
         CmId, ConnParam, LockedId, MrAccess, NetNs, PortSpace, PrivateDataUse, QpType,
-        RemoteRegion, SocketAddr, SyncOp, SyncResult, WorkOp,
+        RemoteRegion, RwOp, SocketAddr, SyncOp, SyncResult,
     },
 };
 use core::mem::size_of;
@@ -1094,8 +1094,8 @@ impl CtlFile {
         let c: abi::Rdma = read_arg(arg)?;
         require_zero(&[c.reserved])?;
         let op = match c.opcode {
-            abi::RDMA_READ => WorkOp::RdmaRead,
-            abi::RDMA_WRITE => WorkOp::RdmaWrite,
+            abi::RDMA_READ => RwOp::Read,
+            abi::RDMA_WRITE => RwOp::Write,
             _ => return Err(EINVAL),
         };
         let remote = RemoteRegion {

@@ -17,7 +17,7 @@ mod mr_tests {
         net::NetNs,
         pd::Pd,
         sg::check_range,
-        verbs::{CompletionHandler, Cq, QpCaps, RecvBuffer, SendBuffer, WorkOp},
+        verbs::{CompletionHandler, Cq, QpCaps, RecvBuffer, RwOp, SendBuffer},
         QpType,
     };
     use kernel::prelude::*;
@@ -187,8 +187,8 @@ mod mr_tests {
             let invalidate = qp.invalidate(&mr, 3);
             // Not registered: no RDMA through it.
             let rdma = (
-                qp.rdma(WorkOp::RdmaRead, &mr, 0, remote, 4),
-                qp.rdma(WorkOp::Register, &mr, 0, remote, 5),
+                qp.rdma(RwOp::Read, &mr, 0, remote, 4),
+                qp.rdma(RwOp::Write, &mr, 0, remote, 5),
             );
             (
                 mr.len(),

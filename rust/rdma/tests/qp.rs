@@ -15,7 +15,7 @@ use crate::rdma::{
     mr::{Mr, MrAccess, RemoteRegion},
     net::NetNs,
     pd::Pd,
-    verbs::{CompletionHandler, Cq, PollContext, QpCaps, RecvBuffer, SendBuffer, WorkOp},
+    verbs::{CompletionHandler, Cq, PollContext, QpCaps, RecvBuffer, RwOp, SendBuffer},
     QpType,
 };
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -47,10 +47,7 @@ mod qp_tests {
             rkey: 0x5eed_0001,
             len: 16,
         };
-        let written = pair
-            .client_qp
-            .rdma(WorkOp::RdmaWrite, &mr, 0, nowhere, 2)
-            .is_ok();
+        let written = pair.client_qp.rdma(RwOp::Write, &mr, 0, nowhere, 2).is_ok();
         let (server_seen, client_seen) = (pair.server_seen.clone(), pair.client_seen.clone());
         let reported = wait_until(|| server_seen.access_errors.load(Ordering::Acquire) > 0);
         let refused = wait_until(|| client_seen.refused_work.load(Ordering::Acquire) > 0);
@@ -270,7 +267,7 @@ mod qp_tests {
         let registered = pair.client_qp.register(&sink, MrAccess::LOCAL, 2).is_ok();
         let registered =
             registered && wait_until(|| pair.client_seen.work_ok.load(Ordering::Acquire) == 1);
-        let read = pair.client_qp.rdma(WorkOp::RdmaRead, &sink, 0, remote, 3);
+        let read = pair.client_qp.rdma(RwOp::Read, &sink, 0, remote, 3);
         let flushed = wait_until(|| pair.client_seen.work_flushed.load(Ordering::Acquire) == 1);
         let client_seen = pair.client_seen.clone();
         drop((region, sink, pair));

@@ -11,7 +11,7 @@ use crate::rdma::{
     net::NetNs,
     pd::Pd,
     sg::SgBuffer,
-    verbs::{Cq, PollContext, Qp, QpCaps, RecvBuffer, RwOp, SendBuffer, Srq, SrqCaps, WorkOp},
+    verbs::{Cq, PollContext, Qp, QpCaps, RecvBuffer, RwOp, SendBuffer, Srq, SrqCaps},
 };
 use core::sync::atomic::Ordering;
 use kernel::{
@@ -580,7 +580,7 @@ mod rdma_tests {
                 (true, Some(remote)) => (0..WRITES)
                     .take_while(|w| {
                         pair.client_qp
-                            .rdma(WorkOp::RdmaWrite, &local, 0, remote, 2 + u64::from(*w))
+                            .rdma(RwOp::Write, &local, 0, remote, 2 + u64::from(*w))
                             .is_ok()
                     })
                     .count() as u32,
@@ -660,7 +660,7 @@ mod rdma_tests {
             }
             local.write(0, &pattern).unwrap();
             let span = remote.slice(at as u64, CHUNK as u32).unwrap();
-            let wrote = pair.client_qp.rdma(WorkOp::RdmaWrite, &local, 0, span, 10);
+            let wrote = pair.client_qp.rdma(RwOp::Write, &local, 0, span, 10);
             done += 1;
             let written = wrote.is_ok()
                 && wait_until(|| pair.client_seen.work_ok.load(Ordering::Acquire) == done);
@@ -669,7 +669,7 @@ mod rdma_tests {
             region.read(at, &mut back).unwrap();
             // Read back by the peer too, over a zeroed local copy.
             local.write(0, &[0; 4096]).unwrap();
-            let read = pair.client_qp.rdma(WorkOp::RdmaRead, &local, 0, span, 11);
+            let read = pair.client_qp.rdma(RwOp::Read, &local, 0, span, 11);
             done += 1;
             let read = read.is_ok()
                 && wait_until(|| pair.client_seen.work_ok.load(Ordering::Acquire) == done);
@@ -693,7 +693,7 @@ mod rdma_tests {
         region.write(from, &pattern).unwrap();
         let pushed = pair
             .server_qp
-            .rdma(WorkOp::RdmaWrite, &region, from, client_remote, 12);
+            .rdma(RwOp::Write, &region, from, client_remote, 12);
         let pushed =
             pushed.is_ok() && wait_until(|| pair.server_seen.work_ok.load(Ordering::Acquire) == 2);
         let mut landed = KVec::new();

@@ -33,7 +33,8 @@ pub struct WorkDone {
     pub mr: Arc<Mr>,
 }
 
-/// The transfers of the generic RDMA READ/WRITE API ([`Qp::rdma_rw`]).
+/// The direction of an RDMA transfer: of the R/W API ([`Qp::rdma_rw`]) or
+/// through one registered region ([`Qp::rdma`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RwOp {
     /// RDMA READ: the peer's memory into the buffer.

@@ -6,7 +6,7 @@
 use super::{
     buffer::SendBuffer,
     caps::QpType,
-    completion::{CompletionHandler, WorkDone, WorkOp},
+    completion::{CompletionHandler, RwOp, WorkDone, WorkOp},
     credits::{PostedCqe, Signaling, WrQueue},
     qp::Qp,
     request::{send_done, work_done, Work},
@@ -346,23 +346,26 @@ impl<C: CompletionHandler> Qp<C> {
     }
 
     /// Posts an RDMA READ (`remote` into `mr` at `offset`) or WRITE (`mr` at
-    /// `offset` into `remote`) of `remote.len` bytes.  The region must be
+    /// `offset` into `remote`) of `remote.len` bytes through one region the
+    /// caller registered and keeps registered: its completion is a
+    /// [`WorkDone`] (`RdmaRead` or `RdmaWrite`).  The region must be
     /// registered (its local key is used; on iWARP the sink of a READ must
     /// be registered with remote write, which [`Self::register`] grants
-    /// there).  `EINVAL` for a range outside the region or an operation
-    /// that is not READ/WRITE, `EAGAIN` as [`Self::post_send`].
+    /// there).  To move pages without managing a region, use the R/W API
+    /// ([`Self::rdma_rw`]), which registers what the device needs itself.
+    /// `EINVAL` for a range outside the region, `EAGAIN` as
+    /// [`Self::post_send`].
     pub fn rdma(
         &self,
-        op: WorkOp,
+        op: RwOp,
         mr: &Arc<Mr>,
         offset: usize,
         remote: RemoteRegion,
         tag: u64,
     ) -> Result {
-        let opcode = match op {
-            WorkOp::RdmaRead => bindings::ib_wr_opcode_IB_WR_RDMA_READ,
-            WorkOp::RdmaWrite => bindings::ib_wr_opcode_IB_WR_RDMA_WRITE,
-            _ => return Err(EINVAL),
+        let (opcode, op) = match op {
+            RwOp::Read => (bindings::ib_wr_opcode_IB_WR_RDMA_READ, WorkOp::RdmaRead),
+            RwOp::Write => (bindings::ib_wr_opcode_IB_WR_RDMA_WRITE, WorkOp::RdmaWrite),
         };
         self.check_pd(mr.pd())?;
         self.check_peer_spoke()?;
