@@ -72,22 +72,10 @@ mod blocking_tests {
             return;
         }
 
-        // The server accepts from a work item: its accept and the client's
-        // connect block at once, each until its own ESTABLISHED.
-        let w = world.clone();
-        let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
-            let server = if wait_until(|| w.seen.lock().server.is_some()) {
-                w.seen.lock().server.clone()
-            } else {
-                None
-            };
-            let accepted = server.ok_or(ENOENT).and_then(|server| {
-                with_qp(&server)?;
-                let param = ConnParam::new().private_data(b"from the server")?;
-                server.accept_sync(Some(&param), Some(ms(5000)))
-            });
-            w.seen.lock().accepted = Some(accepted);
-        });
+        // The server accepts from a work item.
+        let spawned = ConnParam::new()
+            .private_data(b"from the server")
+            .and_then(|param| accept_in_background(&world, Some(param), with_qp));
         if !c.eq("the accepting work", spawned.err(), None) {
             return;
         }

@@ -108,6 +108,23 @@ pub(super) fn with_qp<H: Handler>(id: &CmId<H>) -> Result {
     })
 }
 
+/// A synchronous id with `handler` whose address and route to `addr` are
+/// resolved.
+pub(super) fn resolved_client<H: Handler>(
+    handler: H,
+    ns: &NetNs,
+    addr: &SocketAddr,
+) -> Result<CmId<H>> {
+    let client = CmId::new(handler, ns, PortSpace::Tcp, QpType::Rc)?;
+    client
+        .resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))?
+        .into_event()?;
+    client
+        .resolve_route_sync(ms(2000), Some(ms(5000)))?
+        .into_event()?;
+    Ok(client)
+}
+
 /// A synchronous client of `world` with its address and route to
 /// `addr` resolved and a QP, ready to connect.
 pub(super) fn ready_client(
@@ -115,15 +132,35 @@ pub(super) fn ready_client(
     ns: &NetNs,
     addr: &SocketAddr,
 ) -> Result<CmId<Node>> {
-    let client = CmId::new(Node::synchronous(world)?, ns, PortSpace::Tcp, QpType::Rc)?;
-    client
-        .resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))?
-        .into_event()?;
-    client
-        .resolve_route_sync(ms(2000), Some(ms(5000)))?
-        .into_event()?;
+    let client = resolved_client(Node::synchronous(world)?, ns, addr)?;
     with_qp(&client)?;
     Ok(client)
+}
+
+/// Accepts from a work item, with `param` and the QP `make_qp` gives it,
+/// the request that `world`'s listener adopts (waited for up to 5 s); the
+/// outcome goes to `world.seen.accepted`.  The accept and the client's
+/// connect block at once, each until its own ESTABLISHED.
+pub(super) fn accept_in_background(
+    world: &Arc<World>,
+    param: Option<ConnParam>,
+    make_qp: impl FnOnce(&CmId<Node>) -> Result + Send + 'static,
+) -> Result {
+    let w = world.clone();
+    workqueue::system()
+        .try_spawn(GFP_KERNEL, move || {
+            let server = if wait_until(|| w.seen.lock().server.is_some()) {
+                w.seen.lock().server.clone()
+            } else {
+                None
+            };
+            let accepted = server.ok_or(ENOENT).and_then(|server| {
+                make_qp(&server)?;
+                server.accept_sync(param.as_ref(), Some(ms(5000)))
+            });
+            w.seen.lock().accepted = Some(accepted);
+        })
+        .map_err(|_| ENOMEM)
 }
 
 /// A world and a listener of it (no waiter) on rxe at `port`; `None`
@@ -486,21 +523,11 @@ pub(super) fn connect_client_with(
     let client_qp = recording_qp(&client, &client_seen, client_poll)?;
     let made = Arc::pin_init(new_mutex!(None), GFP_KERNEL)?;
 
-    let (w, s_qp) = (world.clone(), made.clone());
-    workqueue::system()
-        .try_spawn(GFP_KERNEL, move || {
-            let server = if wait_until(|| w.seen.lock().server.is_some()) {
-                w.seen.lock().server.clone()
-            } else {
-                None
-            };
-            let accepted = server.ok_or(ENOENT).and_then(|server| {
-                *s_qp.lock() = Some(server_qp(&server)?);
-                server.accept_sync(server_param.as_ref(), Some(ms(5000)))
-            });
-            w.seen.lock().accepted = Some(accepted);
-        })
-        .map_err(|_| ENOMEM)?;
+    let s_qp = made.clone();
+    accept_in_background(world, server_param, move |server| {
+        *s_qp.lock() = Some(server_qp(server)?);
+        Ok(())
+    })?;
     let connected = client.connect_sync(&param, Some(ms(5000)));
     // The work waits 5 s for the request and 5 s for its accept: until
     // it is done, it holds the server's id and QP.

@@ -518,12 +518,7 @@ mod qp_tests {
         nobody: &SocketAddr,
         cq: &Arc<Cq<CrossDestroyer>>,
     ) -> Result<Arc<CmId<Node>>> {
-        let ns = NetNs::init();
-        let id = CmId::new(Node::synchronous(world)?, &ns, PortSpace::Tcp, QpType::Rc)?;
-        id.resolve_addr_sync(None, nobody, ms(2000), Some(ms(5000)))?
-            .into_event()?;
-        id.resolve_route_sync(ms(2000), Some(ms(5000)))?
-            .into_event()?;
+        let id = resolved_client(Node::synchronous(world)?, &NetNs::init(), nobody)?;
         id.with_lock(|l| {
             let dev = l.device()?;
             let pd = Pd::alloc(&dev)?;
@@ -817,13 +812,7 @@ mod qp_tests {
                 seen: seen.clone(),
                 waiter: KBox::pin_init(EventWaiter::new(), GFP_KERNEL)?,
             };
-            let client = CmId::new(handler, &ns, PortSpace::Tcp, QpType::Rc)?;
-            client
-                .resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)))?
-                .into_event()?;
-            client
-                .resolve_route_sync(ms(2000), Some(ms(5000)))?
-                .into_event()?;
+            let client = resolved_client(handler, &ns, &addr)?;
             with_qp(&client)?;
             Ok(client)
         })();
@@ -834,21 +823,7 @@ mod qp_tests {
                 return;
             }
         };
-        let w = world.clone();
-        let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
-            let server = if wait_until(|| w.seen.lock().server.is_some()) {
-                w.seen.lock().server.clone()
-            } else {
-                None
-            };
-            let accepted = server.ok_or(ENOENT).and_then(|server| {
-                with_qp(&server)?;
-                server.accept_sync(None, Some(ms(5000)))
-            });
-            w.seen.lock().accepted = Some(accepted);
-        });
-        let connected = spawned
-            .map_err(|_| ENOMEM)
+        let connected = accept_in_background(&world, None, with_qp)
             .and_then(|()| client.connect_sync(&ConnParam::new(), Some(ms(5000))))
             .and_then(|o| o.result());
         let accepted = wait_until(|| world.seen.lock().accepted.is_some());
