@@ -31,8 +31,8 @@ use kernel::{
 };
 use rdma::{
     addr::AF_INET, BusyPoller, CmId, CompletionHandler, ConnectRequest, Cq, DestroyQueue, Event,
-    EventType, Handler, LockedId, NetNs, Pd, PollContext, PollLoop, PortSpace, Qp, QpCaps, QpType,
-    RecvBuffer, SendBuffer, SocketAddr,
+    EventType, Handler, LockedId, NetNs, Pd, PollContext, PollLoop, PortSpace, PostError, Qp,
+    QpCaps, QpType, RecvBuffer, SendBuffer, SocketAddr,
 };
 
 module! {
@@ -100,7 +100,7 @@ impl CompletionHandler for LinkRef {
         };
         if let Some(mut send) = self.0.free_sends.lock().pop() {
             if send.fill(buf.data()).is_ok() {
-                if let Err((_, send)) = qp.post_send(send) {
+                if let Err(PostError { value: send, .. }) = qp.post_send(send) {
                     let _ = self.0.free_sends.lock().push(send, GFP_KERNEL);
                 }
             } else {
@@ -165,7 +165,7 @@ impl Echo {
         let qp = id.create_qp(&pd, &cq, caps)?;
         for _ in 0..DEPTH {
             qp.post_recv(RecvBuffer::new(&pd, MESSAGE_SIZE)?)
-                .map_err(|(e, _)| e)?;
+                .map_err(Error::from)?;
         }
         // The loop holds the CQ (and through its handler the link) until
         // `end` stops it.

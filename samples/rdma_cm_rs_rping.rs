@@ -34,7 +34,8 @@ use kernel::{
 use rdma::{
     addr::AF_INET, Client, ClientRegistration, CmId, CompletionHandler, ConnectRequest, Cq,
     DestroyQueue, Device, Event, EventType, Handler, LockedId, Mr, MrAccess, NetNs, Pd, PortSpace,
-    Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, RwOp, SendBuffer, SocketAddr, WorkDone, WorkOp,
+    PostError, Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, RwOp, SendBuffer, SocketAddr,
+    WorkDone, WorkOp,
 };
 
 module! {
@@ -181,7 +182,11 @@ impl Session {
         let (Some(qp), Some(buf)) = (self.qp(), st.go_ahead.take()) else {
             return self.fail(st, "go-ahead still in flight", EBUSY);
         };
-        if let Err((e, buf)) = qp.post_send(buf) {
+        if let Err(PostError {
+            error: e,
+            value: buf,
+        }) = qp.post_send(buf)
+        {
             st.go_ahead = Some(buf);
             self.fail(st, "SEND", e);
         }
@@ -359,7 +364,7 @@ impl Rping {
         let accepted = (|| -> Result {
             for _ in 0..RECV_DEPTH {
                 qp.post_recv(RecvBuffer::new(&pd, 64)?)
-                    .map_err(|(e, _)| e)?;
+                    .map_err(Error::from)?;
             }
             // The request's depths (rping asks for 1 and 1), clamped to the
             // device: `rdma_accept(3)` with no parameters.

@@ -61,8 +61,8 @@ use kernel::{
 use rdma::{
     addr::AF_INET, BusyPoller, Client, ClientRegistration, CmId, CompletionHandler, ConnectRequest,
     CqPool, DestroyQueue, Device, Event, EventType, Handler, LockedId, NetNs, Pd, PollContext,
-    PortSpace, Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, RwDone, RwOp, SendBuffer, SgBuffer,
-    SocketAddr, Srq,
+    PortSpace, PostError, Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, RwDone, RwOp, SendBuffer,
+    SgBuffer, SocketAddr, Srq,
 };
 
 module! {
@@ -261,7 +261,7 @@ impl DeviceShared {
     fn send_answer(&self, qp: &Qp<StoreHandler>, id: u32, status: Result, inv: Option<u32>) {
         match self.answer(id, status, inv) {
             Ok(buf) => {
-                if let Err((e, _)) = qp.post_send(buf) {
+                if let Err(PostError { error: e, .. }) = qp.post_send(buf) {
                     pr_warn!("answer to request {} not sent: {:?}\n", id, e);
                 }
             }
@@ -288,7 +288,9 @@ impl DeviceShared {
                         ),
                         GFP_KERNEL,
                     )?;
-                    if let Err((e, _)) = qp.rdma_rw(RwOp::Read, buf, req.remote, tag) {
+                    if let Err(PostError { error: e, .. }) =
+                        qp.rdma_rw(RwOp::Read, buf, req.remote, tag)
+                    {
                         self.take_pending(tag);
                         return Err(e);
                     }
@@ -298,7 +300,7 @@ impl DeviceShared {
                     self.store.copy(offset, &mut buf, false)?;
                     let answer = self.answer(req.id, Ok(()), inv)?;
                     qp.rdma_rw_then_send(RwOp::Write, buf, req.remote, tag, answer)
-                        .map_err(|(e, _, _)| e)
+                        .map_err(Error::from)
                 }
             }
         })();
@@ -326,7 +328,10 @@ impl CompletionHandler for StoreHandler {
         // The buffer goes back to the SRQ before the request is served.
         let buf = match shared.srq.post_recv(buf) {
             Ok(()) => None,
-            Err((e, buf)) => {
+            Err(PostError {
+                error: e,
+                value: buf,
+            }) => {
                 pr_warn!("SRQ repost failed: {:?}\n", e);
                 Some(buf)
             }
@@ -410,7 +415,7 @@ impl Client for StoreDevices {
         };
         for _ in 0..SRQ_DEPTH {
             srq.post_recv(RecvBuffer::new(&pd, REQUEST_LEN)?)
-                .map_err(|(e, _)| e)?;
+                .map_err(Error::from)?;
         }
         pr_info!(
             "{}: added: one PD, an SRQ of {} requests and a pool of {} CQs of {} entries over {} completion vector(s)\n",

@@ -10,8 +10,8 @@ use super::wait::{wait_for, wait_polled, Wait};
 use crate::{
     abi,
     rdma::{
-        ah::GRH_SIZE, CompletionHandler, Cq, LockedId, Mr, MrAccess, Pd, PollContext, Qp, QpCaps,
-        QpType, RecvBuffer, RemoteRegion, RwOp, SendBuffer, UdDest, WorkDone,
+        ah::GRH_SIZE, CompletionHandler, Cq, LockedId, Mr, MrAccess, Pd, PollContext, PostError,
+        Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, RwOp, SendBuffer, UdDest, WorkDone,
     },
 };
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -254,7 +254,7 @@ impl Conn {
         };
         for _ in 0..abi::RECV_DEPTH {
             let buf = RecvBuffer::new(&pd, recv_size)?;
-            qp.post_recv(buf).map_err(|(e, _)| e)?;
+            qp.post_recv(buf).map_err(Error::from)?;
         }
         let mut peers = KVec::new();
         if qp_type == QpType::Ud {
@@ -362,7 +362,7 @@ impl Conn {
         imm: Option<u32>,
         timeout_ms: u32,
         nowait: bool,
-        post: impl FnOnce(SendBuffer) -> core::result::Result<(), (Error, SendBuffer)>,
+        post: impl FnOnce(SendBuffer) -> Result<(), PostError<SendBuffer>>,
     ) -> Result {
         let wait = Wait::new(timeout_or_default(timeout_ms), false);
         let _waited = (!nowait).then(|| self.waited_sends.lock());
@@ -396,7 +396,11 @@ impl Conn {
         }
         // The completion may run at once on another CPU: it waits for this
         // lock, so it finds `posted` and `waited` as they are after the post.
-        if let Err((e, buf)) = post(buf) {
+        if let Err(PostError {
+            error: e,
+            value: buf,
+        }) = post(buf)
+        {
             tx.waited = None;
             let _ = tx.free.push_within_capacity(buf);
             return Err(e);

@@ -78,8 +78,8 @@ pub use self::{
     poller::{BusyPoller, PollLoop},
     sg::SgBuffer,
     verbs::{
-        CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, QpType, RecvBuffer, RwDone, RwOp,
-        SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone, WorkOp,
+        CompletionHandler, Cq, PollContext, PostError, Qp, QpCaps, QpEvent, QpType, RecvBuffer,
+        RwDone, RwOp, SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone, WorkOp,
     },
 };
 

@@ -131,7 +131,7 @@ mod cq_tests {
                 }
                 for _ in 0..RECORDING_CAPS.max_recv_wr {
                     qp.post_recv(RecvBuffer::new(&pd, 64)?)
-                        .map_err(|(e, _)| e)?;
+                        .map_err(Error::from)?;
                 }
                 Ok(qp)
             })

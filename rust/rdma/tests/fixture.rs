@@ -394,7 +394,7 @@ pub(super) fn recording_qp_with(
         let qp = l.create_qp(&pd, &cq, caps)?;
         for _ in 0..recvs {
             qp.post_recv(RecvBuffer::new(&pd, 64)?)
-                .map_err(|(e, _)| e)?;
+                .map_err(Error::from)?;
         }
         Ok((qp, cq))
     })

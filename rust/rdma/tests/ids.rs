@@ -347,7 +347,7 @@ mod id_tests {
             let qp = l.create_qp(&pd, &cq, caps)?;
             let mut buf = SendBuffer::new(&pd, 64)?;
             buf.fill(b"datagram")?;
-            let rc_send = qp.post_send(buf).err().map(|(e, _)| e);
+            let rc_send = qp.post_send(buf).err().map(Error::from);
             let mr = Mr::new(&pd, 4096)?;
             let access = MrAccess {
                 remote_read: true,
@@ -358,7 +358,7 @@ mod id_tests {
             let recv_without_room = qp
                 .post_recv(RecvBuffer::new(&pd, grh)?)
                 .err()
-                .map(|(e, _)| e);
+                .map(Error::from);
             // A refusal's error, and whether the buffer came back with its
             // pages attached.
             let paged_recv = |len| -> Result<Option<(Error, bool)>> {
@@ -367,7 +367,7 @@ mod id_tests {
                 Ok(qp
                     .post_recv(buf)
                     .err()
-                    .map(|(e, back)| (e, back.pages().is_some())))
+                    .map(|e| (e.error, e.value.pages().is_some())))
             };
             let recv_header_short = paged_recv(grh - 1)?;
             // Posted, and flushed with the QP.
@@ -444,21 +444,19 @@ mod id_tests {
             let buf = RecvBuffer::new(qp.pd(), 8);
             posted += u32::from(buf.is_ok_and(|buf| qp.post_recv(buf).is_ok()));
         }
-        let post = |pd: &Arc<Pd>| {
-            let buf = RecvBuffer::new(pd, 8).map_err(|e| (e, None))?;
-            qp.post_recv(buf).map_err(|(e, buf)| (e, Some(buf)))
+        let post = |pd: &Arc<Pd>| -> Result {
+            let buf = RecvBuffer::new(pd, 8)?;
+            Ok(qp.post_recv(buf)?)
         };
-        let fifth = post(qp.pd()).err().map(|(e, _)| e);
+        let fifth = post(qp.pd()).err();
         // A buffer of another PD (its local key is that PD's) is refused.
         let foreign = Pd::alloc(qp.device())
-            .map_err(|e| (e, None))
             .and_then(|other_pd| post(&other_pd))
-            .err()
-            .map(|(e, _)| e);
+            .err();
         // Destroying the id shuts the QP down, flushing the four receives;
         // the room goes with the QP.
         drop(id);
-        let late = post(qp.pd()).err().map(|(e, _)| e);
+        let late = post(qp.pd()).err();
         drop(qp);
         let free_at_end = cq.free_entries();
         // Nothing of the device is held past here: a failed assertion
@@ -606,12 +604,12 @@ mod id_tests {
             }
         };
         let full = (send_cq.free_entries(), recv_cq.free_entries());
-        let post = || {
-            let buf = RecvBuffer::new(qp.pd(), 8).map_err(|e| (e, None))?;
-            qp.post_recv(buf).map_err(|(e, buf)| (e, Some(buf)))
+        let post = || -> Result {
+            let buf = RecvBuffer::new(qp.pd(), 8)?;
+            Ok(qp.post_recv(buf)?)
         };
         let posted = (0..6).filter(|_| post().is_ok()).count();
-        let seventh = post().err().map(|(e, _)| e);
+        let seventh = post().err();
         drop(id);
         drop(qp);
         let free_at_end = (send_cq.free_entries(), recv_cq.free_entries());
@@ -658,7 +656,7 @@ mod id_tests {
             let qp = l.create_qp(&pd, &cq, caps)?;
             for _ in 0..6 {
                 qp.post_recv(RecvBuffer::new(&pd, 64)?)
-                    .map_err(|(e, _)| e)?;
+                    .map_err(Error::from)?;
             }
             Ok((cq, qp))
         });
@@ -702,7 +700,7 @@ mod id_tests {
             let qp = l.create_qp(&pd, &cq, caps)?;
             for _ in 0..6 {
                 qp.post_recv(RecvBuffer::new(&pd, 64)?)
-                    .map_err(|(e, _)| e)?;
+                    .map_err(Error::from)?;
             }
             Ok((last, beyond, cq, qp))
         });
@@ -794,7 +792,7 @@ mod id_tests {
             let mut send = SendBuffer::new(&pd_siw, 64)?;
             send.fill(b"x")?;
             let send = qp.post_send(send);
-            Ok((recv.err().map(|(e, _)| e), send.err().map(|(e, _)| e)))
+            Ok((recv.err().map(Error::from), send.err().map(Error::from)))
         };
         let posts = post_buffers();
         let registered = crate::rdma::mr::Mr::new(&pd_siw, 4096).map(|mr| {
@@ -909,7 +907,7 @@ mod id_tests {
         let qp = made.qp.lock().take();
         let made_qp = qp.is_some();
         let posted = qp.as_ref().map(|qp| match RecvBuffer::new(qp.pd(), 8) {
-            Ok(buf) => qp.post_recv(buf).err().map(|(e, _)| e),
+            Ok(buf) => qp.post_recv(buf).err().map(Error::from),
             Err(e) => Some(e),
         });
         drop(qp);

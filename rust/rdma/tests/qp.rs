@@ -82,7 +82,7 @@ mod qp_tests {
         both.fill(b"both").unwrap();
         both.set_imm(Some(7));
         both.set_invalidate(Some(advertised.rkey));
-        let refused = pair.client_qp.post_send(both).err().map(|(e, _)| e);
+        let refused = pair.client_qp.post_send(both).err().map(Error::from);
 
         let mut done = SendBuffer::new(pair.client_qp.pd(), 16).unwrap();
         done.fill(b"done").unwrap();
@@ -121,7 +121,7 @@ mod qp_tests {
         too_long.fill(&[0x5a; INLINE + 1]).unwrap();
         too_long.set_inline(true);
         let refused = pair.client_qp.post_send(too_long).err();
-        let refused = refused.map(|(e, buf)| (e, buf.data().len()));
+        let refused = refused.map(|e| (e.error, e.value.data().len()));
 
         let mut send = SendBuffer::new(pair.client_qp.pd(), INLINE + 1).unwrap();
         send.fill(&message).unwrap();
@@ -223,7 +223,7 @@ mod qp_tests {
             .client_qp
             .register_then_send(prepared, 1, advert)
             .map(|_| ())
-            .map_err(|(e, _, _)| e);
+            .map_err(Error::from);
         let arrived = wait_until(|| server.received.load(Ordering::Acquire) == 4);
         drop(region);
         drop(pair);
@@ -380,7 +380,7 @@ mod qp_tests {
             let qp = l.create_qp(&pd, &cq, REENTRY_CAPS)?;
             for _ in 0..2 {
                 qp.post_recv(RecvBuffer::new(&pd, 64)?)
-                    .map_err(|(e, _)| e)?;
+                    .map_err(Error::from)?;
             }
             *state.target.lock() = Some((id.clone(), pd, spare));
             Ok(cq)
@@ -525,7 +525,7 @@ mod qp_tests {
             let qp = l.create_qp(&pd, cq, REENTRY_CAPS)?;
             for _ in 0..2 {
                 qp.post_recv(RecvBuffer::new(&pd, 64)?)
-                    .map_err(|(e, _)| e)?;
+                    .map_err(Error::from)?;
             }
             Ok(())
         })?;

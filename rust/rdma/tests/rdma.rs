@@ -12,6 +12,7 @@ use crate::rdma::{
     pd::Pd,
     sg::SgBuffer,
     verbs::{Cq, PollContext, Qp, QpCaps, RecvBuffer, RwOp, SendBuffer, Srq, SrqCaps},
+    PostError,
 };
 use core::sync::atomic::Ordering;
 use kernel::{
@@ -74,7 +75,7 @@ mod rdma_tests {
         let short = pair
             .client_qp
             .rdma_rw(RwOp::Write, SgBuffer::new(LEN - 1).unwrap(), target, 1);
-        let short = short.err().map(|(e, buf)| (e, buf.len()));
+        let short = short.err().map(|e| (e.error, e.value.len()));
         let written = pair.client_qp.rdma_rw(RwOp::Write, out, target, 2).is_ok();
         let write_done = poll_until(&|| pair.client_seen.rw_ok.load(Ordering::Acquire) == 1);
         let mut landed = KVec::new();
@@ -83,7 +84,7 @@ mod rdma_tests {
         let read = pair
             .client_qp
             .rdma_rw(RwOp::Read, SgBuffer::new(LEN).unwrap(), target, 3);
-        let read = read.map_err(|(e, _)| e);
+        let read = read.map_err(Error::from);
         let read_done = poll_until(&|| pair.client_seen.rw_ok.load(Ordering::Acquire) == 2);
         let read_digest = pair.client_seen.rw_digest.load(Ordering::Acquire);
 
@@ -103,7 +104,10 @@ mod rdma_tests {
             .client_qp
             .rdma_rw_then_send(RwOp::Write, second, target, 4, both);
         let (two_opcodes, second, _both) = match two_opcodes {
-            Err((e, second, both)) => (Some(e), second, both),
+            Err(PostError {
+                error: e,
+                value: (second, both),
+            }) => (Some(e), second, both),
             Ok(()) => (None, SgBuffer::new(LEN).unwrap(), None),
         };
         let mut done = SendBuffer::new(pair.client_qp.pd(), 16).unwrap();
@@ -134,7 +138,7 @@ mod rdma_tests {
                 .rdma_rw(RwOp::Read, SgBuffer::new(PAGE).unwrap(), page, tag)
             {
                 Ok(()) => in_flight += 1,
-                Err((e, _)) => {
+                Err(PostError { error: e, .. }) => {
                     refused = Some(e);
                     break;
                 }
@@ -214,7 +218,7 @@ mod rdma_tests {
         pages.write(0, paged)?;
         send.attach_pages(pages);
         send.set_unsignaled(unsignaled);
-        qp.post_send(send).map_err(|(e, _)| e)
+        qp.post_send(send).map_err(Error::from)
     }
 
     /// `len` bytes of a pattern that differs from offset to offset and
@@ -297,17 +301,17 @@ mod rdma_tests {
         too_many.fill(b"header").unwrap();
         too_many.attach_pages(SgBuffer::new(ANSWER).unwrap());
         let over_sge = server_qp.post_send(too_many).err();
-        let over_sge = over_sge.map(|(e, buf)| (e, buf.pages().is_some()));
+        let over_sge = over_sge.map(|e| (e.error, e.value.pages().is_some()));
         let mut inline = SendBuffer::new(&s_pd, 8).unwrap();
         inline.set_inline(true);
         inline.attach_pages(SgBuffer::new(ANSWER).unwrap());
         let inline = server_qp.post_send(inline).err();
-        let inline = inline.map(|(e, buf)| (e, buf.pages().is_some()));
+        let inline = inline.map(|e| (e.error, e.value.pages().is_some()));
         let srq = Srq::<Recording>::new(&s_pd, 4).unwrap();
         let mut on_srq = RecvBuffer::new(&s_pd, 8).unwrap();
         on_srq.attach_pages(SgBuffer::new(ANSWER).unwrap());
         let on_srq = srq.post_recv(on_srq).err();
-        let on_srq = on_srq.map(|(e, buf)| (e, buf.pages().is_some()));
+        let on_srq = on_srq.map(|e| (e.error, e.value.pages().is_some()));
         drop(srq);
 
         // The answer: pages alone, one entry.
@@ -372,7 +376,7 @@ mod rdma_tests {
         let pages = SgBuffer::new(3 * 4096).unwrap();
         let page_entries = pages.entries();
         recv.attach_pages(pages);
-        let posted = srq.post_recv(recv).err().map(|(e, _)| e);
+        let posted = srq.post_recv(recv).err().map(Error::from);
 
         let (s_pd, s_cq, s_srq) = (pd.clone(), cq.clone(), srq.clone());
         let connected = connect_client(&world, &ns, &addr, PollContext::Workqueue, move |server| {
@@ -445,14 +449,24 @@ mod rdma_tests {
             reader
                 .register_then_send(prepared, 6, send)
                 .err()
-                .map(|(e, _, _)| e)
+                .map(Error::from)
         });
 
         let other_pd = Pd::alloc(owner.device()).unwrap();
         let foreign = SendBuffer::new(&other_pd, 16).unwrap();
         let refused = owner.register_then_send(prepared, 2, foreign);
-        let both_back = matches!(refused, Err((_, Some(_), _)));
-        let Err((refused, Some(prepared), foreign)) = refused else {
+        let both_back = matches!(
+            refused,
+            Err(PostError {
+                value: (Some(_), _),
+                ..
+            })
+        );
+        let Err(PostError {
+            error: refused,
+            value: (Some(prepared), foreign),
+        }) = refused
+        else {
             // An assertion ends the test without unwinding: what holds the
             // device goes first.
             drop((region, other_pd));
@@ -464,14 +478,14 @@ mod rdma_tests {
         advert.fill(&advertisement(remote)).unwrap();
         let posted = owner
             .register_then_send(prepared, 3, advert)
-            .map_err(|(e, _, _)| e);
+            .map_err(Error::from);
         let registered = region.is_registered();
         let arrived = wait_until(|| read_by.received.load(Ordering::Acquire) == 1);
         let advert_digest = read_by.last_digest.load(Ordering::Acquire);
         // The peer acts on the message at once.
         let read = reader
             .rdma_rw(RwOp::Read, SgBuffer::new(LEN).unwrap(), remote, 4)
-            .map_err(|(e, _)| e);
+            .map_err(Error::from);
         let read_back = wait_until(|| read_by.rw_back.load(Ordering::Acquire) == 1);
         let read_ok = read_by.rw_ok.load(Ordering::Acquire);
         let read_digest = read_by.rw_digest.load(Ordering::Acquire);
@@ -736,7 +750,7 @@ mod rdma_tests {
         let read = pair
             .client_qp
             .rdma_rw(RwOp::Read, SgBuffer::new(4096).unwrap(), nowhere, 1);
-        let read = read.map_err(|(e, _)| e);
+        let read = read.map_err(Error::from);
         let iwarp = ip == SIW_IP;
         let back_at_once = if iwarp {
             // Time for the peer's refusal to come back, which must not

@@ -69,9 +69,9 @@ mod srq_tests {
             posted += u32::from(srq.post_recv(RecvBuffer::new(&pd, 64).unwrap()).is_ok());
         }
         let beyond_depth = srq.post_recv(RecvBuffer::new(&pd, 64).unwrap());
-        let beyond_depth = beyond_depth.err().map(|(e, _)| e);
+        let beyond_depth = beyond_depth.err().map(Error::from);
         let foreign = srq.post_recv(RecvBuffer::new(&other_pd, 64).unwrap());
-        let foreign = foreign.err().map(|(e, _)| e);
+        let foreign = foreign.err().map(Error::from);
         // An event once fewer than 3 are posted: at the second message.
         let limit_refused = (srq.arm_limit(0).err(), srq.arm_limit(DEPTH + 1).err());
         let armed = srq.arm_limit(DEPTH - 1);
@@ -136,7 +136,7 @@ mod srq_tests {
         let (first_qp, second_qp) = (first.4.qp_num(), second.4.qp_num());
 
         let own_post = first.4.post_recv(RecvBuffer::new(&pd, 64).unwrap());
-        let own_post = own_post.err().map(|(e, _)| e);
+        let own_post = own_post.err().map(Error::from);
         let held_before = first.4.awaits_first_message();
         let sent_first = post_marked(&first.1 .0, 1, false);
         let got_first = wait_until(|| server_seen.received.load(Ordering::Acquire) == 1);

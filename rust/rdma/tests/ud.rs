@@ -132,7 +132,7 @@ mod ud_tests {
                     buf
                 }
             };
-            qp.post_recv(buf).map_err(|(e, _)| e)?;
+            qp.post_recv(buf).map_err(Error::from)?;
         }
         Ok(Side { qp, inbox })
     }
@@ -248,7 +248,10 @@ mod ud_tests {
         let mut oversize = SendBuffer::new(pd, ROOM).unwrap();
         oversize.fill(&[0x48; ROOM]).unwrap();
         oversize.attach_pages(SgBuffer::new(max - ROOM + 1).unwrap());
-        let refused = server_qp.post_send_ud(oversize, back).err().map(|(e, _)| e);
+        let refused = server_qp
+            .post_send_ud(oversize, back)
+            .err()
+            .map(Error::from);
         c.eq(
             "a datagram of a header and a page above the MTU",
             refused,
@@ -266,7 +269,7 @@ mod ud_tests {
         let mut send = SendBuffer::new(pd, ROOM).unwrap();
         send.fill(header).unwrap();
         send.attach_pages(pages);
-        let sent = server_qp.post_send_ud(send, back).err().map(|(e, _)| e);
+        let sent = server_qp.post_send_ud(send, back).err().map(Error::from);
         if !c.eq("the paged datagram's post", sent, None) {
             return None;
         }
@@ -410,18 +413,18 @@ mod ud_tests {
             .unwrap();
         let mut big = SendBuffer::new(pd, zeros.len()).unwrap();
         big.fill(&zeros).unwrap();
-        let refused = client_qp.post_send_ud(big, &dest).err().map(|(e, _)| e);
+        let refused = client_qp.post_send_ud(big, &dest).err().map(Error::from);
         c.eq("a datagram above the MTU", refused, Some(EMSGSIZE));
         // Selective signaling is RC's (the shutdown's marker is a WRITE).
         let mut quiet = SendBuffer::new(pd, 64).unwrap();
         quiet.set_unsignaled(true);
-        let refused = client_qp.post_send_ud(quiet, &dest).err().map(|(e, _)| e);
+        let refused = client_qp.post_send_ud(quiet, &dest).err().map(Error::from);
         c.eq("an unsignaled datagram", refused, Some(EINVAL));
 
         let mut ping = SendBuffer::new(pd, 64).unwrap();
         ping.fill(b"ud ping").unwrap();
         ping.set_imm(Some(client_qp.qp_num()));
-        let sent = client_qp.post_send_ud(ping, &dest).err().map(|(e, _)| e);
+        let sent = client_qp.post_send_ud(ping, &dest).err().map(Error::from);
         // The send holds the address handle: the consumer's copy may go.
         drop(dest);
         let mut got = None;
@@ -451,7 +454,7 @@ mod ud_tests {
                     c.eq("the reply's destination", back.qp_num(), client_qp.qp_num());
                     let mut pong = SendBuffer::new(server_qp.pd(), 64).unwrap();
                     pong.fill(b"ud pong").unwrap();
-                    let sent = server_qp.post_send_ud(pong, &back).err().map(|(e, _)| e);
+                    let sent = server_qp.post_send_ud(pong, &back).err().map(Error::from);
                     if c.eq("the pong's post", sent, None) {
                         wait_until(|| {
                             answer = take_one(&client_inbox);

@@ -3,7 +3,7 @@
 //! DMA-mapped message buffers ([`RecvBuffer`], [`SendBuffer`]) and the
 //! pages attached to them; posting a receive buffer to a QP or an SRQ.
 
-use super::credits::Credit;
+use super::{credits::Credit, post_error::PostError};
 use crate::rdma::{
     ah::{Datagram, UdDest},
     bindings,
@@ -140,7 +140,10 @@ impl Buffer {
                 self.mapped = Some(mapped);
                 Ok(Some(list))
             }
-            Err((e, pages)) => {
+            Err(PostError {
+                error: e,
+                value: pages,
+            }) => {
                 self.pages = Some(pages);
                 Err(e)
             }
@@ -310,15 +313,15 @@ impl MappedPages {
         pd: &Arc<Pd>,
         head: Option<bindings::ib_sge>,
         max_sge: u32,
-    ) -> core::result::Result<(Self, SgeList), (Error, SgBuffer)> {
+    ) -> Result<(Self, SgeList), PostError<SgBuffer>> {
         let (sgl, nents) = pages.sgl();
         let wanted = nents as usize + usize::from(head.is_some());
         if wanted > max_sge as usize {
-            return Err((EMSGSIZE, pages));
+            return Err(PostError::new(EMSGSIZE, pages));
         }
         let mut sges = match KVec::with_capacity(wanted, GFP_KERNEL) {
             Ok(sges) => sges,
-            Err(e) => return Err((e.into(), pages)),
+            Err(e) => return Err(PostError::new(e.into(), pages)),
         };
         if let Some(head) = head {
             // Cannot fail: the capacity is there.
@@ -331,7 +334,7 @@ impl MappedPages {
         // of pages the buffer owns, mapped by nothing (the consumer's).
         let mapped = unsafe { bindings::rdma_cm_rs_dma_map_sg(dev, sgl, nents) };
         if mapped <= 0 {
-            return Err((ENOMEM, pages));
+            return Err(PostError::new(ENOMEM, pages));
         }
         let first = sges.len();
         // `ib_dma_map_sg` merges entries, never adds any.

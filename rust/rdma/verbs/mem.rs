@@ -8,6 +8,7 @@ use super::{
     caps::QpType,
     completion::{CompletionHandler, RwOp, WorkDone, WorkOp},
     credits::{PostedCqe, Signaling, WrQueue},
+    post_error::PostError,
     qp::Qp,
     request::{send_done, work_done, Work},
 };
@@ -160,17 +161,17 @@ impl<C: CompletionHandler> Qp<C> {
         mut prepared: PreparedRegistration,
         tag: u64,
         send: SendBuffer,
-    ) -> core::result::Result<RemoteRegion, (Error, Option<PreparedRegistration>, SendBuffer)> {
+    ) -> Result<RemoteRegion, PostError<(Option<PreparedRegistration>, SendBuffer)>> {
         if let Err(e) = self
             .check_type(QpType::Rc)
             .and_then(|()| self.check_pd(prepared.mr.pd()))
             .and_then(|()| self.check_send(&send))
             .and_then(|()| self.check_peer_spoke())
         {
-            return Err((e, Some(prepared), send));
+            return Err(PostError::new(e, (Some(prepared), send)));
         }
         if self.credits.caps.max_send_wr < 2 {
-            return Err((EMSGSIZE, Some(prepared), send));
+            return Err(PostError::new(EMSGSIZE, (Some(prepared), send)));
         }
         // The region's state changes with the post, under its lock (taken
         // before the QP's, as `register` does).
@@ -178,7 +179,7 @@ impl<C: CompletionHandler> Qp<C> {
         let mut reg = mr.registration();
         if reg.is_valid() {
             drop(reg);
-            return Err((EBUSY, Some(prepared), send));
+            return Err(PostError::new(EBUSY, (Some(prepared), send)));
         }
         let credits = self
             .credits
@@ -188,7 +189,7 @@ impl<C: CompletionHandler> Qp<C> {
             Ok(both) => both,
             Err(e) => {
                 drop(reg);
-                return Err((e, Some(prepared), send));
+                return Err(PostError::new(e, (Some(prepared), send)));
             }
         };
         let work = KBox::new(
@@ -210,7 +211,7 @@ impl<C: CompletionHandler> Qp<C> {
             Ok(work) => work,
             Err(e) => {
                 drop(reg);
-                return Err((e.into(), Some(prepared), send));
+                return Err(PostError::new(e.into(), (Some(prepared), send)));
             }
         };
         let mut inner = send.0;
@@ -219,7 +220,7 @@ impl<C: CompletionHandler> Qp<C> {
             Ok(list) => list,
             Err(e) => {
                 drop(reg);
-                return Err((e, Some(prepared), SendBuffer(inner)));
+                return Err(PostError::new(e, (Some(prepared), SendBuffer(inner))));
             }
         };
         let mut sge = bindings::ib_sge::default();
@@ -237,7 +238,10 @@ impl<C: CompletionHandler> Qp<C> {
         let Some(raw) = *guard else {
             drop((guard, reg));
             inner.credit = None;
-            return Err((ENOTCONN, Some(prepared), SendBuffer::back(inner)));
+            return Err(PostError::new(
+                ENOTCONN,
+                (Some(prepared), SendBuffer::back(inner)),
+            ));
         };
         let (work, inner) = (KBox::into_raw(work), KBox::into_raw(inner));
         // SAFETY: Both are live until their completion or the failure
@@ -297,7 +301,7 @@ impl<C: CompletionHandler> Qp<C> {
             drop(work);
             inner.credit = None;
             drop((guard, reg));
-            return Err((e, Some(prepared), SendBuffer::back(inner)));
+            return Err(PostError::new(e, (Some(prepared), SendBuffer::back(inner))));
         }
         if only_send_refused {
             // The registration is the driver's (flushed now that the QP is
@@ -310,7 +314,10 @@ impl<C: CompletionHandler> Qp<C> {
             drop(guard);
             let _ = prepared.posted(&mut reg);
             drop(reg);
-            return Err((Error::from_errno(posted), None, SendBuffer::back(inner)));
+            return Err(PostError::new(
+                Error::from_errno(posted),
+                (None, SendBuffer::back(inner)),
+            ));
         }
         drop(guard);
         Ok(prepared.posted(&mut reg))

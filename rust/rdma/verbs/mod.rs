@@ -83,6 +83,7 @@ mod cq;
 mod credits;
 mod drain;
 mod mem;
+mod post_error;
 mod qp;
 mod request;
 mod rw;
@@ -96,6 +97,7 @@ pub use self::{
     cq::{Cq, PollContext},
     credits::FLUSH_TIMEOUT,
     mem::PreparedRegistration,
+    post_error::PostError,
     qp::Qp,
     srq::{Srq, SrqCaps, SrqEvent, SrqEvents},
 };

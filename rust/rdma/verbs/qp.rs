@@ -9,6 +9,7 @@ use super::{
     completion::{CompletionHandler, QpEvent},
     cq::Cq,
     credits::{Credit, PostedCqe, Signaling, WrCredits, WrQueue},
+    post_error::PostError,
     request::{post_recv_buffer, send_done},
     srq::Srq,
 };
@@ -589,16 +590,16 @@ impl<C: CompletionHandler> Qp<C> {
     /// device or PD, `ENOSPC` with `max_recv_wr` receives in flight,
     /// `ENOTCONN` once the QP is shut down, `EOPNOTSUPP` on a QP that takes
     /// its receives from a [`Srq`] (post them there).
-    pub fn post_recv(&self, buf: RecvBuffer) -> core::result::Result<(), (Error, RecvBuffer)> {
+    pub fn post_recv(&self, buf: RecvBuffer) -> Result<(), PostError<RecvBuffer>> {
         if self.srq.is_some() {
-            return Err((EOPNOTSUPP, buf));
+            return Err(PostError::new(EOPNOTSUPP, buf));
         }
         if let Err(e) = self.check_pd(&buf.0.pd) {
-            return Err((e, buf));
+            return Err(PostError::new(e, buf));
         }
         let guard = self.raw.lock();
         let Some(raw) = *guard else {
-            return Err((ENOTCONN, buf));
+            return Err(PostError::new(ENOTCONN, buf));
         };
         let on_ud = self.qp_type == QpType::Ud;
         // A datagram's global route header comes first in the scatter
@@ -611,7 +612,7 @@ impl<C: CompletionHandler> Qp<C> {
                 GRH_SIZE + 1
             };
             if buf.0.data.len() < least {
-                return Err((EINVAL, buf));
+                return Err(PostError::new(EINVAL, buf));
             }
         }
         // Tracked under the QP's lock, before the post (the completion may
@@ -636,12 +637,12 @@ impl<C: CompletionHandler> Qp<C> {
     /// `ENOTCONN` once the QP is shut down, `EAGAIN` on the passive side of
     /// an iWARP connection before the peer's first message
     /// ([`Self::awaits_first_message`]).
-    pub fn post_send(&self, buf: SendBuffer) -> core::result::Result<(), (Error, SendBuffer)> {
+    pub fn post_send(&self, buf: SendBuffer) -> Result<(), PostError<SendBuffer>> {
         if let Err(e) = self
             .check_type(QpType::Rc)
             .and_then(|()| Self::check_one_opcode(&buf))
         {
-            return Err((e, buf));
+            return Err(PostError::new(e, buf));
         }
         self.post_send_to(buf, None)
     }
@@ -656,25 +657,25 @@ impl<C: CompletionHandler> Qp<C> {
         &self,
         buf: SendBuffer,
         dest: &UdDest,
-    ) -> core::result::Result<(), (Error, SendBuffer)> {
+    ) -> Result<(), PostError<SendBuffer>> {
         if let Err(e) = self
             .check_type(QpType::Ud)
             .and_then(|()| self.check_pd(dest.ah.pd()))
         {
-            return Err((e, buf));
+            return Err(PostError::new(e, buf));
         }
         let paged = buf.0.pages.as_ref().map_or(0, SgBuffer::len);
         if buf.0.len.saturating_add(paged) > self.max_datagram() {
-            return Err((EMSGSIZE, buf));
+            return Err(PostError::new(EMSGSIZE, buf));
         }
         // A datagram invalidates nothing (SEND_WITH_INV is RC only).
         if buf.0.invalidate.is_some() {
-            return Err((EOPNOTSUPP, buf));
+            return Err(PostError::new(EOPNOTSUPP, buf));
         }
         // Selective signaling is for RC: the shutdown's marker, which
         // gives back unsignaled sends, is an RDMA WRITE.
         if buf.0.unsignaled {
-            return Err((EINVAL, buf));
+            return Err(PostError::new(EINVAL, buf));
         }
         self.post_send_to(buf, Some(dest.clone()))
     }
@@ -683,23 +684,23 @@ impl<C: CompletionHandler> Qp<C> {
         &self,
         buf: SendBuffer,
         dest: Option<UdDest>,
-    ) -> core::result::Result<(), (Error, SendBuffer)> {
+    ) -> Result<(), PostError<SendBuffer>> {
         if let Err(e) = self
             .check_pd(&buf.0.pd)
             .and_then(|()| self.check_peer_spoke())
             .and_then(|()| self.check_inline(&buf))
         {
-            return Err((e, buf));
+            return Err(PostError::new(e, buf));
         }
         let credit = match self.credits.take(WrQueue::Send) {
             Ok(credit) => credit,
-            Err(e) => return Err((e, buf)),
+            Err(e) => return Err(PostError::new(e, buf)),
         };
         let mut inner = buf.0;
         let head_len = inner.len;
         let list = match inner.map_pages(head_len, self.max_send_sge) {
             Ok(list) => list,
-            Err(e) => return Err((e, SendBuffer(inner))),
+            Err(e) => return Err(PostError::new(e, SendBuffer(inner))),
         };
         let mut sge = bindings::ib_sge::default();
         let mut send_wr: bindings::ib_send_wr = pin_init::zeroed();
@@ -761,7 +762,7 @@ impl<C: CompletionHandler> Qp<C> {
             let mut inner = unsafe { KBox::from_raw(leaked) };
             inner.credit = None;
             inner.dest = None;
-            return Err((e, SendBuffer::back(inner)));
+            return Err(PostError::new(e, SendBuffer::back(inner)));
         }
         Ok(())
     }

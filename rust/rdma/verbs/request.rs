@@ -10,6 +10,7 @@ use super::{
     completion::{wc_result, CompletionHandler, RwDone, WorkDone, WorkOp},
     cq::handler_of,
     credits::{Credit, PostedCqe, Signaling, WrCredits, WrQueue},
+    post_error::PostError,
 };
 use crate::rdma::{
     ah::{Datagram, GRH_SIZE},
@@ -36,17 +37,17 @@ pub(super) fn post_recv_buffer<C: CompletionHandler>(
     on_ud: bool,
     max_sge: u32,
     post: impl FnOnce(&bindings::ib_recv_wr) -> Result,
-) -> core::result::Result<(), (Error, RecvBuffer)> {
+) -> Result<(), PostError<RecvBuffer>> {
     let credit = match credits.take(WrQueue::Recv) {
         Ok(credit) => credit,
-        Err(e) => return Err((e, buf)),
+        Err(e) => return Err(PostError::new(e, buf)),
     };
     let mut inner = buf.0;
     let capacity = inner.data.len();
     // Kept across the post.
     let list = match inner.map_pages(capacity, max_sge) {
         Ok(list) => list,
-        Err(e) => return Err((e, RecvBuffer(inner))),
+        Err(e) => return Err(PostError::new(e, RecvBuffer(inner))),
     };
     inner.credit = Some(credit);
     inner.on_ud = on_ud;
@@ -75,7 +76,7 @@ pub(super) fn post_recv_buffer<C: CompletionHandler>(
         // SAFETY: The driver refused it: nothing else owns the buffer.
         let mut inner = unsafe { KBox::from_raw(leaked) };
         inner.credit = None;
-        return Err((e, RecvBuffer::back(inner)));
+        return Err(PostError::new(e, RecvBuffer::back(inner)));
     }
     Ok(())
 }
@@ -312,9 +313,12 @@ impl RwWork {
 
     /// `error` with the buffers of a transfer that is released (or never
     /// held them), for a post that did not happen.
-    pub(super) fn refused(self: KBox<Self>, error: Error) -> (Error, SgBuffer, Option<SendBuffer>) {
+    pub(super) fn refused(
+        self: KBox<Self>,
+        error: Error,
+    ) -> PostError<(SgBuffer, Option<SendBuffer>)> {
         let work = KBox::into_inner(self);
-        (error, work.done.buf, work.then_send.map(SendBuffer::back))
+        PostError::new(error, (work.done.buf, work.then_send.map(SendBuffer::back)))
     }
 }
 

@@ -8,6 +8,7 @@ use super::{
     caps::QpType,
     completion::{CompletionHandler, RwDone, RwOp},
     credits::{PostedCqe, Signaling, WrQueue},
+    post_error::PostError,
     qp::Qp,
     request::{rw_done, RwWork},
 };
@@ -46,9 +47,9 @@ impl<C: CompletionHandler> Qp<C> {
         buf: SgBuffer,
         remote: RemoteRegion,
         tag: u64,
-    ) -> core::result::Result<(), (Error, SgBuffer)> {
+    ) -> Result<(), PostError<SgBuffer>> {
         self.post_rw(op, buf, remote, tag, None)
-            .map_err(|(e, buf, _)| (e, buf))
+            .map_err(|e| PostError::new(e.error, e.value.0))
     }
 
     /// [`Self::rdma_rw`] followed, in the same post, by a SEND of `send`
@@ -68,7 +69,7 @@ impl<C: CompletionHandler> Qp<C> {
         remote: RemoteRegion,
         tag: u64,
         send: SendBuffer,
-    ) -> core::result::Result<(), (Error, SgBuffer, Option<SendBuffer>)> {
+    ) -> Result<(), PostError<(SgBuffer, Option<SendBuffer>)>> {
         self.post_rw(op, buf, remote, tag, Some(send))
     }
 
@@ -79,18 +80,18 @@ impl<C: CompletionHandler> Qp<C> {
         remote: RemoteRegion,
         tag: u64,
         then: Option<SendBuffer>,
-    ) -> core::result::Result<(), (Error, SgBuffer, Option<SendBuffer>)> {
+    ) -> Result<(), PostError<(SgBuffer, Option<SendBuffer>)>> {
         if let Err(e) = self
             .check_type(QpType::Rc)
             .and_then(|()| self.check_peer_spoke())
         {
-            return Err((e, buf, then));
+            return Err(PostError::new(e, (buf, then)));
         }
         let fits = usize::try_from(remote.len).is_ok_and(|len| len == buf.len())
             && remote.addr.checked_add(u64::from(remote.len)).is_some();
         let slots = match self.credits.caps.rw_slots() {
             Ok(slots) if slots > 0 && fits => slots,
-            _ => return Err((EINVAL, buf, then)),
+            _ => return Err(PostError::new(EINVAL, (buf, then))),
         };
         let send_credit = match &then {
             None => None,
@@ -99,11 +100,11 @@ impl<C: CompletionHandler> Qp<C> {
                 .and_then(|()| self.credits.take(WrQueue::Send))
             {
                 Ok(credit) => Some(credit),
-                Err(e) => return Err((e, buf, then)),
+                Err(e) => return Err(PostError::new(e, (buf, then))),
             },
         };
         let Ok(room) = KBox::<RwWork>::new_uninit(GFP_KERNEL) else {
-            return Err((ENOMEM, buf, then));
+            return Err(PostError::new(ENOMEM, (buf, then)));
         };
         // The SEND's list with pages, kept across the post.
         let (then, then_list) = match then {
@@ -111,7 +112,7 @@ impl<C: CompletionHandler> Qp<C> {
                 let head_len = send.0.len;
                 match send.0.map_pages(head_len, self.max_send_sge) {
                     Ok(list) => (Some(send), list),
-                    Err(e) => return Err((e, buf, Some(send))),
+                    Err(e) => return Err(PostError::new(e, (buf, Some(send)))),
                 }
             }
             None => (None, None),

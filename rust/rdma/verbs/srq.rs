@@ -8,6 +8,7 @@ use super::{
     completion::CompletionHandler,
     cq::Cq,
     credits::WrCredits,
+    post_error::PostError,
     request::post_recv_buffer,
 };
 use crate::rdma::{bindings, callback::CallbackTarget, pd::Pd};
@@ -226,12 +227,12 @@ impl<C: CompletionHandler> Srq<C> {
     /// buffer of another device or PD, `ENOSPC` with `max_wr` receives
     /// posted, `EMSGSIZE` for more scatter entries than
     /// [`SrqCaps::max_sge`].
-    pub fn post_recv(&self, buf: RecvBuffer) -> core::result::Result<(), (Error, RecvBuffer)> {
+    pub fn post_recv(&self, buf: RecvBuffer) -> Result<(), PostError<RecvBuffer>> {
         if let Err(e) = self.pd.device().check_same(buf.0.pd.device()) {
-            return Err((e, buf));
+            return Err(PostError::new(e, buf));
         }
         if !Arc::ptr_eq(&self.pd, &buf.0.pd) {
-            return Err((EINVAL, buf));
+            return Err(PostError::new(EINVAL, buf));
         }
         // Within the entries the SRQ was made for (`rdma_cm_rs_create_srq`).
         post_recv_buffer::<C>(buf, &self.credits, false, self.max_sge, |wr| {
