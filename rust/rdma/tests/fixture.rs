@@ -34,10 +34,31 @@ pub(super) fn ms(ms: i64) -> Delta {
     Delta::from_millis(ms)
 }
 
+/// A CM handler and a completion handler that do nothing.
+#[derive(Clone)]
 pub(super) struct Nop;
+impl Handler for Nop {
+    fn event(&self, _id: &LockedId<'_>, _event: &Event<'_>) {}
+}
 impl CompletionHandler for Nop {
     fn recv_done(&self, _buf: RecvBuffer, _result: Result<usize>) {}
     fn send_done(&self, _buf: SendBuffer, _result: Result) {}
+}
+
+/// A PD of `l`'s device and a QP on it of `max_wr` sends and receives,
+/// completing on a [`Nop`] CQ.
+pub(super) fn nop_qp(l: &LockedId<'_>, max_wr: u32) -> Result<(Arc<Pd>, Arc<Qp<Nop>>)> {
+    let dev = l.device()?;
+    let pd = Pd::alloc(&dev)?;
+    let caps = QpCaps {
+        max_send_wr: max_wr,
+        max_recv_wr: max_wr,
+        max_inline_data: 0,
+        ..QpCaps::default()
+    };
+    let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
+    let qp = l.create_qp(&pd, &cq, caps)?;
+    Ok((pd, qp))
 }
 
 /// What the listener adopted and the accepting work saw.
@@ -94,18 +115,7 @@ impl Handler for Node {
 }
 
 pub(super) fn with_qp<H: Handler>(id: &CmId<H>) -> Result {
-    id.with_lock(|l| {
-        let dev = l.device()?;
-        let pd = Pd::alloc(&dev)?;
-        let caps = QpCaps {
-            max_send_wr: 2,
-            max_recv_wr: 2,
-            max_inline_data: 0,
-            ..QpCaps::default()
-        };
-        let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
-        l.create_qp(&pd, &cq, caps).map(|_| ())
-    })
+    id.with_lock(|l| nop_qp(l, 2).map(drop))
 }
 
 /// A synchronous id with `handler` whose address and route to `addr` are

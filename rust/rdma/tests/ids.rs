@@ -3,11 +3,13 @@
 //! KUnit: Identifiers: their lifetime, callbacks, QPs and CQs on them, the
 //! objects C can call back.
 
+use super::fixture::{ms, nop_qp, Nop};
 use super::skip_without_devices;
 use kernel::prelude::*;
 
 #[kunit_tests(rdma_cm_rs_ids)]
 mod id_tests {
+    use super::{ms, nop_qp, Nop};
     use crate::rdma::{
         addr::SocketAddr,
         async_event::{AsyncEventHandler, AsyncEventRegistration, DeviceEvent},
@@ -32,7 +34,7 @@ mod id_tests {
         new_mutex,
         prelude::*,
         sync::{aref::ARef, Arc, Mutex},
-        time::{delay::fsleep, Delta},
+        time::delay::fsleep,
     };
 
     #[test]
@@ -93,20 +95,6 @@ mod id_tests {
         assert!(PortSpace::Udp.carries(QpType::Ud));
         assert!(!PortSpace::Udp.carries(QpType::Rc));
         assert!(PortSpace::Ib.carries(QpType::Rc));
-    }
-
-    #[derive(Clone)]
-    struct Nop;
-    impl Handler for Nop {
-        fn event(&self, _id: &LockedId<'_>, _event: &Event<'_>) {}
-    }
-    impl CompletionHandler for Nop {
-        fn recv_done(&self, _buf: RecvBuffer, _result: Result<usize>) {}
-        fn send_done(&self, _buf: SendBuffer, _result: Result) {}
-    }
-
-    fn ms(ms: i64) -> Delta {
-        Delta::from_millis(ms)
     }
 
     /// The test VMs put rxe at 192.0.2.1.
@@ -832,18 +820,7 @@ mod id_tests {
             self.0.started.store(true, Ordering::Release);
             // Long enough for the owner to start destroying the id.
             fsleep(ms(500));
-            let made = (|| -> Result<Arc<Qp<Nop>>> {
-                let dev = id.device()?;
-                let pd = Pd::alloc(&dev)?;
-                let caps = QpCaps {
-                    max_send_wr: 2,
-                    max_recv_wr: 2,
-                    max_inline_data: 0,
-                    ..QpCaps::default()
-                };
-                let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
-                id.create_qp(&pd, &cq, caps)
-            })();
+            let made = nop_qp(id, 2).map(|(_, qp)| qp);
             if let Ok(qp) = made {
                 *self.0.qp.lock() = Some(qp);
             }

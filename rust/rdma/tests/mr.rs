@@ -2,23 +2,16 @@
 
 //! KUnit: Memory regions and page buffers.
 
+use super::fixture::{nop_qp, Nop};
 use super::skip_without_devices;
 use kernel::prelude::*;
 
 #[kunit_tests(rdma_cm_rs_mr)]
 mod mr_tests {
+    use super::{nop_qp, Nop};
     use crate::rdma::{
-        addr::SocketAddr,
-        bindings,
-        cm::*,
-        device::Transport,
-        event::Event,
-        mr::*,
-        net::NetNs,
-        pd::Pd,
-        sg::check_range,
-        verbs::{CompletionHandler, Cq, QpCaps, RecvBuffer, RwOp, SendBuffer},
-        QpType,
+        addr::SocketAddr, bindings, cm::*, device::Transport, mr::*, net::NetNs, pd::Pd,
+        sg::check_range, verbs::RwOp, QpType,
     };
     use kernel::prelude::*;
 
@@ -124,15 +117,6 @@ mod mr_tests {
         assert_eq!(MrAccess::LOCAL.to_raw(Transport::Iwarp), local | write);
     }
 
-    struct Nop;
-    impl Handler for Nop {
-        fn event(&self, _id: &LockedId<'_>, _event: &Event<'_>) {}
-    }
-    impl CompletionHandler for Nop {
-        fn recv_done(&self, _buf: RecvBuffer, _result: Result<usize>) {}
-        fn send_done(&self, _buf: SendBuffer, _result: Result) {}
-    }
-
     /// On a device (the test VMs put rxe at 192.0.2.1): region limits, CPU
     /// copies, and a registration refused by a QP that is not connected,
     /// which must leave the region unregistered.
@@ -144,17 +128,7 @@ mod mr_tests {
         let Ok(addr) = addr else { return };
         let made = id.with_lock(|l| {
             l.bind(&addr)?;
-            let dev = l.device()?;
-            let pd = Pd::alloc(&dev)?;
-            let caps = QpCaps {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_inline_data: 0,
-                ..QpCaps::default()
-            };
-            let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
-            let qp = l.create_qp(&pd, &cq, caps)?;
-            Ok((pd, qp))
+            nop_qp(l, 4)
         });
         let (pd, qp) = match made {
             Ok(made) => made,

@@ -2,12 +2,13 @@
 
 //! KUnit: Unreliable datagram ids: SIDR, datagrams and their destinations.
 
+use super::fixture::ms;
 use super::{skip_without_devices, take_out, wait_until, Checks};
 use kernel::prelude::*;
 
 #[kunit_tests(rdma_cm_rs_ud)]
 mod ud_tests {
-    use super::{take_out, wait_until, Checks};
+    use super::{ms, take_out, wait_until, Checks};
     use crate::rdma::{
         addr::SocketAddr,
         ah::{UdDest, GRH_SIZE},
@@ -25,12 +26,7 @@ mod ud_tests {
         new_mutex,
         prelude::*,
         sync::{Arc, Mutex},
-        time::Delta,
     };
-
-    fn ms(ms: i64) -> Delta {
-        Delta::from_millis(ms)
-    }
 
     /// Datagrams one side received, its sends' completions, and the
     /// completions that reached a CQ not of their queue.
