@@ -47,26 +47,24 @@ pub(super) enum QpSlot {
 /// # Invariants
 ///
 /// `raw` is live, of port space `ps` and QP type `qp_type`, and its
-/// `handler_mutex` is held for `'a`; `qp_slot` is its owner's QP slot.
+/// `handler_mutex` is held for `'a`; `owner` is its owner's state.
 pub struct LockedId<'a> {
     raw: NonNull<bindings::rdma_cm_id>,
     ps: PortSpace,
     qp_type: QpType,
     request_param: Option<ConnParam>,
-    answered: Option<&'a AtomicBool>,
-    iwarp_cm_holds_qp: Option<&'a AtomicBool>,
-    qp_slot: Option<&'a Mutex<QpSlot>>,
-    /// The owner's lock of the calls made without the handler mutex.
-    unlocked_call: Option<&'a Mutex<()>>,
+    owner: Option<OwnerState<'a>>,
     _lock: PhantomData<&'a ()>,
 }
 
 /// What an owned id lends its [`LockedId`] besides the C id: the state its
 /// operations keep (a connection request's id has no owner yet).
+#[derive(Clone, Copy)]
 pub(super) struct OwnerState<'a> {
     pub(super) answered: &'a AtomicBool,
     pub(super) iwarp_cm_holds_qp: &'a AtomicBool,
     pub(super) qp_slot: &'a Mutex<QpSlot>,
+    /// The owner's lock of the calls made without the handler mutex.
     pub(super) unlocked_call: &'a Mutex<()>,
 }
 
@@ -91,10 +89,7 @@ impl<'a> LockedId<'a> {
             ps,
             qp_type,
             request_param,
-            answered: owner.as_ref().map(|o| o.answered),
-            iwarp_cm_holds_qp: owner.as_ref().map(|o| o.iwarp_cm_holds_qp),
-            qp_slot: owner.as_ref().map(|o| o.qp_slot),
-            unlocked_call: owner.as_ref().map(|o| o.unlocked_call),
+            owner,
             _lock: PhantomData,
         }
     }
@@ -129,7 +124,7 @@ impl<'a> LockedId<'a> {
     /// `EBUSY` while one runs (inside `with_lock` none can: they take the
     /// owner's `calls` too).
     fn exclude_unlocked_calls(&self) -> Result<Option<MutexGuard<'a, ()>>> {
-        match self.unlocked_call {
+        match self.owner.map(|o| o.unlocked_call) {
             None => Ok(None),
             Some(lock) => lock.try_lock().map(Some).ok_or(EBUSY),
         }
@@ -167,7 +162,7 @@ impl<'a> LockedId<'a> {
 
     /// The number of the id's QP, if it has one.
     pub fn qp_num(&self) -> Option<u32> {
-        match &*self.qp_slot?.lock() {
+        match &*self.owner.map(|o| o.qp_slot)?.lock() {
             QpSlot::Live(qp) => Some(qp.qp_num()),
             _ => None,
         }
@@ -264,7 +259,8 @@ impl<'a> LockedId<'a> {
     /// other (a QP number passed to it would be looked up device-wide by
     /// the iWARP CM, whoever owns that QP).
     fn has_live_qp(&self) -> bool {
-        self.qp_slot
+        self.owner
+            .map(|o| o.qp_slot)
             .is_some_and(|slot| matches!(*slot.lock(), QpSlot::Live(_)))
     }
 
@@ -307,7 +303,7 @@ impl<'a> LockedId<'a> {
     /// it drops before reporting the connection's end or the connect's
     /// failure.
     fn note_iwarp_cm_holds_qp(&self, iwarp_rc: bool) {
-        if let (true, Some(holds)) = (iwarp_rc, self.iwarp_cm_holds_qp) {
+        if let (true, Some(holds)) = (iwarp_rc, self.owner.map(|o| o.iwarp_cm_holds_qp)) {
             holds.store(true, Ordering::Release);
         }
     }
@@ -381,7 +377,11 @@ impl<'a> LockedId<'a> {
     /// not answered yet (the answered flag is written under the handler
     /// mutex, which is held).
     fn check_unanswered(&self) -> Result {
-        if self.request_param.is_none() || self.answered.is_some_and(|a| a.load(Ordering::Acquire))
+        if self.request_param.is_none()
+            || self
+                .owner
+                .map(|o| o.answered)
+                .is_some_and(|a| a.load(Ordering::Acquire))
         {
             return Err(EINVAL);
         }
@@ -389,7 +389,7 @@ impl<'a> LockedId<'a> {
     }
 
     fn mark_answered(&self) {
-        if let Some(answered) = self.answered {
+        if let Some(answered) = self.owner.map(|o| o.answered) {
             answered.store(true, Ordering::Release);
         }
     }
@@ -582,7 +582,7 @@ impl<'a> LockedId<'a> {
         caps: QpCaps,
         srq: Option<&Arc<Srq<C>>>,
     ) -> Result<Arc<Qp<C>>> {
-        let slot = self.qp_slot.ok_or(EINVAL)?;
+        let slot = self.owner.map(|o| o.qp_slot).ok_or(EINVAL)?;
         let dev = self.device()?;
         let iwarp = dev.transport() == Transport::Iwarp;
         if iwarp && self.qp_type == QpType::Ud {
@@ -667,13 +667,13 @@ impl<'a> LockedId<'a> {
     /// mutex.  After a `DeviceRemoval` the CM reports neither: only the
     /// id's drop destroys the QP.
     pub fn destroy_qp(&self) -> Result {
-        let slot = self.qp_slot.ok_or(EINVAL)?;
+        let slot = self.owner.map(|o| o.qp_slot).ok_or(EINVAL)?;
         if in_completion_handler() {
             return Err(EDEADLK);
         }
         if self
-            .iwarp_cm_holds_qp
-            .is_some_and(|holds| holds.load(Ordering::Acquire))
+            .owner
+            .is_some_and(|o| o.iwarp_cm_holds_qp.load(Ordering::Acquire))
         {
             return Err(EBUSY);
         }
