@@ -31,8 +31,11 @@ pub trait PollMiscDevice: Sized {
     /// What `open` returns and every other call borrows.
     type Ptr: ForeignOwnable + Send + Sync;
 
-    /// Called when the device file is opened.
-    fn open(file: &File) -> Result<Self::Ptr>;
+    /// What the registration keeps for `open`.
+    type RegistrationData: Send + Sync;
+
+    /// Called when the device file is opened, with the registration's data.
+    fn open(file: &File, data: &Self::RegistrationData) -> Result<Self::Ptr>;
 
     /// Called when the last reference to the file is dropped.
     fn release(device: Self::Ptr, _file: &File) {
@@ -65,23 +68,29 @@ pub trait PollMiscDevice: Sized {
 ///
 /// # Invariants
 ///
-/// `inner` is a registered `struct miscdevice` from `register` until drop.
+/// `inner` is a registered `struct miscdevice` from `register` until drop,
+/// with [`Vtable`] for `T` as its file operations.
 #[pin_data(PinnedDrop)]
 pub struct PollMiscRegistration<T: PollMiscDevice> {
+    /// Initialized before `inner`, dropped after it is deregistered: no
+    /// `open` runs without it.
+    data: T::RegistrationData,
     #[pin]
     inner: Opaque<bindings::miscdevice>,
     _t: PhantomData<T>,
 }
 
-// SAFETY: `misc_deregister` may run on any thread.
+// SAFETY: `misc_deregister` may run on any thread; the data is `Send`.
 unsafe impl<T: PollMiscDevice> Send for PollMiscRegistration<T> {}
-// SAFETY: `&self` gives no access to anything.
+// SAFETY: `&self` gives access to nothing but the data, which is `Sync`.
 unsafe impl<T: PollMiscDevice> Sync for PollMiscRegistration<T> {}
 
 impl<T: PollMiscDevice> PollMiscRegistration<T> {
-    /// Registers `/dev/<name>` (dynamic minor, mode 0600).
-    pub fn register(name: &'static CStr) -> impl PinInit<Self, Error> {
+    /// Registers `/dev/<name>` (dynamic minor, mode 0600); every `open`
+    /// gets `data`.
+    pub fn register(name: &'static CStr, data: T::RegistrationData) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
+            data,
             inner <- Opaque::try_ffi_init(move |slot: *mut bindings::miscdevice| {
                 let mut misc: bindings::miscdevice = pin_init::zeroed();
                 misc.minor = bindings::MISC_DYNAMIC_MINOR as ffi::c_int;
@@ -143,10 +152,17 @@ impl<T: PollMiscDevice> Vtable<T> {
         if ret != 0 {
             return ret;
         }
+        // SAFETY: `misc_open` set the private data to the `miscdevice`
+        // before calling this, and keeps it registered during the call.
+        let misc = unsafe { (*raw_file).private_data }.cast::<Opaque<bindings::miscdevice>>();
+        // SAFETY: That `miscdevice` is the `inner` field of a
+        // `PollMiscRegistration<T>` (only `register` registers one with
+        // these file operations), live during the call.
+        let registration = unsafe { &*kernel::container_of!(misc, PollMiscRegistration<T>, inner) };
         // SAFETY: The file is valid for the duration of `open`, with no
         // fdget_pos region active on this thread.
         let file = unsafe { File::from_raw_file(raw_file) };
-        match T::open(file) {
+        match T::open(file, &registration.data) {
             Ok(ptr) => {
                 // SAFETY: `open` may set the private data; every other
                 // callback reads it back as `T::Ptr`.

@@ -43,17 +43,19 @@ struct RdmaCmRs {
     #[pin]
     ctl: misc_poll::PollMiscRegistration<ctl::Ctl>,
     /// Dropped after the device (fields drop in declaration order): files
-    /// hold the module, so none is open by then, and dropping the queue
-    /// waits for the destructions they deferred before the module's code
-    /// goes.  Made first, before any file can be opened.
-    destroy_queue: rdma::DestroyQueue,
+    /// hold the module, so none is open by then, and the owner's drop
+    /// waits for what they made and the destructions they deferred before
+    /// the module's code goes.  Made first, before any file can be opened.
+    owner: rdma::ModuleOwner,
 }
 
 impl kernel::InPlaceModule for RdmaCmRs {
     fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
+        let owner = rdma::ModuleOwner::new::<Self>();
+        let files_owner = owner.as_ref().map(|o| o.owner().clone()).map_err(|e| *e);
         try_pin_init!(Self {
-            destroy_queue: rdma::DestroyQueue::new()?,
-            ctl <- misc_poll::PollMiscRegistration::register(c"rdma_cm_rs"),
+            ctl <- misc_poll::PollMiscRegistration::register(c"rdma_cm_rs", files_owner?),
+            owner: owner?,
         })
     }
 }

@@ -30,8 +30,8 @@ use kernel::{
     sync::{Arc, Mutex, SetOnce},
 };
 use rdma::{
-    addr::AF_INET, BusyPoller, CmId, CompletionHandler, ConnectRequest, Cq, DestroyQueue, Event,
-    EventType, Handler, LockedId, NetNs, Pd, PollContext, PollLoop, PortSpace, PostError, Qp,
+    addr::AF_INET, BusyPoller, CmId, CompletionHandler, ConnectRequest, Cq, Event, EventType,
+    Handler, LockedId, ModuleOwner, NetNs, Pd, PollContext, PollLoop, PortSpace, PostError, Qp,
     QpCaps, QpType, RecvBuffer, SendBuffer, SocketAddr,
 };
 
@@ -135,9 +135,10 @@ impl Echo {
     ///
     /// The link learns its QP last, after everything that can fail: until
     /// then there is no QP -> CQ -> link -> QP cycle to break on an error.
-    fn build_link(id: &LockedId<'_>, poller: Option<&BusyPoller>) -> Result<Arc<Link>> {
+    fn build_link(id: &LockedId<'_>, service: &Service) -> Result<Arc<Link>> {
+        let poller = service.poller.as_ref();
         let dev = id.device()?;
-        let pd = Pd::alloc(&dev)?;
+        let pd = Pd::alloc(id.owner(), &dev)?;
         let mut sends = KVec::with_capacity(DEPTH, GFP_KERNEL)?;
         for _ in 0..DEPTH {
             sends.push(SendBuffer::new(&pd, MESSAGE_SIZE)?, GFP_KERNEL)?;
@@ -161,7 +162,14 @@ impl Echo {
         } else {
             PollContext::Workqueue
         };
-        let cq = Cq::alloc_with(&dev, caps.cq_entries()?, 0, poll, LinkRef(link.clone()))?;
+        let cq = Cq::alloc_with(
+            id.owner(),
+            &dev,
+            caps.cq_entries()?,
+            0,
+            poll,
+            LinkRef(link.clone()),
+        )?;
         let qp = id.create_qp(&pd, &cq, caps)?;
         for _ in 0..DEPTH {
             qp.post_recv(RecvBuffer::new(&pd, MESSAGE_SIZE)?)
@@ -179,9 +187,9 @@ impl Echo {
     }
 
     /// Accepts a request on its adopted id, echo-ready.
-    fn accept(id: &LockedId<'_>, poller: Option<&BusyPoller>) -> Result<Arc<Link>> {
+    fn accept(id: &LockedId<'_>, service: &Service) -> Result<Arc<Link>> {
         let param = id.request_accept_param()?.private_data(ACCEPT_DATA)?;
-        let link = Self::build_link(id, poller)?;
+        let link = Self::build_link(id, service)?;
         if let Err(e) = id.accept(Some(&param)) {
             link.stop();
             return Err(e);
@@ -249,8 +257,7 @@ impl Handler for Echo {
             return;
         };
         // The CM holds the new id's handler mutex: `with_lock` runs inside it.
-        let poller = self.service.poller.as_ref();
-        match id.with_lock(|l| Echo::accept(l, poller)) {
+        match id.with_lock(|l| Echo::accept(l, &self.service)) {
             Ok(link) => {
                 let _ = id.handler().link.populate(link);
                 if let Err(e) = self.service.conns.lock().push(id.clone(), GFP_KERNEL) {
@@ -266,16 +273,16 @@ impl Handler for Echo {
 struct EchoModule {
     service: Arc<Service>,
     listener: Option<CmId<Echo>>,
-    /// Last: drops after every id, draining their deferred destructions
-    /// before the module's code goes.
-    _destroy_queue: DestroyQueue,
+    /// Last: drops after every id, running their deferred destructions and
+    /// waiting for every object before the module's code goes.
+    _owner: ModuleOwner,
 }
 
 impl kernel::Module for EchoModule {
     fn init(_module: &'static ThisModule) -> Result<Self> {
-        let destroy_queue = DestroyQueue::new()?;
+        let owner = ModuleOwner::new::<Self>()?;
         let poller = if module_parameters::busy_poll.value() {
-            Some(BusyPoller::new()?)
+            Some(BusyPoller::new(&owner)?)
         } else {
             None
         };
@@ -288,6 +295,7 @@ impl kernel::Module for EchoModule {
         )?;
         let port = module_parameters::port.value();
         let listener = CmId::new(
+            &owner,
             Echo::new(service.clone()),
             &NetNs::init(),
             PortSpace::Tcp,
@@ -300,7 +308,7 @@ impl kernel::Module for EchoModule {
         Ok(Self {
             service,
             listener: Some(listener),
-            _destroy_queue: destroy_queue,
+            _owner: owner,
         })
     }
 }
@@ -313,6 +321,6 @@ impl Drop for EchoModule {
         for conn in conns {
             end(conn);
         }
-        // `_destroy_queue` drops next and waits for deferred destructions.
+        // `_owner` drops next and waits for deferred destructions.
     }
 }

@@ -32,8 +32,8 @@ use kernel::{
     sync::{aref::ARef, Arc, Mutex, SetOnce},
 };
 use rdma::{
-    addr::AF_INET, Client, ClientRegistration, CmId, CompletionHandler, ConnectRequest, Cq,
-    DestroyQueue, Device, Event, EventType, Handler, LockedId, Mr, MrAccess, NetNs, Pd, PortSpace,
+    addr::AF_INET, Client, ClientRegistration, CmId, CompletionHandler, ConnectRequest, Cq, Device,
+    Event, EventType, Handler, LockedId, ModuleOwner, Mr, MrAccess, NetNs, Owner, Pd, PortSpace,
     PostError, Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, RwOp, SendBuffer, SocketAddr,
     WorkDone, WorkOp,
 };
@@ -288,7 +288,10 @@ struct PerDevice {
 
 /// The sample's IB client: a PD for each device, from its registration to
 /// its removal.
-struct RpingDevices;
+struct RpingDevices {
+    /// What the PDs are made for.
+    owner: Owner,
+}
 
 crate::rdma_client_slot!(RpingDevices);
 
@@ -296,7 +299,7 @@ impl Client for RpingDevices {
     type DeviceData = PerDevice;
     const NAME: &'static CStr = c"rdma_cm_rs_rping";
     fn add(&self, dev: &ARef<Device>) -> Result<PerDevice> {
-        let pd = Pd::alloc(dev)?;
+        let pd = Pd::alloc(&self.owner, dev)?;
         pr_info!(
             "{}: added, one PD for its sessions\n",
             BStr::from_bytes(dev.name().as_bytes())
@@ -358,7 +361,12 @@ impl Rping {
             max_inline_data: 0,
             ..QpCaps::default()
         };
-        let cq = Cq::alloc(&dev, caps.cq_entries()?, SessionRef(session.clone()))?;
+        let cq = Cq::alloc(
+            pd.owner(),
+            &dev,
+            caps.cq_entries()?,
+            SessionRef(session.clone()),
+        )?;
         let qp = id.create_qp(&pd, &cq, caps)?;
         *session.qp.lock() = Some(qp.clone());
         let accepted = (|| -> Result {
@@ -463,9 +471,9 @@ impl Handler for Rping {
 struct RpingModule {
     service: Arc<Service>,
     listener: Option<CmId<Rping>>,
-    /// Last: drops after every id, draining their deferred destructions
-    /// before the module's code goes.
-    _destroy_queue: DestroyQueue,
+    /// Last: drops after every id, running their deferred destructions and
+    /// waiting for every object before the module's code goes.
+    _owner: ModuleOwner,
 }
 
 impl kernel::Module for RpingModule {
@@ -475,19 +483,26 @@ impl kernel::Module for RpingModule {
             pr_err!("size must be 1..={}\n", rdma::mr::MAX_MR_LEN);
             return Err(EINVAL);
         }
-        let destroy_queue = DestroyQueue::new()?;
+        let owner = ModuleOwner::new::<Self>()?;
         // The client before the listener: a device's PD is there before a
         // request on it can come.
+        let devices = ClientRegistration::new(
+            &owner,
+            RpingDevices {
+                owner: owner.owner().clone(),
+            },
+        );
         let service = Arc::pin_init(
             try_pin_init!(Service {
                 conns <- new_mutex!(KVec::new()),
                 region_len,
-                devices <- ClientRegistration::new(RpingDevices),
+                devices <- devices,
             }),
             GFP_KERNEL,
         )?;
         let port = module_parameters::port.value();
         let listener = CmId::new(
+            &owner,
             Rping::new(service.clone()),
             &NetNs::init(),
             PortSpace::Tcp,
@@ -504,7 +519,7 @@ impl kernel::Module for RpingModule {
         Ok(Self {
             service,
             listener: Some(listener),
-            _destroy_queue: destroy_queue,
+            _owner: owner,
         })
     }
 }
@@ -517,6 +532,6 @@ impl Drop for RpingModule {
         for conn in conns {
             end(conn);
         }
-        // `_destroy_queue` drops next and waits for deferred destructions.
+        // `_owner` drops next and waits for deferred destructions.
     }
 }

@@ -60,9 +60,9 @@ use kernel::{
 };
 use rdma::{
     addr::AF_INET, BusyPoller, Client, ClientRegistration, CmId, CompletionHandler, ConnectRequest,
-    CqPool, DestroyQueue, Device, Event, EventType, Handler, LockedId, NetNs, Pd, PollContext,
-    PortSpace, PostError, Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, RwDone, RwOp, SendBuffer,
-    SgBuffer, SocketAddr, Srq,
+    CqPool, Device, Event, EventType, Handler, LockedId, ModuleOwner, NetNs, Owner, Pd,
+    PollContext, PortSpace, PostError, Qp, QpCaps, QpType, RecvBuffer, RemoteRegion, RwDone, RwOp,
+    SendBuffer, SgBuffer, SocketAddr, Srq,
 };
 
 module! {
@@ -378,6 +378,8 @@ struct StoreDevices {
     store: Arc<Store>,
     /// With `busy_poll`: the loops of every device's CQs.
     poller: Option<Arc<BusyPoller>>,
+    /// What the PDs and CQ pools are made for.
+    owner: Owner,
 }
 
 crate::rdma_client_slot!(StoreDevices);
@@ -386,7 +388,7 @@ impl Client for StoreDevices {
     type DeviceData = StoreDevice;
     const NAME: &'static CStr = c"rdma_cm_rs_store";
     fn add(&self, dev: &ARef<Device>) -> Result<StoreDevice> {
-        let pd = Pd::alloc(dev)?;
+        let pd = Pd::alloc(&self.owner, dev)?;
         let srq = Srq::new(&pd, SRQ_DEPTH)?;
         let (shared_srq, shared_pd) = (srq.clone(), pd.clone());
         let shared = Arc::pin_init(
@@ -410,8 +412,8 @@ impl Client for StoreDevices {
         let entries = SRQ_DEPTH + MAX_CONNS.div_ceil(vectors) * per_conn;
         let handler = StoreHandler(shared.clone());
         let cqs = match &self.poller {
-            Some(poller) => CqPool::busy_polled(dev, entries, poller, handler)?,
-            None => CqPool::new(dev, entries, PollContext::Workqueue, handler)?,
+            Some(poller) => CqPool::busy_polled(&self.owner, dev, entries, poller, handler)?,
+            None => CqPool::new(&self.owner, dev, entries, PollContext::Workqueue, handler)?,
         };
         for _ in 0..SRQ_DEPTH {
             srq.post_recv(RecvBuffer::new(&pd, REQUEST_LEN)?)
@@ -602,9 +604,9 @@ impl Handler for StoreCm {
 struct StoreModule {
     service: Arc<Service>,
     listener: Option<CmId<StoreCm>>,
-    /// Last: drops after every id, draining their deferred destructions
-    /// before the module's code goes.
-    _destroy_queue: DestroyQueue,
+    /// Last: drops after every id, running their deferred destructions and
+    /// waiting for every object before the module's code goes.
+    _owner: ModuleOwner,
 }
 
 impl kernel::Module for StoreModule {
@@ -614,10 +616,10 @@ impl kernel::Module for StoreModule {
             pr_err!("size must be 1..=67108864\n");
             return Err(EINVAL);
         }
-        let destroy_queue = DestroyQueue::new()?;
+        let owner = ModuleOwner::new::<Self>()?;
         let bytes = SgBuffer::new(size)?;
         let poller = if module_parameters::busy_poll.value() {
-            Some(Arc::new(BusyPoller::new()?, GFP_KERNEL)?)
+            Some(Arc::new(BusyPoller::new(&owner)?, GFP_KERNEL)?)
         } else {
             None
         };
@@ -628,15 +630,24 @@ impl kernel::Module for StoreModule {
             }),
             GFP_KERNEL,
         )?;
+        let devices = ClientRegistration::new(
+            &owner,
+            StoreDevices {
+                store,
+                poller,
+                owner: owner.owner().clone(),
+            },
+        );
         let service = Arc::pin_init(
             try_pin_init!(Service {
                 ids <- new_mutex!(KVec::new()),
-                devices <- ClientRegistration::new(StoreDevices { store, poller }),
+                devices <- devices,
             }),
             GFP_KERNEL,
         )?;
         let port = module_parameters::port.value();
         let listener = CmId::new(
+            &owner,
             StoreCm {
                 service: service.clone(),
             },
@@ -651,7 +662,7 @@ impl kernel::Module for StoreModule {
         Ok(Self {
             service,
             listener: Some(listener),
-            _destroy_queue: destroy_queue,
+            _owner: owner,
         })
     }
 }

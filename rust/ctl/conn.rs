@@ -198,7 +198,7 @@ impl Conn {
     pub(crate) fn setup(id: &LockedId<'_>, busy_poll: bool) -> Result<Arc<Self>> {
         let dev = id.device()?;
         let qp_type = id.qp_type();
-        let pd = Pd::alloc(&dev)?;
+        let pd = Pd::alloc(id.owner(), &dev)?;
         let mut rx = KVec::new();
         rx.reserve(abi::RECV_DEPTH, GFP_KERNEL)?;
         let shared = Arc::pin_init(
@@ -238,6 +238,7 @@ impl Conn {
             PollContext::Workqueue
         };
         let cq = Cq::alloc_with(
+            id.owner(),
             &dev,
             caps.cq_entries()?,
             0,

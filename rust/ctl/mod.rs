@@ -30,7 +30,7 @@ use crate::{
     capability::{capable_in_init_ns, Capability},
     misc_poll::{PollMiscDevice, POLL_READABLE},
     rdma::{
-        CmId, ConnParam, LockedId, MrAccess, NetNs, PortSpace, PrivateDataUse, QpType,
+        CmId, ConnParam, LockedId, MrAccess, NetNs, Owner, PortSpace, PrivateDataUse, QpType,
         RemoteRegion, RwOp, SocketAddr, SyncOp, SyncResult,
     },
 };
@@ -73,15 +73,16 @@ pub(crate) struct Ctl;
 #[vtable]
 impl PollMiscDevice for Ctl {
     type Ptr = Arc<CtlFile>;
+    type RegistrationData = Owner;
 
     /// Only a task with `CAP_NET_ADMIN` in the initial user namespace may
     /// open the device (`Documentation/rdma_cm_rs/ioctl-abi.rst`, "Who may
     /// use the device"): the file is then the authority for every ioctl.
-    fn open(_file: &File) -> Result<Arc<CtlFile>> {
+    fn open(_file: &File, owner: &Owner) -> Result<Arc<CtlFile>> {
         if !capable_in_init_ns(Capability::NetAdmin) {
             return Err(EPERM);
         }
-        CtlFile::new()
+        CtlFile::new(owner)
     }
 
     fn release(device: Arc<CtlFile>, _file: &File) {
@@ -128,6 +129,8 @@ pub(crate) struct CtlFile {
     /// The opener's network namespace: every id of the file lives there,
     /// whichever task makes the ioctl (a socket's rule).
     net: ARef<NetNs>,
+    /// The module's: what the file makes is counted on it.
+    owner: Owner,
 }
 
 /// Reads an ioctl argument: the command number encodes the structure's
@@ -172,7 +175,7 @@ fn addr_from_abi(bytes: &[u8]) -> Result<Option<SocketAddr>> {
 }
 
 impl CtlFile {
-    fn new() -> Result<Arc<Self>> {
+    fn new(owner: &Owner) -> Result<Arc<Self>> {
         let net = NetNs::current()?;
         Arc::pin_init(
             pin_init!(Self {
@@ -186,6 +189,7 @@ impl CtlFile {
                 }),
                 events_ready <- new_poll_condvar!("rdma_cm_rs events"),
                 net,
+                owner: owner.clone(),
             }),
             GFP_KERNEL,
         )
@@ -457,7 +461,7 @@ impl CtlFile {
                 shared: IdShared::new(abi::state::IDLE, qp_type, None, sync, busy_poll)?,
             };
             Ok(Arc::new(
-                CmId::new(events, &self.net, ps, qp_type)?,
+                CmId::new(&self.owner, events, &self.net, ps, qp_type)?,
                 GFP_KERNEL,
             )?)
         })?;

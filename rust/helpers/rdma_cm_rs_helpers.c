@@ -15,15 +15,6 @@
 #include <net/net_namespace.h>
 #include "rdma_cm_rs_helpers.h"
 
-struct rdma_cm_id *rdma_cm_rs_create_id(struct net *net,
-					rdma_cm_event_handler event_handler,
-					void *context,
-					enum rdma_ucm_port_space ps,
-					enum ib_qp_type qp_type)
-{
-	return rdma_create_id(net, event_handler, context, ps, qp_type);
-}
-
 struct net *rdma_cm_rs_init_net(void)
 {
 	return &init_net;
@@ -68,55 +59,9 @@ void rdma_cm_rs_device_get(struct ib_device *dev)
 	refcount_inc(&dev->refcount);
 }
 
-/* The module's queue of deferred destructions, named after the module. */
-struct workqueue_struct *rdma_cm_rs_alloc_destroy_wq(void)
-{
-	return alloc_workqueue("%s_destroy", WQ_UNBOUND, 0, KBUILD_MODNAME);
-}
-
-/*
- * The busy-polling loops' queue: unbound, with the most active work items
- * a queue may have.  An unbound queue shares them out over the NUMA nodes
- * by their CPUs (workqueue_set_min_active(), which would raise a node's
- * floor, is not exported), so only a single-node machine runs every loop
- * the poller admits for sure: see poller.rs.
- */
-struct workqueue_struct *rdma_cm_rs_alloc_poll_wq(void)
-{
-	return alloc_workqueue("%s_poll", WQ_UNBOUND, WQ_MAX_ACTIVE, KBUILD_MODNAME);
-}
-
-void rdma_cm_rs_flush_wq(struct workqueue_struct *wq)
-{
-	flush_workqueue(wq);
-}
-
-/* For a leak that leaves module code reachable: the module never goes. */
-void rdma_cm_rs_pin_module(void)
-{
-	__module_get(THIS_MODULE);
-}
-
-void rdma_cm_rs_destroy_wq(struct workqueue_struct *wq)
-{
-	destroy_workqueue(wq);
-}
-
-struct ib_pd *rdma_cm_rs_alloc_pd(struct ib_device *device, unsigned int flags)
-{
-	return ib_alloc_pd(device, flags);
-}
-
 void rdma_cm_rs_dealloc_pd(struct ib_pd *pd)
 {
 	ib_dealloc_pd(pd);
-}
-
-struct ib_cq *rdma_cm_rs_alloc_cq(struct ib_device *dev, void *private,
-				  int nr_cqe, int comp_vector,
-				  enum ib_poll_context poll_ctx)
-{
-	return ib_alloc_cq(dev, private, nr_cqe, comp_vector, poll_ctx);
 }
 
 /*

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * C shims for the parts of the kernel API that Rust cannot call directly:
- * macros that capture KBUILD_MODNAME (rdma_create_id, ib_alloc_pd,
- * ib_alloc_cq, alloc_workqueue) and static inlines (post, DMA mapping,
- * device and namespace references).  The prefix keeps them
- * apart from the kernel's own rust_helper_ functions.
+ * static inlines and macros (post, DMA mapping, device and namespace
+ * references).  None captures KBUILD_MODNAME or THIS_MODULE: a module's
+ * name and pointer come in through its Owner (rust/rdma/owner.rs).  The
+ * prefix keeps them apart from the kernel's own rust_helper_ functions.
  */
 #ifndef RDMA_CM_RS_HELPERS_H
 #define RDMA_CM_RS_HELPERS_H
@@ -16,11 +16,6 @@
 #include <rdma/rdma_cm.h>
 #include <rdma/rw.h>
 
-struct rdma_cm_id *rdma_cm_rs_create_id(struct net *net,
-					rdma_cm_event_handler event_handler,
-					void *context,
-					enum rdma_ucm_port_space ps,
-					enum ib_qp_type qp_type);
 struct net *rdma_cm_rs_init_net(void);
 struct net *rdma_cm_rs_get_current_net(void);
 struct net *rdma_cm_rs_get_net(struct net *net);
@@ -30,16 +25,7 @@ void rdma_cm_rs_kunit_skip(const char *reason);
 
 bool rdma_cm_rs_device_try_get(struct ib_device *dev);
 void rdma_cm_rs_device_get(struct ib_device *dev);
-struct workqueue_struct *rdma_cm_rs_alloc_destroy_wq(void);
-struct workqueue_struct *rdma_cm_rs_alloc_poll_wq(void);
-void rdma_cm_rs_flush_wq(struct workqueue_struct *wq);
-void rdma_cm_rs_pin_module(void);
-void rdma_cm_rs_destroy_wq(struct workqueue_struct *wq);
-struct ib_pd *rdma_cm_rs_alloc_pd(struct ib_device *device, unsigned int flags);
 void rdma_cm_rs_dealloc_pd(struct ib_pd *pd);
-struct ib_cq *rdma_cm_rs_alloc_cq(struct ib_device *dev, void *private,
-				  int nr_cqe, int comp_vector,
-				  enum ib_poll_context poll_ctx);
 void rdma_cm_rs_flush_cq_work(struct ib_cq *cq);
 void rdma_cm_rs_cond_resched(void);
 void rdma_cm_rs_yield(void);

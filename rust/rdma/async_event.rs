@@ -20,9 +20,10 @@
 
 use super::{
     bindings,
-    callback::{in_any_callback, CallbackMark, CallbackTarget},
-    deferred::{self, DeferredDestroy},
+    callback::{in_any_callback, CallbackMark},
+    deferred::DeferredDestroy,
     device::Device,
+    owner::{CallbackTarget, Owner},
 };
 use core::{
     marker::PhantomPinned,
@@ -95,17 +96,15 @@ pub trait AsyncEventHandler: Send + Sync + 'static {
     /// [`DeviceEvent::GidChange`], in the GID cache's own context with the
     /// port's GID table locked (so it must not query or change GIDs).
     /// Runs with the layer's callback mark set: a registration dropped
-    /// here is unregistered from the module's [`DestroyQueue`] (the IB
-    /// core's unregistration waits for the lock this call runs under), and
-    /// making one is refused.
-    ///
-    /// [`DestroyQueue`]: super::deferred::DestroyQueue
+    /// here is unregistered from its owner's queue of deferred
+    /// destructions (the IB core's unregistration waits for the lock this
+    /// call runs under), and making one is refused.
     fn event(&self, dev: &Device, event: DeviceEvent);
 }
 
 /// A registered [`AsyncEventHandler`] of one device: unregistered when
 /// dropped, which waits for the handler if it is running, or, dropped
-/// inside one of the layer's callbacks, from the module's `DestroyQueue`
+/// inside one of the layer's callbacks, from its owner's queue
 /// (the handler may then see events until that ran).
 pub struct AsyncEventRegistration<H: AsyncEventHandler> {
     inner: Arc<Registered<H>>,
@@ -127,9 +126,9 @@ struct Registered<H: AsyncEventHandler> {
     registered: AtomicBool,
     #[pin]
     raw: Opaque<bindings::ib_event_handler>,
-    /// Counted while the C side may call into the module through this
-    /// object (see [`CallbackTarget`]).
-    _target: CallbackTarget,
+    /// Counted on its owner while the C side may call into the module
+    /// through this object (see [`CallbackTarget`]).
+    target: CallbackTarget,
     #[pin]
     _pin: PhantomPinned,
 }
@@ -142,26 +141,22 @@ unsafe impl<H: AsyncEventHandler> Send for Registered<H> {}
 unsafe impl<H: AsyncEventHandler> Sync for Registered<H> {}
 
 impl<H: AsyncEventHandler> AsyncEventRegistration<H> {
-    /// Registers `handler` for the events of `dev` from now on.  `EDEADLK`
-    /// inside one of the layer's callbacks (inside an event handler of the
-    /// device, registering waits for it); `ENXIO` if the module holds no
-    /// [`DestroyQueue`](super::deferred::DestroyQueue), which a drop inside
-    /// a callback needs.
-    pub fn new(dev: &ARef<Device>, handler: H) -> Result<Self> {
+    /// Registers `handler`, of `owner`, for the events of `dev` from now
+    /// on.  `EDEADLK` inside one of the layer's callbacks (inside an event
+    /// handler of the device, registering waits for it); `ENXIO` once the
+    /// owner's [`ModuleOwner`](super::owner::ModuleOwner) is dropping.
+    pub fn new(owner: &Owner, dev: &ARef<Device>, handler: H) -> Result<Self> {
         if in_any_callback() {
             return Err(EDEADLK);
         }
-        if !deferred::available() {
-            return Err(ENXIO);
-        }
         let raw_dev = dev.as_ptr();
-        let target = CallbackTarget::new()?;
+        let target = CallbackTarget::new(owner)?;
         let inner = Arc::pin_init(
             pin_init!(Registered {
                 handler,
                 dev: dev.clone(),
                 registered: AtomicBool::new(false),
-                _target: target,
+                target,
                 raw <- Opaque::ffi_init(move |raw: *mut bindings::ib_event_handler| {
                     // SAFETY: `raw` is valid for writes; every field of
                     // `ib_event_handler` is valid all-zero, and what
@@ -247,15 +242,14 @@ impl<H: AsyncEventHandler> Drop for AsyncEventRegistration<H> {
             return;
         }
         let victim: Arc<dyn DeferredDestroy> = self.inner.clone();
-        if deferred::spawn(victim).is_err() {
-            // No queue or no memory: unregistering here could deadlock, so
-            // the registration leaks, loudly.  The IB core keeps calling
-            // this module's handler: the module must never go.
+        let owner = self.inner.target.owner();
+        if owner.defer(victim).is_err() {
+            // No memory: unregistering here could deadlock, so the
+            // registration leaks, loudly.  The IB core keeps calling this
+            // module's handler: the module must never go.
             pr_err!("cannot defer the unregistration of an event handler, leaking it\n");
             core::mem::forget(self.inner.clone());
-            // SAFETY: Takes a reference on this module, which is live (its
-            // code is running).
-            unsafe { bindings::rdma_cm_rs_pin_module() };
+            owner.pin_module();
         }
     }
 }

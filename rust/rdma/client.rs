@@ -30,7 +30,11 @@
 //! ([`HasClientSlot::slot`], implemented by [`rdma_client_slot!`]): one
 //! registration of a type at a time.
 
-use super::{bindings, callback::CallbackTarget, device::Device};
+use super::{
+    bindings,
+    device::Device,
+    owner::{CallbackTarget, Owner},
+};
 use core::{
     ffi::c_int,
     marker::PhantomPinned,
@@ -145,8 +149,8 @@ pub struct ClientRegistration<C: Client> {
     devices: XArray<Arc<C::DeviceData>>,
     #[pin]
     raw: Opaque<bindings::ib_client>,
-    /// Counted while the C side may call into the module through this
-    /// object (see [`CallbackTarget`]).
+    /// Counted on its owner while the C side may call into the module
+    /// through this object (see [`CallbackTarget`]).
     _target: CallbackTarget,
     #[pin]
     _pin: PhantomPinned,
@@ -159,14 +163,17 @@ unsafe impl<C: Client> Send for ClientRegistration<C> {}
 unsafe impl<C: Client> Sync for ClientRegistration<C> {}
 
 impl<C: Client> ClientRegistration<C> {
-    /// Registers `client`: its `add` runs for every device there is before
-    /// this returns.  `EBUSY` if a registration of `C` exists.
-    pub fn new(client: C) -> impl PinInit<Self, Error> {
+    /// Registers `client`, of `owner`: its `add` runs for every device
+    /// there is before this returns.  `EBUSY` if a registration of `C`
+    /// exists; `ENXIO` once the owner's
+    /// [`ModuleOwner`](super::owner::ModuleOwner) is dropping.
+    pub fn new(owner: &Owner, client: C) -> impl PinInit<Self, Error> {
+        let target = CallbackTarget::new(owner);
         try_pin_init!(Self {
             client,
             // Before `raw`: the callbacks the registration runs use it.
             devices <- XArray::new(AllocKind::Alloc),
-            _target: CallbackTarget::new()?,
+            _target: target?,
             raw <- Opaque::try_ffi_init(|raw: *mut bindings::ib_client| {
                 // SAFETY: `raw` points into the `raw` field (an `Opaque`,
                 // transparent over the `ib_client`) of a `Self` being

@@ -20,6 +20,7 @@
 use super::{
     bindings,
     device::Device,
+    owner::Owner,
     poller::{BusyPoller, PollLoop},
     verbs::{CompletionHandler, Cq, PollContext},
 };
@@ -44,6 +45,8 @@ use kernel::{
 /// room.
 #[pin_data]
 pub struct CqPool<C: CompletionHandler + Clone> {
+    /// The owner of the pool's CQs.
+    owner: Owner,
     dev: ARef<Device>,
     cq_entries: u32,
     poll: PollContext,
@@ -71,11 +74,17 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
     /// each with a clone of `handler`; none is allocated yet.  `EINVAL` for
     /// 0 entries or [`PollContext::Direct`] (nobody would poll those; see
     /// [`CqPool::busy_polled`]).
-    pub fn new(dev: &Device, cq_entries: u32, poll: PollContext, handler: C) -> Result<Arc<Self>> {
+    pub fn new(
+        owner: &Owner,
+        dev: &Device,
+        cq_entries: u32,
+        poll: PollContext,
+        handler: C,
+    ) -> Result<Arc<Self>> {
         if poll == PollContext::Direct {
             return Err(EINVAL);
         }
-        Self::with_poll(dev, cq_entries, poll, handler, None)
+        Self::with_poll(owner, dev, cq_entries, poll, handler, None)
     }
 
     /// A pool of [`PollContext::Direct`] CQs of at least `cq_entries` on
@@ -87,19 +96,23 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
     /// [`super::poller::MAX_LOOPS`] loops.
     ///
     /// The pool holds `poller`: its last drop, and with it the wait for
-    /// its loops, may be the pool's.  Drop every pool before the module's
-    /// [`super::deferred::DestroyQueue`], as the poller itself.
+    /// its loops, may be the pool's.  The owner's [`ModuleOwner`] waits for
+    /// its CQs and for the poller at unload: drop every pool before it.
+    ///
+    /// [`ModuleOwner`]: super::owner::ModuleOwner
     ///
     /// A `place` of [`CqPool::with_cq`] that fails after creating a QP on a
     /// new CQ leaves that QP on a CQ the pool did not keep, whose loop has
     /// ended: its completions then wait for its teardown's own polls.
     pub fn busy_polled(
+        owner: &Owner,
         dev: &Device,
         cq_entries: u32,
         poller: &Arc<BusyPoller>,
         handler: C,
     ) -> Result<Arc<Self>> {
         Self::with_poll(
+            owner,
             dev,
             cq_entries,
             PollContext::Direct,
@@ -109,6 +122,7 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
     }
 
     fn with_poll(
+        owner: &Owner,
         dev: &Device,
         cq_entries: u32,
         poll: PollContext,
@@ -120,6 +134,7 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
         }
         Arc::pin_init(
             pin_init!(Self {
+                owner: owner.clone(),
                 dev: dev.into(),
                 cq_entries,
                 poll,
@@ -181,6 +196,7 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
         // cannot fail.
         cqs.reserve(1, GFP_KERNEL)?;
         let cq = Cq::alloc_with(
+            &self.owner,
             &self.dev,
             self.cq_entries.max(entries),
             vector,

@@ -25,8 +25,9 @@
 //! * [`addr`], [`conn_param`], [`event`]: socket addresses, connection
 //!   parameters with the man pages' limits, typed events.
 //! * [`blocking`]: the event that ends a blocking (synchronous) call.
-//! * [`deferred`]: the module-owned queue of deferred destructions;
-//!   [`poller`]: busy-polling loops over CQs, on a module-owned queue;
+//! * [`owner`]: the module that owns a set of objects, which its unload
+//!   waits for; [`deferred`]: their destructions deferred to its queue;
+//!   [`poller`]: busy-polling loops over CQs, on a queue of their own;
 //!   [`cq_pool`]: a device's CQs shared by many QPs over its completion
 //!   vectors, polled from a workqueue or by such loops.
 //! * [`cm`]: communication identifiers, their handlers and operations;
@@ -36,8 +37,9 @@
 //! ...); the modules hold the rest (limits, views, flags).
 //!
 //! The directory is compiled into each module that uses it (`#[path]`), with
-//! its C shims, so that `KBUILD_MODNAME` names the right module; nothing in
-//! it refers to a consumer, so it can move to `rust/kernel/rdma/` as it is.
+//! its C shims; nothing in it refers to a consumer or holds per-module state
+//! (a module's identity comes in with its [`ModuleOwner`]), so it can move
+//! to `rust/kernel/rdma/` as it is.
 //! See `Documentation/rdma_cm_rs/design.rst` for the object model.
 
 pub mod addr;
@@ -55,6 +57,7 @@ pub mod event;
 pub mod getaddrinfo;
 pub mod mr;
 pub mod net;
+pub mod owner;
 pub mod pd;
 pub mod poller;
 pub mod sg;
@@ -69,11 +72,11 @@ pub use self::{
     cm::{CmId, ConnectRequest, Handler, LockedId, PortSpace},
     conn_param::{ConnParam, PrivateDataUse},
     cq_pool::CqPool,
-    deferred::DestroyQueue,
     device::{Device, Transport},
     event::{Event, EventType},
     mr::{Mr, MrAccess, RemoteRegion},
     net::NetNs,
+    owner::{ModuleOwner, Owner},
     pd::Pd,
     poller::{BusyPoller, PollLoop},
     sg::SgBuffer,

@@ -2,7 +2,11 @@
 
 //! Protection domains (`struct ib_pd`).
 
-use super::{bindings, device::Device};
+use super::{
+    bindings,
+    device::Device,
+    owner::{CallbackTarget, Owner},
+};
 use core::{
     ptr::NonNull,
     sync::atomic::{AtomicBool, Ordering},
@@ -37,6 +41,10 @@ impl RemoteKey {
 pub struct Pd {
     raw: NonNull<bindings::ib_pd>,
     dev: ARef<Device>,
+    /// Counted on the owner of the PD and of what is made on it (SRQs,
+    /// QPs): the resource tracking keeps the owner's name, a string of its
+    /// module, for as long as the PD lives.
+    target: CallbackTarget,
     /// The keys of the registrations on this PD a peer may invalidate, by
     /// remote key (unique on a device while registered).
     #[pin]
@@ -49,10 +57,13 @@ unsafe impl Send for Pd {}
 unsafe impl Sync for Pd {}
 
 impl Pd {
-    /// Allocates a PD on `dev`.
-    pub fn alloc(dev: &Device) -> Result<Arc<Self>> {
-        // SAFETY: `dev` is a valid device (its type invariants).
-        let raw = unsafe { bindings::rdma_cm_rs_alloc_pd(dev.as_ptr(), 0) };
+    /// Allocates a PD of `owner` on `dev`.
+    pub fn alloc(owner: &Owner, dev: &Device) -> Result<Arc<Self>> {
+        let target = CallbackTarget::new(owner)?;
+        // SAFETY: `dev` is a valid device (its type invariants); the
+        // caller's name is the owner's, a static string of the module,
+        // which outlives the PD (its target keeps the module).
+        let raw = unsafe { bindings::__ib_alloc_pd(dev.as_ptr(), 0, owner.name().as_char_ptr()) };
         let raw = kernel::error::from_err_ptr(raw)?;
         let Some(raw) = NonNull::new(raw) else {
             return Err(ENOMEM);
@@ -64,6 +75,7 @@ impl Pd {
             pin_init!(Self {
                 raw,
                 dev,
+                target,
                 remote_keys <- XArray::new(AllocKind::Alloc),
             }),
             GFP_KERNEL,
@@ -116,6 +128,11 @@ impl Pd {
         if let Some(key) = key {
             key.invalidated.store(true, Ordering::Release);
         }
+    }
+
+    /// The owner of the PD, and of what is made on it.
+    pub fn owner(&self) -> &Owner {
+        self.target.owner()
     }
 
     /// The device the PD lives on.

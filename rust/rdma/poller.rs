@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Busy-polling loops over [`PollContext::Direct`] CQs, on a workqueue the
-//! module owns.
+//! Busy-polling loops over [`PollContext::Direct`] CQs, on a workqueue of
+//! their own.
 //!
 //! A ULP that wants each completion the moment the device writes it, with
 //! no interrupt and no worker to wake (what a user-space poller gets),
@@ -9,7 +9,7 @@
 //! the module must not go while one runs: every loop is a work item on the
 //! workqueue of a [`BusyPoller`], whose drop stops them all and destroys
 //! the queue (`destroy_workqueue`, which waits for them), as
-//! [`super::deferred::DestroyQueue`] does for deferred destructions.  A
+//! the [`super::owner::ModuleOwner`] does for deferred destructions.  A
 //! loop ends when its [`PollLoop`] is dropped, and then lets go of its CQ.
 //!
 //! A loop yields the CPU whenever a poll finds nothing ([`Cq::poll`]): it
@@ -18,8 +18,9 @@
 
 use super::{
     bindings,
-    callback::{in_any_callback, CallbackMark, CallbackTarget},
-    deferred::{self, DeferredDestroy},
+    callback::{in_any_callback, CallbackMark},
+    deferred::DeferredDestroy,
+    owner::{CallbackTarget, Owner},
     verbs::{CompletionHandler, Cq, PollContext},
 };
 use core::{
@@ -66,7 +67,7 @@ struct PollQueue {
     /// waited for every loop (see [`CallbackTarget`]): a poller leaked,
     /// whose loops and queue then never end, keeps the module's unload
     /// waiting, its loops' last instructions included.
-    _target: CallbackTarget,
+    target: CallbackTarget,
 }
 
 // SAFETY: A workqueue may be used and destroyed from any thread.
@@ -82,16 +83,18 @@ impl DeferredDestroy for PollQueue {
         // SAFETY: `wq` is live (type invariants), and this is the one call
         // that destroys it; `destroy_workqueue` drains it first, and every
         // loop returns, as each sees its poller stopping.
-        unsafe { bindings::rdma_cm_rs_destroy_wq(self.wq.as_ptr()) };
+        unsafe { bindings::destroy_workqueue(self.wq.as_ptr()) };
     }
 }
 
 /// A module's busy-polling loops ([`BusyPoller::start`]).
 ///
-/// Keep it for as long as the module has loops, and drop it before the
-/// module's [`super::deferred::DestroyQueue`]: dropped inside one of the
-/// layer's callbacks (where the wait for the loops could be on the caller
-/// itself), the wait is deferred to that queue.
+/// Keep it for as long as the module has loops (its [`ModuleOwner`]'s drop
+/// waits for it): dropped inside one of the layer's callbacks (where the
+/// wait for the loops could be on the caller itself), the wait is deferred
+/// to the owner's queue.
+///
+/// [`ModuleOwner`]: super::owner::ModuleOwner
 pub struct BusyPoller {
     queue: Option<Arc<PollQueue>>,
     /// Set by the drop: every loop ends.
@@ -101,27 +104,31 @@ pub struct BusyPoller {
 }
 
 impl BusyPoller {
-    /// Allocates the loops' workqueue (unbound: a loop runs wherever the
-    /// scheduler finds room).
-    pub fn new() -> Result<Self> {
+    /// Allocates the loops' workqueue, `<owner name>_poll`: unbound (a loop
+    /// runs wherever the scheduler finds room), with room for the most
+    /// active work items a queue may have.  An unbound queue shares them
+    /// out over the NUMA nodes by their CPUs, so only on a single-node
+    /// machine is every loop the poller admits sure to run at once.
+    pub fn new(owner: &Owner) -> Result<Self> {
         let stopping = Arc::new(AtomicBool::new(false), GFP_KERNEL)?;
         let loops = Arc::new(AtomicUsize::new(0), GFP_KERNEL)?;
-        let target = CallbackTarget::new()?;
-        // SAFETY: Allocates a workqueue named after the module.
-        let wq = unsafe { bindings::rdma_cm_rs_alloc_poll_wq() };
+        let target = CallbackTarget::new(owner)?;
+        // SAFETY: `alloc_workqueue_noprof` formats the name from its
+        // arguments: `%s` takes the owner's name, a NUL-terminated string.
+        let wq = unsafe {
+            bindings::alloc_workqueue_noprof(
+                c"%s_poll".as_char_ptr(),
+                bindings::wq_flags_WQ_UNBOUND,
+                bindings::wq_consts_WQ_MAX_ACTIVE as i32,
+                owner.name().as_char_ptr(),
+            )
+        };
         let wq = NonNull::new(wq).ok_or(ENOMEM)?;
         // INVARIANT: Just allocated with room for every loop; only
         // `destroy` frees it.
-        let queue = Arc::new(
-            PollQueue {
-                wq,
-                _target: target,
-            },
-            GFP_KERNEL,
-        )
-        .inspect_err(|_| {
+        let queue = Arc::new(PollQueue { wq, target }, GFP_KERNEL).inspect_err(|_| {
             // SAFETY: Allocated above, never published.
-            unsafe { bindings::rdma_cm_rs_destroy_wq(wq.as_ptr()) };
+            unsafe { bindings::destroy_workqueue(wq.as_ptr()) };
         })?;
         Ok(Self {
             queue: Some(queue),
@@ -188,15 +195,14 @@ impl Drop for BusyPoller {
         // In a callback, maybe a completion one of the loops runs: the
         // wait for the loops goes to the module's queue of deferred
         // destructions.
-        if let Err(queue) = deferred::spawn(queue) {
-            // No queue or no memory: the loops end (they see `stopping`),
-            // but nothing would wait for them before the module went.  The
-            // workqueue leaks, loudly, and the module stays.
+        let owner = queue.target.owner().clone();
+        if let Err(queue) = owner.defer(queue) {
+            // No memory: the loops end (they see `stopping`), but nothing
+            // would wait for them before the module went.  The workqueue
+            // leaks, loudly, and the module stays.
             pr_err!("cannot defer the destruction of a poll workqueue, leaking it\n");
             core::mem::forget(queue);
-            // SAFETY: Takes a reference on this module, which is live (its
-            // code is running).
-            unsafe { bindings::rdma_cm_rs_pin_module() };
+            owner.pin_module();
         }
     }
 }

@@ -5,19 +5,20 @@
 //! destruction.
 
 use super::{
-    locked::{to_result, LockedId, OwnerState, QpSlot},
+    locked::{to_result, IdState, LockedId, QpSlot},
     port_space::PortSpace,
 };
 use crate::rdma::{
     addr::SocketAddr,
     bindings,
     blocking::{Begin, EventWaiter, OwnedEvent, SyncOp, SyncResult},
-    callback::{current_task, in_any_callback, CallbackMark, CallbackTarget},
+    callback::{current_task, in_any_callback, CallbackMark},
     conn_param::ConnParam,
-    deferred::{self, DeferredDestroy},
+    deferred::DeferredDestroy,
     device::Transport,
     event::{Event, EventType},
     net::NetNs,
+    owner::{CallbackTarget, Owner},
     verbs::QpType,
 };
 use core::{
@@ -103,13 +104,14 @@ struct IdInner<H: Handler> {
     #[pin]
     unlocked_call: Mutex<()>,
     handler: H,
-    /// Counted while the C side may call into the module through this
-    /// object (see [`CallbackTarget`]).
-    _target: CallbackTarget,
+    /// Counted on its owner while the C side may call into the module
+    /// through this object (see [`CallbackTarget`]).
+    target: CallbackTarget,
 }
 
 impl<H: Handler> IdInner<H> {
     fn new(
+        owner: &Owner,
         raw: *mut bindings::rdma_cm_id,
         ps: PortSpace,
         qp_type: QpType,
@@ -117,7 +119,7 @@ impl<H: Handler> IdInner<H> {
         request_param: Option<ConnParam>,
         handler: H,
     ) -> Result<Arc<Self>> {
-        let target = CallbackTarget::new()?;
+        let target = CallbackTarget::new(owner)?;
         Arc::pin_init(
             pin_init!(Self {
                 raw: AtomicPtr::new(raw),
@@ -131,7 +133,7 @@ impl<H: Handler> IdInner<H> {
                 calls <- new_mutex!(()),
                 unlocked_call <- new_mutex!(()),
                 handler,
-                _target: target,
+                target,
             }),
             GFP_KERNEL,
         )
@@ -152,7 +154,7 @@ impl<H: Handler> IdInner<H> {
     /// `raw` must be this object's live id, whose handler mutex is held for
     /// `'a`.
     unsafe fn locked<'a>(&'a self, raw: *mut bindings::rdma_cm_id) -> LockedId<'a> {
-        let owner = OwnerState {
+        let state = IdState {
             answered: &self.answered,
             iwarp_cm_holds_qp: &self.iwarp_cm_holds_qp,
             qp_slot: &self.qp,
@@ -160,14 +162,15 @@ impl<H: Handler> IdInner<H> {
         };
         // SAFETY: By the safety requirements `raw` is live (so non-null),
         // this object's (its port space and QP type are these), and its
-        // handler mutex is held for `'a`; the state is its owner's.
+        // handler mutex is held for `'a`; the state is this `CmId`'s.
         unsafe {
             LockedId::new(
                 NonNull::new_unchecked(raw),
                 self.ps,
                 self.qp_type,
                 self.request_param,
-                Some(owner),
+                Some(state),
+                self.target.owner(),
             )
         }
     }
@@ -192,29 +195,46 @@ unsafe impl<H: Handler> Send for CmId<H> {}
 unsafe impl<H: Handler> Sync for CmId<H> {}
 
 impl<H: Handler> CmId<H> {
-    /// Creates an id (`rdma_create_id`) in `ns`, with port space `ps` and QP
-    /// type `qp_type`.  `EINVAL` if the QP type does not fit the port space;
-    /// `ENXIO` if the module holds no [`DestroyQueue`](super::DestroyQueue).
+    /// Creates an id (`rdma_create_id`) of `owner` in `ns`, with port space
+    /// `ps` and QP type `qp_type`.  `EINVAL` if the QP type does not fit the
+    /// port space; `ENXIO` once the owner's [`ModuleOwner`] is dropping.
     /// The id takes its own reference on the namespace.
-    pub fn new(handler: H, ns: &NetNs, ps: PortSpace, qp_type: QpType) -> Result<Self> {
+    ///
+    /// [`ModuleOwner`]: crate::rdma::ModuleOwner
+    pub fn new(
+        owner: &Owner,
+        handler: H,
+        ns: &NetNs,
+        ps: PortSpace,
+        qp_type: QpType,
+    ) -> Result<Self> {
         if !ps.carries(qp_type) {
             return Err(EINVAL);
         }
-        if !deferred::available() {
-            return Err(ENXIO);
-        }
-        let inner = IdInner::new(ptr::null_mut(), ps, qp_type, ptr::null_mut(), None, handler)?;
+        let inner = IdInner::new(
+            owner,
+            ptr::null_mut(),
+            ps,
+            qp_type,
+            ptr::null_mut(),
+            None,
+            handler,
+        )?;
         let context = Arc::into_raw(inner.clone());
         // SAFETY: `handler_trampoline::<H>` matches `rdma_cm_event_handler`
         // and interprets `context` as the `IdInner<H>` it is.  `ns` is live,
-        // and `__rdma_create_kernel_id` takes its own reference on it.
+        // and `__rdma_create_kernel_id` takes its own reference on it; the
+        // caller's name is the owner's, a static string of the module,
+        // which outlives the id (the module stays while the id's target
+        // counts).
         let raw = unsafe {
-            bindings::rdma_cm_rs_create_id(
+            bindings::__rdma_create_kernel_id(
                 ns.as_ptr(),
                 Some(handler_trampoline::<H>),
                 context.cast_mut().cast(),
                 ps as u32,
                 qp_type as u32,
+                owner.name().as_char_ptr(),
             )
         };
         if let Err(e) = kernel::error::from_err_ptr(raw) {
@@ -231,6 +251,11 @@ impl<H: Handler> CmId<H> {
     /// The handler.
     pub fn handler(&self) -> &H {
         &self.inner.handler
+    }
+
+    /// The owner the id was made for (for an adopted id, its listener's).
+    pub fn owner(&self) -> &Owner {
+        self.inner.target.owner()
     }
 
     /// Runs `f` with the id's handler mutex held (`rdma_lock_handler`):
@@ -514,15 +539,14 @@ impl<H: Handler> Drop for CmId<H> {
             // another id's callback it nests two handler mutexes of one
             // lock class; from a completion it may drain its own CQ.
             let victim: Arc<dyn DeferredDestroy> = self.inner.clone();
-            if deferred::spawn(victim).is_err() {
-                // No queue or no memory: destroying here could deadlock,
-                // so the id leaks, loudly.  The C id keeps calling this
-                // module's trampoline: the module must never go.
+            let owner = self.inner.target.owner();
+            if owner.defer(victim).is_err() {
+                // No memory: destroying here could deadlock, so the id
+                // leaks, loudly.  The C id keeps calling this module's
+                // trampoline: the module must never go.
                 pr_err!("cannot defer the destruction of a cm_id, leaking it\n");
                 core::mem::forget(self.inner.clone());
-                // SAFETY: Takes a reference on this module, which is live
-                // (its code is running).
-                unsafe { bindings::rdma_cm_rs_pin_module() };
+                owner.pin_module();
             }
         } else {
             destroy_now(&self.inner);
@@ -543,6 +567,8 @@ pub struct ConnectRequest<'a, H: Handler> {
     qp_type: QpType,
     adopted: &'a core::cell::Cell<bool>,
     request_param: ConnParam,
+    /// The listener's.
+    owner: &'a Owner,
     _h: PhantomData<H>,
 }
 
@@ -550,9 +576,9 @@ impl<'a, H: Handler> ConnectRequest<'a, H> {
     /// The new id, locked for the duration of the callback: reject or query
     /// it here.  Accepting needs the id's QP, which only an adopted id has.
     pub fn id(&self) -> LockedId<'_> {
-        // No owner yet: rejecting here ends the request (the id is
+        // No `CmId` yet: rejecting here ends the request (the id is
         // destroyed when the callback returns, unless adopted), a QP needs
-        // an owner (adopt the id first), and no call is made without the
+        // a `CmId` (adopt the id first), and no call is made without the
         // handler mutex.
         // SAFETY: The CM passed the live new id, of these port space and QP
         // type, and holds its handler mutex during the callback, which
@@ -564,20 +590,19 @@ impl<'a, H: Handler> ConnectRequest<'a, H> {
                 self.qp_type,
                 Some(self.request_param),
                 None,
+                self.owner,
             )
         }
     }
 
-    /// Takes ownership of the new id with its own handler.  `ENXIO` if the
-    /// module holds no [`DestroyQueue`](super::DestroyQueue) (see
-    /// [`CmId::new`]).
+    /// Takes ownership of the new id with its own handler; the id has its
+    /// listener's owner.  `ENXIO` once that owner's `ModuleOwner` is
+    /// dropping (see [`CmId::new`]).
     pub fn adopt(self, handler: H) -> Result<CmId<H>> {
-        if !deferred::available() {
-            return Err(ENXIO);
-        }
         // The CM holds this id's handler mutex until the listener's
         // callback returns: treat that as being in its handler.
         let inner = IdInner::new(
+            self.owner,
             self.raw.as_ptr(),
             self.ps,
             self.qp_type,
@@ -686,6 +711,7 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
         qp_type,
         adopted: &adopted,
         request_param,
+        owner: inner.target.owner(),
         _h: PhantomData,
     };
     inner.handler.connect_request(request, &event);

@@ -12,6 +12,7 @@ use crate::rdma::{
     conn_param::{ConnParam, PrivateDataUse, MAX_RETRY_COUNT},
     device::{Device, Transport},
     event::{Event, EventType},
+    owner::Owner,
     pd::Pd,
     verbs::{CommEstNotify, CompletionHandler, Cq, Qp, QpCaps, QpQueues, QpShutdown, QpType, Srq},
 };
@@ -47,24 +48,27 @@ pub(super) enum QpSlot {
 /// # Invariants
 ///
 /// `raw` is live, of port space `ps` and QP type `qp_type`, and its
-/// `handler_mutex` is held for `'a`; `owner` is its owner's state.
+/// `handler_mutex` is held for `'a`; `state` is its [`super::CmId`]'s, if
+/// it has one yet, and `owner` the owner of that id (or of the listener of
+/// a connection request).
 pub struct LockedId<'a> {
     raw: NonNull<bindings::rdma_cm_id>,
     ps: PortSpace,
     qp_type: QpType,
     request_param: Option<ConnParam>,
-    owner: Option<OwnerState<'a>>,
+    state: Option<IdState<'a>>,
+    owner: &'a Owner,
     _lock: PhantomData<&'a ()>,
 }
 
 /// What an owned id lends its [`LockedId`] besides the C id: the state its
-/// operations keep (a connection request's id has no owner yet).
+/// operations keep (a connection request's id has no `CmId` yet).
 #[derive(Clone, Copy)]
-pub(super) struct OwnerState<'a> {
+pub(super) struct IdState<'a> {
     pub(super) answered: &'a AtomicBool,
     pub(super) iwarp_cm_holds_qp: &'a AtomicBool,
     pub(super) qp_slot: &'a Mutex<QpSlot>,
-    /// The owner's lock of the calls made without the handler mutex.
+    /// The `CmId`'s lock of the calls made without the handler mutex.
     pub(super) unlocked_call: &'a Mutex<()>,
 }
 
@@ -74,14 +78,15 @@ impl<'a> LockedId<'a> {
     /// # Safety
     ///
     /// `raw` is a live id of port space `ps` and QP type `qp_type` whose
-    /// handler mutex is held for `'a`; `owner` is the state of its owner,
-    /// if it has one.
+    /// handler mutex is held for `'a`; `state` is the state of its
+    /// `CmId`, if it has one.
     pub(super) unsafe fn new(
         raw: NonNull<bindings::rdma_cm_id>,
         ps: PortSpace,
         qp_type: QpType,
         request_param: Option<ConnParam>,
-        owner: Option<OwnerState<'a>>,
+        state: Option<IdState<'a>>,
+        owner: &'a Owner,
     ) -> Self {
         // INVARIANT: By the safety requirements.
         Self {
@@ -89,9 +94,16 @@ impl<'a> LockedId<'a> {
             ps,
             qp_type,
             request_param,
+            state,
             owner,
             _lock: PhantomData,
         }
+    }
+
+    /// The owner of the id (for a connection request's new id, of its
+    /// listener): what a handler makes the id's PD and CQs for.
+    pub fn owner(&self) -> &'a Owner {
+        self.owner
     }
 }
 
@@ -124,7 +136,7 @@ impl<'a> LockedId<'a> {
     /// `EBUSY` while one runs (inside `with_lock` none can: they take the
     /// owner's `calls` too).
     fn exclude_unlocked_calls(&self) -> Result<Option<MutexGuard<'a, ()>>> {
-        match self.owner.map(|o| o.unlocked_call) {
+        match self.state.map(|o| o.unlocked_call) {
             None => Ok(None),
             Some(lock) => lock.try_lock().map(Some).ok_or(EBUSY),
         }
@@ -162,7 +174,7 @@ impl<'a> LockedId<'a> {
 
     /// The number of the id's QP, if it has one.
     pub fn qp_num(&self) -> Option<u32> {
-        match &*self.owner.map(|o| o.qp_slot)?.lock() {
+        match &*self.state.map(|o| o.qp_slot)?.lock() {
             QpSlot::Live(qp) => Some(qp.qp_num()),
             _ => None,
         }
@@ -259,7 +271,7 @@ impl<'a> LockedId<'a> {
     /// other (a QP number passed to it would be looked up device-wide by
     /// the iWARP CM, whoever owns that QP).
     fn has_live_qp(&self) -> bool {
-        self.owner
+        self.state
             .map(|o| o.qp_slot)
             .is_some_and(|slot| matches!(*slot.lock(), QpSlot::Live(_)))
     }
@@ -303,7 +315,7 @@ impl<'a> LockedId<'a> {
     /// it drops before reporting the connection's end or the connect's
     /// failure.
     fn note_iwarp_cm_holds_qp(&self, iwarp_rc: bool) {
-        if let (true, Some(holds)) = (iwarp_rc, self.owner.map(|o| o.iwarp_cm_holds_qp)) {
+        if let (true, Some(holds)) = (iwarp_rc, self.state.map(|o| o.iwarp_cm_holds_qp)) {
             holds.store(true, Ordering::Release);
         }
     }
@@ -379,7 +391,7 @@ impl<'a> LockedId<'a> {
     fn check_unanswered(&self) -> Result {
         if self.request_param.is_none()
             || self
-                .owner
+                .state
                 .map(|o| o.answered)
                 .is_some_and(|a| a.load(Ordering::Acquire))
         {
@@ -389,7 +401,7 @@ impl<'a> LockedId<'a> {
     }
 
     fn mark_answered(&self) {
-        if let Some(answered) = self.owner.map(|o| o.answered) {
+        if let Some(answered) = self.state.map(|o| o.answered) {
             answered.store(true, Ordering::Release);
         }
     }
@@ -582,7 +594,7 @@ impl<'a> LockedId<'a> {
         caps: QpCaps,
         srq: Option<&Arc<Srq<C>>>,
     ) -> Result<Arc<Qp<C>>> {
-        let slot = self.owner.map(|o| o.qp_slot).ok_or(EINVAL)?;
+        let slot = self.state.map(|o| o.qp_slot).ok_or(EINVAL)?;
         let dev = self.device()?;
         let iwarp = dev.transport() == Transport::Iwarp;
         if iwarp && self.qp_type == QpType::Ud {
@@ -667,12 +679,12 @@ impl<'a> LockedId<'a> {
     /// mutex.  After a `DeviceRemoval` the CM reports neither: only the
     /// id's drop destroys the QP.
     pub fn destroy_qp(&self) -> Result {
-        let slot = self.owner.map(|o| o.qp_slot).ok_or(EINVAL)?;
+        let slot = self.state.map(|o| o.qp_slot).ok_or(EINVAL)?;
         if in_completion_handler() {
             return Err(EDEADLK);
         }
         if self
-            .owner
+            .state
             .is_some_and(|o| o.iwarp_cm_holds_qp.load(Ordering::Acquire))
         {
             return Err(EBUSY);

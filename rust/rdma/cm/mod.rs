@@ -35,7 +35,7 @@
 //!   callbacks (the id's own: the deadlock `rdma_destroy_id` documents;
 //!   another id's: two handler mutexes of one lock class; a completion: a
 //!   QP drain behind the running completion), the destruction is deferred
-//!   to the module's [`DestroyQueue`](super::DestroyQueue).  For the same
+//!   to its owner's queue ([`ModuleOwner`](super::ModuleOwner)).  For the same
 //!   reasons [`CmId::with_lock`] refuses (`EDEADLK`) to take an id's mutex inside
 //!   another callback of the layer; inside the id's own callback it runs
 //!   without taking the mutex the CM already holds.

@@ -26,8 +26,9 @@ mod blocking_tests {
     /// The body of [`blocking_calls_return_their_events`]: everything of
     /// the device it makes is dropped when it returns.
     fn blocking_exchange(c: &mut Checks) {
+        let owner = owner();
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening(&ns, 7185) else {
+        let Some((world, listener, addr)) = listening(&owner, &ns, 7185) else {
             return;
         };
         // The server's id holds the world its handler records into: let
@@ -40,6 +41,7 @@ mod blocking_tests {
         );
 
         let client = CmId::new(
+            &owner,
             Node::synchronous(&world).unwrap(),
             &ns,
             PortSpace::Tcp,
@@ -166,8 +168,9 @@ mod blocking_tests {
     /// REJECTED of a request the server held, then rejected.
     #[test]
     fn timed_out_call_resumes() {
+        let owner = owner();
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening(&ns, 7186) else {
+        let Some((world, listener, addr)) = listening(&owner, &ns, 7186) else {
             return;
         };
         let client = ready_client(&world, &ns, &addr);
@@ -197,8 +200,9 @@ mod blocking_tests {
     /// and loses the event).
     #[test]
     fn failure_before_accept_is_returned_by_it() {
+        let owner = owner();
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening(&ns, 7187) else {
+        let Some((world, listener, addr)) = listening(&owner, &ns, 7187) else {
             return;
         };
         let client = ready_client(&world, &ns, &addr);

@@ -2,16 +2,18 @@
 
 //! KUnit: IB clients, device events and capabilities.
 
+use super::fixture::owner;
 use super::{skip_without_devices, wait_until};
 use kernel::prelude::*;
 
 #[kunit_tests(rdma_cm_rs_client)]
 mod client_tests {
-    use super::wait_until;
+    use super::{owner, wait_until};
     use crate::rdma::{
         async_event::{AsyncEventHandler, AsyncEventRegistration, DeviceEvent},
         client::{Client, ClientRegistration},
         device::{Device, Transport},
+        owner::Owner,
         pd::Pd,
     };
     use core::sync::atomic::{AtomicUsize, Ordering};
@@ -40,7 +42,7 @@ mod client_tests {
         _pd: Arc<Pd>,
     }
 
-    struct TestClient(Arc<Seen>);
+    struct TestClient(Arc<Seen>, Owner);
 
     crate::rdma_client_slot!(TestClient);
 
@@ -48,7 +50,7 @@ mod client_tests {
         type DeviceData = PerDevice;
         const NAME: &'static CStr = c"rdma_cm_rs_kunit";
         fn add(&self, dev: &ARef<Device>) -> Result<PerDevice> {
-            let pd = Pd::alloc(dev)?;
+            let pd = Pd::alloc(&self.1, dev)?;
             let name = dev.name();
             if name.as_bytes().starts_with(b"rxe") {
                 self.0.rxe.fetch_add(1, Ordering::AcqRel);
@@ -75,9 +77,10 @@ mod client_tests {
     /// gives every device's data back to `remove`, with its own device, once.
     #[test]
     fn client_sees_every_device_and_gives_each_back() {
+        let owner = owner();
         let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
         let reg = KBox::pin_init(
-            ClientRegistration::new(TestClient(seen.clone())),
+            ClientRegistration::new(&owner, TestClient(seen.clone(), owner.owner().clone())),
             GFP_KERNEL,
         );
         let added_while_registered = seen.added.load(Ordering::Acquire);
@@ -104,13 +107,14 @@ mod client_tests {
     /// first keeps working.
     #[test]
     fn second_registration_of_a_type_is_busy() {
+        let owner = owner();
         let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
         let first = KBox::pin_init(
-            ClientRegistration::new(TestClient(seen.clone())),
+            ClientRegistration::new(&owner, TestClient(seen.clone(), owner.owner().clone())),
             GFP_KERNEL,
         );
         let second = KBox::pin_init(
-            ClientRegistration::new(TestClient(seen.clone())),
+            ClientRegistration::new(&owner, TestClient(seen.clone(), owner.owner().clone())),
             GFP_KERNEL,
         );
         let second_err = second.as_ref().err().copied();
@@ -121,7 +125,7 @@ mod client_tests {
         let removed = seen.removed.load(Ordering::Acquire);
         // A third, after both are gone, registers again.
         let third = KBox::pin_init(
-            ClientRegistration::new(TestClient(seen.clone())),
+            ClientRegistration::new(&owner, TestClient(seen.clone(), owner.owner().clone())),
             GFP_KERNEL,
         );
         let third_ok = third.is_ok();
@@ -137,6 +141,7 @@ mod client_tests {
     struct RxeOnly {
         seen: Arc<Seen>,
         offered: Arc<Mutex<KVec<ARef<Device>>>>,
+        owner: Owner,
     }
 
     crate::rdma_client_slot!(RxeOnly);
@@ -154,7 +159,7 @@ mod client_tests {
             self.seen.added.fetch_add(1, Ordering::AcqRel);
             Ok(PerDevice {
                 dev: dev.clone(),
-                _pd: Pd::alloc(dev)?,
+                _pd: Pd::alloc(&self.owner, dev)?,
             })
         }
 
@@ -172,13 +177,18 @@ mod client_tests {
     /// registration went outlives it.
     #[test]
     fn device_data_is_found_by_device_until_remove() {
+        let owner = owner();
         let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
         let offered = Arc::pin_init(new_mutex!(KVec::new()), GFP_KERNEL).unwrap();
         let reg = KBox::pin_init(
-            ClientRegistration::new(RxeOnly {
-                seen: seen.clone(),
-                offered: offered.clone(),
-            }),
+            ClientRegistration::new(
+                &owner,
+                RxeOnly {
+                    seen: seen.clone(),
+                    offered: offered.clone(),
+                    owner: owner.owner().clone(),
+                },
+            ),
             GFP_KERNEL,
         )
         .unwrap();
@@ -253,13 +263,18 @@ mod client_tests {
 
     /// rxe0, as an IB client is offered it.
     fn rxe_device() -> Option<ARef<Device>> {
+        let owner = owner();
         let seen = Arc::new(Seen::default(), GFP_KERNEL).ok()?;
         let offered = Arc::pin_init(new_mutex!(KVec::new()), GFP_KERNEL).ok()?;
         let reg = KBox::pin_init(
-            ClientRegistration::new(RxeOnly {
-                seen,
-                offered: offered.clone(),
-            }),
+            ClientRegistration::new(
+                &owner,
+                RxeOnly {
+                    seen,
+                    offered: offered.clone(),
+                    owner: owner.owner().clone(),
+                },
+            ),
             GFP_KERNEL,
         )
         .ok()?;
@@ -274,11 +289,13 @@ mod client_tests {
     /// the registration is dropped, none.
     #[test]
     fn device_events_reach_the_handler_until_dropped() {
+        let owner = owner();
         let Some(rxe) = rxe_device() else {
             super::skip_without_devices(ENODEV);
             return;
         };
         let events = AsyncEventRegistration::new(
+            &owner,
             &rxe,
             CountEvents {
                 sm_changes_on_port_1: AtomicUsize::new(0),
@@ -317,6 +334,7 @@ mod client_tests {
     struct DropsItself {
         slot: Arc<Mutex<Option<AsyncEventRegistration<DropsItself>>>>,
         seen: Arc<SelfSeen>,
+        owner: Owner,
     }
 
     impl AsyncEventHandler for DropsItself {
@@ -324,6 +342,7 @@ mod client_tests {
             self.seen.events.fetch_add(1, Ordering::AcqRel);
             let dev: ARef<Device> = dev.into();
             let nested = AsyncEventRegistration::new(
+                &self.owner,
                 &dev,
                 CountEvents {
                     sm_changes_on_port_1: AtomicUsize::new(0),
@@ -345,6 +364,7 @@ mod client_tests {
     /// lock, and a registration made there is refused (`EDEADLK`).
     #[test]
     fn registration_dropped_in_its_handler_is_deferred() {
+        let owner = owner();
         let Some(rxe) = rxe_device() else {
             super::skip_without_devices(ENODEV);
             return;
@@ -352,10 +372,12 @@ mod client_tests {
         let slot = Arc::pin_init(new_mutex!(None), GFP_KERNEL).unwrap();
         let self_seen = Arc::new(SelfSeen::default(), GFP_KERNEL).unwrap();
         let registration = AsyncEventRegistration::new(
+            &owner,
             &rxe,
             DropsItself {
                 slot: slot.clone(),
                 seen: self_seen.clone(),
+                owner: owner.owner().clone(),
             },
         )
         .unwrap();
@@ -363,7 +385,7 @@ mod client_tests {
         dispatch_sm_change(&rxe);
         let handled = wait_until(|| self_seen.events.load(Ordering::Acquire) == 1);
         // The deferred unregistration has run once this returns.
-        let flushed = crate::rdma::deferred::flush_deferred_destroys();
+        let flushed = owner.flush();
         dispatch_sm_change(&rxe);
         fsleep(Delta::from_millis(300));
         // Breaks the cycle if the handler never ran.
@@ -381,9 +403,10 @@ mod client_tests {
     /// registration and SRQs; siw is iWARP with fast registration.
     #[test]
     fn device_caps_are_the_drivers() {
+        let owner = owner();
         let seen = Arc::new(Seen::default(), GFP_KERNEL).unwrap();
         let reg = KBox::pin_init(
-            ClientRegistration::new(CapsClient(seen.clone())),
+            ClientRegistration::new(&owner, CapsClient(seen.clone())),
             GFP_KERNEL,
         );
         let ok = reg.is_ok();

@@ -30,7 +30,9 @@ mod cq_tests {
     /// `cq_on_the_last_vector_polled_unbound`).
     #[test]
     fn direct_cq_runs_handlers_only_when_polled() {
-        let Some(pair) = connected_pair_polled(&NetNs::init(), 7194, PollContext::Direct) else {
+        let owner = owner();
+        let Some(pair) = connected_pair_polled(&owner, &NetNs::init(), 7194, PollContext::Direct)
+        else {
             return;
         };
         let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
@@ -67,11 +69,13 @@ mod cq_tests {
     /// for the loop.
     #[test]
     fn busy_poller_loops_until_stopped() {
-        let Some(pair) = connected_pair_polled(&NetNs::init(), 7196, PollContext::Direct) else {
+        let owner = owner();
+        let Some(pair) = connected_pair_polled(&owner, &NetNs::init(), 7196, PollContext::Direct)
+        else {
             return;
         };
         let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
-        let poller = BusyPoller::new().unwrap();
+        let poller = BusyPoller::new(&owner).unwrap();
         let polling = poller.start(&pair.client_cq);
         let first = post_marked(&pair.server_qp, 1, false);
         let looped = wait_until(|| client.received.load(Ordering::Acquire) == 1);
@@ -105,24 +109,25 @@ mod cq_tests {
     /// for the flush).  A busy-polled pool of no entries is refused.
     #[test]
     fn busy_polled_cq_pool_delivers_without_a_poll() {
+        let owner = owner();
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening_at(&ns, RXE_IP, 7212) else {
+        let Some((world, listener, addr)) = listening_at(&owner, &ns, RXE_IP, 7212) else {
             return;
         };
         // Bound to the device's address: it has the device.
         let dev = listener.with_lock(|l| l.device()).unwrap();
-        let poller = Arc::new(BusyPoller::new().unwrap(), GFP_KERNEL).unwrap();
+        let poller = Arc::new(BusyPoller::new(&owner).unwrap(), GFP_KERNEL).unwrap();
         let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
         let entries = RECORDING_CAPS.cq_entries().unwrap();
         let handler = Recording(server_seen.clone());
-        let refused = CqPool::busy_polled(&dev, 0, &poller, handler.clone()).err();
-        let pool = CqPool::busy_polled(&dev, entries, &poller, handler).unwrap();
+        let refused = CqPool::busy_polled(&owner, &dev, 0, &poller, handler.clone()).err();
+        let pool = CqPool::busy_polled(&owner, &dev, entries, &poller, handler).unwrap();
         drop(dev);
         let server_pool = pool.clone();
         let connected = connect_client(&world, &ns, &addr, PollContext::Workqueue, move |server| {
             server.with_lock(|l| {
                 let dev = l.device()?;
-                let pd = Pd::alloc(&dev)?;
+                let pd = Pd::alloc(l.owner(), &dev)?;
                 let (qp, poll) = server_pool.with_cq(entries, None, |_, cq| {
                     Ok((l.create_qp(&pd, cq, RECORDING_CAPS)?, cq.poll_context()))
                 })?;

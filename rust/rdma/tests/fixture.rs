@@ -13,6 +13,7 @@ use crate::rdma::{
     event::*,
     mr::RemoteRegion,
     net::NetNs,
+    owner::{ModuleOwner, Owner},
     pd::Pd,
     sg::SgBuffer,
     verbs::{
@@ -34,6 +35,13 @@ pub(super) fn ms(ms: i64) -> Delta {
     Delta::from_millis(ms)
 }
 
+/// The case's own owner: declared first in a case, it drops last and waits
+/// for every object the case made the C side can call back (a leak keeps
+/// the case waiting, and says so after 10 s).
+pub(super) fn owner() -> ModuleOwner {
+    ModuleOwner::new::<crate::LocalModule>().expect("an owner for the case")
+}
+
 /// A CM handler and a completion handler that do nothing.
 #[derive(Clone)]
 pub(super) struct Nop;
@@ -49,14 +57,14 @@ impl CompletionHandler for Nop {
 /// completing on a [`Nop`] CQ.
 pub(super) fn nop_qp(l: &LockedId<'_>, max_wr: u32) -> Result<(Arc<Pd>, Arc<Qp<Nop>>)> {
     let dev = l.device()?;
-    let pd = Pd::alloc(&dev)?;
+    let pd = Pd::alloc(l.owner(), &dev)?;
     let caps = QpCaps {
         max_send_wr: max_wr,
         max_recv_wr: max_wr,
         max_inline_data: 0,
         ..QpCaps::default()
     };
-    let cq = Cq::alloc(&dev, caps.cq_entries()?, Nop)?;
+    let cq = Cq::alloc(l.owner(), &dev, caps.cq_entries()?, Nop)?;
     let qp = l.create_qp(&pd, &cq, caps)?;
     Ok((pd, qp))
 }
@@ -74,6 +82,8 @@ pub(super) struct Seen {
 pub(super) struct World {
     #[pin]
     pub(super) seen: Mutex<Seen>,
+    /// The case's: what the world's ids are made for.
+    pub(super) owner: Owner,
 }
 
 /// A listener (no waiter) or a synchronous id (a waiter).
@@ -121,11 +131,12 @@ pub(super) fn with_qp<H: Handler>(id: &CmId<H>) -> Result {
 /// A synchronous id with `handler` whose address and route to `addr` are
 /// resolved.
 pub(super) fn resolved_client<H: Handler>(
+    owner: &Owner,
     handler: H,
     ns: &NetNs,
     addr: &SocketAddr,
 ) -> Result<CmId<H>> {
-    let client = CmId::new(handler, ns, PortSpace::Tcp, QpType::Rc)?;
+    let client = CmId::new(owner, handler, ns, PortSpace::Tcp, QpType::Rc)?;
     client
         .resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))?
         .into_event()?;
@@ -142,7 +153,7 @@ pub(super) fn ready_client(
     ns: &NetNs,
     addr: &SocketAddr,
 ) -> Result<CmId<Node>> {
-    let client = resolved_client(Node::synchronous(world)?, ns, addr)?;
+    let client = resolved_client(&world.owner, Node::synchronous(world)?, ns, addr)?;
     with_qp(&client)?;
     Ok(client)
 }
@@ -175,8 +186,12 @@ pub(super) fn accept_in_background(
 
 /// A world and a listener of it (no waiter) on rxe at `port`; `None`
 /// (the test skipped) without the device.
-pub(super) fn listening(ns: &NetNs, port: u16) -> Option<(Arc<World>, CmId<Node>, SocketAddr)> {
-    listening_at(ns, RXE_IP, port)
+pub(super) fn listening(
+    owner: &Owner,
+    ns: &NetNs,
+    port: u16,
+) -> Option<(Arc<World>, CmId<Node>, SocketAddr)> {
+    listening_at(owner, ns, RXE_IP, port)
 }
 
 /// The address of the test VM's rxe device, and of its siw device.
@@ -185,6 +200,7 @@ pub(super) const SIW_IP: [u8; 4] = [203, 0, 113, 1];
 
 /// [`listening`] on the device at `ip`.
 pub(super) fn listening_at(
+    owner: &Owner,
     ns: &NetNs,
     ip: [u8; 4],
     port: u16,
@@ -192,6 +208,7 @@ pub(super) fn listening_at(
     let world = Arc::pin_init(
         pin_init!(World {
             seen <- new_mutex!(Seen::default()),
+            owner: owner.clone(),
         }),
         GFP_KERNEL,
     )
@@ -201,7 +218,7 @@ pub(super) fn listening_at(
         world: world.clone(),
         waiter: None,
     };
-    let listener = CmId::new(node, ns, PortSpace::Tcp, QpType::Rc).unwrap();
+    let listener = CmId::new(owner, node, ns, PortSpace::Tcp, QpType::Rc).unwrap();
     if let Err(e) = listener.with_lock(|l| l.bind(&addr)) {
         super::skip_without_devices(e);
         return None;
@@ -399,8 +416,15 @@ pub(super) fn recording_qp_with(
 ) -> Result<RecordingQp> {
     id.with_lock(|l| {
         let dev = l.device()?;
-        let pd = Pd::alloc(&dev)?;
-        let cq = Cq::alloc_with(&dev, caps.cq_entries()?, 0, poll, Recording(seen.clone()))?;
+        let pd = Pd::alloc(l.owner(), &dev)?;
+        let cq = Cq::alloc_with(
+            l.owner(),
+            &dev,
+            caps.cq_entries()?,
+            0,
+            poll,
+            Recording(seen.clone()),
+        )?;
         let qp = l.create_qp(&pd, &cq, caps)?;
         for _ in 0..recvs {
             qp.post_recv(RecvBuffer::new(&pd, 64)?)
@@ -425,30 +449,32 @@ pub(super) struct Pair {
 
 /// Connects a [`Pair`] through a listener on `port`; `None` (the test
 /// skipped) without rxe.
-pub(super) fn connected_pair(ns: &NetNs, port: u16) -> Option<Pair> {
-    connected_pair_polled(ns, port, PollContext::Workqueue)
+pub(super) fn connected_pair(owner: &Owner, ns: &NetNs, port: u16) -> Option<Pair> {
+    connected_pair_polled(owner, ns, port, PollContext::Workqueue)
 }
 
 /// [`connected_pair`], the client's CQ polled from `client_poll`.
 pub(super) fn connected_pair_polled(
+    owner: &Owner,
     ns: &NetNs,
     port: u16,
     client_poll: PollContext,
 ) -> Option<Pair> {
-    recording_pair(ns, RXE_IP, port, client_poll, 0)
+    recording_pair(owner, ns, RXE_IP, port, client_poll, 0)
 }
 
 /// A [`Pair`] through a listener on the device at `ip`, the client's
 /// CQ polled from `client_poll`, both sides offering `read_depth` RDMA
 /// READs each way; `None` (the test skipped) without the device.
 pub(super) fn recording_pair(
+    owner: &Owner,
     ns: &NetNs,
     ip: [u8; 4],
     port: u16,
     client_poll: PollContext,
     read_depth: u8,
 ) -> Option<Pair> {
-    let (world, listener, addr) = listening_at(ns, ip, port)?;
+    let (world, listener, addr) = listening_at(owner, ns, ip, port)?;
     let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).ok()?;
     let s_seen = server_seen.clone();
     let connected =
@@ -526,7 +552,13 @@ pub(super) fn connect_client_with(
         .responder_resources(read_depth);
     // Without reads, the server answers with the CM's defaults.
     let server_param = (read_depth > 0).then_some(param);
-    let client = CmId::new(Node::synchronous(world)?, ns, PortSpace::Tcp, QpType::Rc)?;
+    let client = CmId::new(
+        &world.owner,
+        Node::synchronous(world)?,
+        ns,
+        PortSpace::Tcp,
+        QpType::Rc,
+    )?;
     client.resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))?;
     client.resolve_route_sync(ms(2000), Some(ms(5000)))?;
     let client_seen = Arc::new(QpSeen::default(), GFP_KERNEL)?;
@@ -597,7 +629,8 @@ pub(super) fn unsignaled_send_then_teardown(
     poll: PollContext,
     byte: u8,
 ) -> Option<Arc<QpSeen>> {
-    let pair = connected_pair_polled(&NetNs::init(), port, poll)?;
+    let owner = owner();
+    let pair = connected_pair_polled(&owner, &NetNs::init(), port, poll)?;
     let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
     let posted = post_marked(&pair.client_qp, byte, true);
     let arrived = wait_until(|| server.received.load(Ordering::Acquire) == 1);

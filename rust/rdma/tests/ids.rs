@@ -3,26 +3,25 @@
 //! KUnit: Identifiers: their lifetime, callbacks, QPs and CQs on them, the
 //! objects C can call back.
 
-use super::fixture::{ms, nop_qp, Nop};
-use super::skip_without_devices;
+use super::fixture::{ms, nop_qp, owner, Nop};
+use super::{skip_without_devices, wait_until};
 use kernel::prelude::*;
 
 #[kunit_tests(rdma_cm_rs_ids)]
 mod id_tests {
-    use super::{ms, nop_qp, Nop};
+    use super::{ms, nop_qp, owner, Nop};
     use crate::rdma::{
         addr::SocketAddr,
         async_event::{AsyncEventHandler, AsyncEventRegistration, DeviceEvent},
         bindings,
-        callback::{callback_targets, without_destroy_queue},
         client::{Client, ClientRegistration},
         cm::*,
         cq_pool::CqPool,
-        deferred::flush_deferred_destroys,
         device::{Device, Transport},
         event::*,
         mr::{Mr, MrAccess},
         net::NetNs,
+        owner::Owner,
         pd::Pd,
         poller::BusyPoller,
         sg::SgBuffer,
@@ -35,6 +34,7 @@ mod id_tests {
         prelude::*,
         sync::{aref::ARef, Arc, Mutex},
         time::delay::fsleep,
+        workqueue,
     };
 
     #[test]
@@ -110,15 +110,16 @@ mod id_tests {
 
     /// Every object the C side can call into the module through is
     /// counted from its creation to its drop (what the module's
-    /// `DestroyQueue` waits for before the module's code goes): an id, and
+    /// `ModuleOwner` waits for before the module's code goes): an id, and
     /// on its device a CQ and a busy poller (its loops' workqueue) add one
     /// each, a loop nothing more, and their drops take them back.
     #[test]
     fn callback_targets_are_counted_until_they_go() {
-        flush_deferred_destroys().unwrap();
-        let before = callback_targets();
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
-        let with_id = callback_targets();
+        let owner = owner();
+        owner.flush().unwrap();
+        let before = owner.callback_targets();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let with_id = owner.callback_targets();
         let dev = match id.with_lock(|l| {
             l.bind(&rxe_addr())?;
             l.device()
@@ -130,22 +131,22 @@ mod id_tests {
                 return;
             }
         };
-        let cq = Cq::alloc_with(&dev, 8, 0, PollContext::Direct, Nop).unwrap();
-        let with_cq = callback_targets();
-        let poller = BusyPoller::new().unwrap();
-        let with_poller = callback_targets();
+        let cq = Cq::alloc_with(&owner, &dev, 8, 0, PollContext::Direct, Nop).unwrap();
+        let with_cq = owner.callback_targets();
+        let poller = BusyPoller::new(&owner).unwrap();
+        let with_poller = owner.callback_targets();
         let polling = poller.start(&cq).unwrap();
-        let with_loop = callback_targets();
+        let with_loop = owner.callback_targets();
         drop(polling);
         // The loop ends within a poll and lets go of the CQ.
         drop(poller);
-        let loop_gone = callback_targets();
+        let loop_gone = owner.callback_targets();
         drop(cq);
-        let cq_gone = callback_targets();
+        let cq_gone = owner.callback_targets();
         drop(dev);
         drop(id);
-        flush_deferred_destroys().unwrap();
-        let after = callback_targets();
+        owner.flush().unwrap();
+        let after = owner.callback_targets();
         assert_eq!(with_id, before + 1);
         assert_eq!(with_cq, before + 2);
         assert_eq!(with_poller, before + 3);
@@ -173,28 +174,29 @@ mod id_tests {
         fn event(&self, _dev: &Device, _event: DeviceEvent) {}
     }
 
-    /// Without the module's `DestroyQueue`, whose drop waits for them,
-    /// no object the C side calls back through is made (`ENXIO`): an id,
-    /// a CQ, a QP, an SRQ, a busy poller, a client and a device event
-    /// registration.  Before, all but the ids and the event registration
-    /// were made, and one leaked (`mem::forget`) in a module without a
-    /// queue had the RDMA core call freed module text after the unload.
+    /// Once its `ModuleOwner` has begun to drop (its module is unloading),
+    /// an owner makes no object the C side calls back through (`ENXIO`): an
+    /// id, a PD, a CQ, a QP, an SRQ, a busy poller, a client and a device
+    /// event registration; the drop waits for the objects made before.
+    /// (Before owners, all but the ids and the event registration were made
+    /// in a module without its queue, and one leaked (`mem::forget`) had
+    /// the RDMA core call freed module text after the unload.)
     #[test]
-    fn callback_targets_need_a_destroy_queue() {
-        flush_deferred_destroys().unwrap();
-        let before = callback_targets();
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+    fn objects_are_refused_once_their_owner_is_dropping() {
+        let module = owner();
+        let owner: Owner = module.owner().clone();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let made = id.with_lock(|l| {
             l.bind(&rxe_addr())?;
             let dev = l.device()?;
-            let pd = Pd::alloc(&dev)?;
-            let cq = Cq::alloc(&dev, 16, Nop)?;
+            let pd = Pd::alloc(&owner, &dev)?;
+            let cq = Cq::alloc(&owner, &dev, 16, Nop)?;
             Ok((dev, pd, cq))
         });
         let (dev, pd, cq) = match made {
             Ok(made) => made,
             Err(e) => {
-                drop(id);
+                drop((id, module));
                 super::skip_without_devices(e);
                 return;
             }
@@ -205,33 +207,43 @@ mod id_tests {
             max_inline_data: 0,
             ..QpCaps::default()
         };
-        let with_objects = callback_targets();
-        let refused = without_destroy_queue(|| {
-            [
-                CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).err(),
-                Cq::alloc(&dev, 8, Nop).err(),
-                id.with_lock(|l| l.create_qp(&pd, &cq, caps)).err(),
-                Srq::<Nop>::new(&pd, 4).err(),
-                BusyPoller::new().err(),
-                KBox::pin_init(ClientRegistration::new(Bare), GFP_KERNEL).err(),
-                AsyncEventRegistration::new(&dev, Nop).err(),
-            ]
+        let with_objects = owner.callback_targets();
+        let dropped = Arc::new(AtomicBool::new(false), GFP_KERNEL).unwrap();
+        let unloading = dropped.clone();
+        let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
+            drop(module);
+            unloading.store(true, Ordering::Release);
         });
-        let after_refusals = callback_targets();
-        // With the queue, the QP is made.
-        let qp = id.with_lock(|l| l.create_qp(&pd, &cq, caps)).map(drop);
+        let closed = super::wait_until(|| owner.is_closed());
+        let refused = [
+            CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).err(),
+            Pd::alloc(&owner, &dev).err(),
+            Cq::alloc(&owner, &dev, 8, Nop).err(),
+            id.with_lock(|l| l.create_qp(&pd, &cq, caps)).err(),
+            Srq::<Nop>::new(&pd, 4).err(),
+            BusyPoller::new(&owner).err(),
+            KBox::pin_init(ClientRegistration::new(&owner, Bare), GFP_KERNEL).err(),
+            AsyncEventRegistration::new(&owner, &dev, Nop).err(),
+        ];
+        let after_refusals = owner.callback_targets();
+        // The drop waits for the id, the PD and the CQ.
+        fsleep(ms(100));
+        let waited = !dropped.load(Ordering::Acquire);
         drop((cq, pd, dev, id));
-        flush_deferred_destroys().unwrap();
-        let after = callback_targets();
-        assert_eq!(refused, [Some(ENXIO); 7]);
+        let unloaded = super::wait_until(|| dropped.load(Ordering::Acquire));
+        assert!(spawned.is_ok());
+        assert!(closed);
+        assert_eq!(refused, [Some(ENXIO); 8]);
         assert_eq!(after_refusals, with_objects);
-        assert_eq!(qp, Ok(()));
-        assert_eq!(after, before);
+        assert!(waited);
+        assert!(unloaded);
+        assert_eq!(owner.callback_targets(), 0);
     }
 
     #[test]
     fn create_and_destroy_ids() {
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let owner = owner();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let (port, qp, src, ack32, rnr32, ack14, reuse, route0, listen_locked, dev) = id
             .with_lock(|l| {
                 Ok((
@@ -266,8 +278,8 @@ mod id_tests {
         assert_eq!(id.listen(u32::MAX), Err(EINVAL));
         drop(id);
         let ns = NetNs::current().unwrap();
-        assert!(CmId::new(Nop, &ns, PortSpace::Tcp, QpType::Ud).is_err());
-        let ud = CmId::new(Nop, &ns, PortSpace::Udp, QpType::Ud).unwrap();
+        assert!(CmId::new(&owner, Nop, &ns, PortSpace::Tcp, QpType::Ud).is_err());
+        let ud = CmId::new(&owner, Nop, &ns, PortSpace::Udp, QpType::Ud).unwrap();
         // RC only; the CM would WARN on a UD id (found by the fuzzer).
         let rnr = ud.with_lock(|l| Ok(l.set_min_rnr_timer(12))).unwrap();
         assert_eq!(rnr, Err(EINVAL));
@@ -279,7 +291,8 @@ mod id_tests {
     /// would dereference it.
     #[test]
     fn reject_msg_needs_a_bound_device() {
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let owner = owner();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let unbound = id.with_lock(|l| Ok(l.reject_msg(28))).unwrap();
         assert!(unbound.is_none());
         let wildcard = SocketAddr::any(crate::rdma::addr::AF_INET, 0).unwrap();
@@ -288,7 +301,7 @@ mod id_tests {
         let listening = id.with_lock(|l| Ok(l.reject_msg(28))).unwrap();
         assert!(listening.is_none());
         drop(id);
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let bound = id.with_lock(|l| {
             l.bind(&rxe_addr())?;
             Ok(l.reject_msg(28))
@@ -308,8 +321,8 @@ mod id_tests {
     ) -> Result<(Arc<Pd>, Arc<Cq<C>>)> {
         l.bind(&rxe_addr())?;
         let dev = l.device()?;
-        let pd = Pd::alloc(&dev)?;
-        let cq = Cq::alloc(&dev, caps.cq_entries()?, handler)?;
+        let pd = Pd::alloc(l.owner(), &dev)?;
+        let cq = Cq::alloc(l.owner(), &dev, caps.cq_entries()?, handler)?;
         Ok((pd, cq))
     }
 
@@ -321,7 +334,8 @@ mod id_tests {
     /// one more byte without pages, the header alone with pages.
     #[test]
     fn ud_qp_takes_only_datagrams() {
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Udp, QpType::Ud).unwrap();
+        let owner = owner();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Udp, QpType::Ud).unwrap();
         let made = id.with_lock(|l| {
             let caps = QpCaps {
                 max_send_wr: 2,
@@ -399,11 +413,12 @@ mod id_tests {
     /// A QP reserves its requests and the drain's two on its CQ.
     #[test]
     fn qps_reserve_room_for_the_drain() {
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let owner = owner();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let made = id.with_lock(|l| {
             l.bind(&rxe_addr())?;
             let dev = l.device()?;
-            let pd = Pd::alloc(&dev)?;
+            let pd = Pd::alloc(&owner, &dev)?;
             let caps = QpCaps {
                 max_send_wr: 4,
                 max_recv_wr: 4,
@@ -411,9 +426,9 @@ mod id_tests {
                 ..QpCaps::default()
             };
             // 8 requests in flight need 10 entries.
-            let small = Cq::alloc(&dev, 9, Nop)?;
+            let small = Cq::alloc(&owner, &dev, 9, Nop)?;
             let too_small = l.create_qp(&pd, &small, caps).err();
-            let cq = Cq::alloc(&dev, 10, Nop)?;
+            let cq = Cq::alloc(&owner, &dev, 10, Nop)?;
             let qp = l.create_qp(&pd, &cq, caps)?;
             let busy = l.create_qp(&pd, &cq, caps).err();
             Ok((too_small, small.free_entries(), cq, qp, busy))
@@ -438,7 +453,7 @@ mod id_tests {
         };
         let fifth = post(qp.pd()).err();
         // A buffer of another PD (its local key is that PD's) is refused.
-        let foreign = Pd::alloc(qp.device())
+        let foreign = Pd::alloc(&owner, qp.device())
             .and_then(|other_pd| post(&other_pd))
             .err();
         // Destroying the id shuts the QP down, flushing the four receives;
@@ -471,6 +486,7 @@ mod id_tests {
     /// of no entries or of direct CQs is refused.
     #[test]
     fn cq_pool_places_qps_by_room_and_vector() {
+        let owner = owner();
         let caps = QpCaps {
             max_send_wr: 2,
             max_recv_wr: 2,
@@ -478,7 +494,7 @@ mod id_tests {
         };
         let mut ids = KVec::new();
         for _ in 0..4 {
-            let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+            let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
             if let Err(e) = id.with_lock(|l| l.bind(&rxe_addr())) {
                 super::skip_without_devices(e);
                 return;
@@ -487,13 +503,13 @@ mod id_tests {
         }
         let made = ids[0].as_ref().unwrap().with_lock(|l| {
             let dev = l.device()?;
-            let pd = Pd::alloc(&dev)?;
+            let pd = Pd::alloc(&owner, &dev)?;
             let entries = caps.cq_entries()?;
             let refused = (
-                CqPool::new(&dev, 0, PollContext::Workqueue, Nop).err(),
-                CqPool::new(&dev, entries, PollContext::Direct, Nop).err(),
+                CqPool::new(&owner, &dev, 0, PollContext::Workqueue, Nop).err(),
+                CqPool::new(&owner, &dev, entries, PollContext::Direct, Nop).err(),
             );
-            let pool = CqPool::new(&dev, entries, PollContext::Workqueue, Nop)?;
+            let pool = CqPool::new(&owner, &dev, entries, PollContext::Workqueue, Nop)?;
             Ok((dev.num_comp_vectors(), pd, entries, refused, pool))
         });
         let (vectors, pd, entries, refused, pool) = match made {
@@ -555,7 +571,8 @@ mod id_tests {
     /// reservation on either takes nothing from the other.
     #[test]
     fn split_cqs_reserve_room_per_queue() {
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let owner = owner();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let caps = QpCaps {
             max_send_wr: 4,
             max_recv_wr: 6,
@@ -565,11 +582,11 @@ mod id_tests {
         let made = id.with_lock(|l| {
             l.bind(&rxe_addr())?;
             let dev = l.device()?;
-            let pd = Pd::alloc(&dev)?;
-            let send_cq = Cq::alloc(&dev, caps.send_cq_entries()?, Nop)?;
-            let recv_cq = Cq::alloc(&dev, caps.recv_cq_entries()?, Nop)?;
-            let small_send = Cq::alloc(&dev, caps.send_cq_entries()? - 1, Nop)?;
-            let small_recv = Cq::alloc(&dev, caps.recv_cq_entries()? - 1, Nop)?;
+            let pd = Pd::alloc(&owner, &dev)?;
+            let send_cq = Cq::alloc(&owner, &dev, caps.send_cq_entries()?, Nop)?;
+            let recv_cq = Cq::alloc(&owner, &dev, caps.recv_cq_entries()?, Nop)?;
+            let small_send = Cq::alloc(&owner, &dev, caps.send_cq_entries()? - 1, Nop)?;
+            let small_recv = Cq::alloc(&owner, &dev, caps.recv_cq_entries()? - 1, Nop)?;
             let send_too_small = l.create_qp_with_cqs(&pd, &small_send, &recv_cq, caps).err();
             let recv_too_small = l.create_qp_with_cqs(&pd, &send_cq, &small_recv, caps).err();
             let free_after_failures = (send_cq.free_entries(), recv_cq.free_entries());
@@ -632,7 +649,8 @@ mod id_tests {
     /// completion handler, flushed, before it returns.
     #[test]
     fn teardown_hands_back_every_posted_buffer() {
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let owner = owner();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let made = id.with_lock(|l| {
             let caps = QpCaps {
                 max_send_wr: 2,
@@ -668,13 +686,15 @@ mod id_tests {
     /// QP's teardown hands every posted buffer back through it, flushed.
     #[test]
     fn cq_on_the_last_vector_polled_unbound() {
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let owner = owner();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let made = id.with_lock(|l| {
             l.bind(&rxe_addr())?;
             let dev = l.device()?;
             let vectors = dev.num_comp_vectors();
             let last = vectors.checked_sub(1).ok_or(ENODEV)?;
-            let beyond = Cq::alloc_with(&dev, 8, vectors, PollContext::Workqueue, Nop).err();
+            let beyond =
+                Cq::alloc_with(&owner, &dev, 8, vectors, PollContext::Workqueue, Nop).err();
             let caps = QpCaps {
                 max_send_wr: 2,
                 max_recv_wr: 6,
@@ -683,8 +703,8 @@ mod id_tests {
             };
             let counter = CountFlushed(AtomicU32::new(0));
             let unbound = PollContext::UnboundWorkqueue;
-            let cq = Cq::alloc_with(&dev, caps.cq_entries()?, last, unbound, counter)?;
-            let pd = Pd::alloc(&dev)?;
+            let cq = Cq::alloc_with(&owner, &dev, caps.cq_entries()?, last, unbound, counter)?;
+            let pd = Pd::alloc(&owner, &dev)?;
             let qp = l.create_qp(&pd, &cq, caps)?;
             for _ in 0..6 {
                 qp.post_recv(RecvBuffer::new(&pd, 64)?)
@@ -702,7 +722,7 @@ mod id_tests {
         let placed = (cq.comp_vector(), cq.poll_context());
         // Its workqueue polls it: nobody else may, nor may a loop.
         let polled = cq.poll(8);
-        let looped = BusyPoller::new().map(|poller| poller.start(&cq).err());
+        let looped = BusyPoller::new(&owner).map(|poller| poller.start(&cq).err());
         drop(id);
         let flushed = cq.handler().0.load(Ordering::Acquire);
         // Nothing of the device held past here (see
@@ -729,7 +749,8 @@ mod id_tests {
     /// for one device means nothing to another).
     #[test]
     fn objects_of_two_devices_never_meet() {
-        let on_siw = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let owner = owner();
+        let on_siw = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let siw = on_siw.with_lock(|l| {
             l.bind(&siw_addr())?;
             l.device()
@@ -741,7 +762,7 @@ mod id_tests {
                 return;
             }
         };
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let caps = QpCaps {
             max_send_wr: 2,
             max_recv_wr: 2,
@@ -751,9 +772,9 @@ mod id_tests {
         let made = id.with_lock(|l| {
             l.bind(&rxe_addr())?;
             let rxe = l.device()?;
-            let (pd_rxe, pd_siw) = (Pd::alloc(&rxe)?, Pd::alloc(&siw)?);
-            let cq_rxe = Cq::alloc(&rxe, caps.cq_entries()?, Nop)?;
-            let cq_siw = Cq::alloc(&siw, caps.cq_entries()?, Nop)?;
+            let (pd_rxe, pd_siw) = (Pd::alloc(&owner, &rxe)?, Pd::alloc(&owner, &siw)?);
+            let cq_rxe = Cq::alloc(&owner, &rxe, caps.cq_entries()?, Nop)?;
+            let cq_siw = Cq::alloc(&owner, &siw, caps.cq_entries()?, Nop)?;
             let foreign_pd = l.create_qp(&pd_siw, &cq_rxe, caps).err();
             let foreign_cq = l.create_qp(&pd_rxe, &cq_siw, caps).err();
             let foreign_recv_cq = l.create_qp_with_cqs(&pd_rxe, &cq_rxe, &cq_siw, caps).err();
@@ -834,6 +855,7 @@ mod id_tests {
     /// `rdma link delete` hangs).
     #[test]
     fn destroy_tears_down_a_qp_made_meanwhile() {
+        let owner = owner();
         let made = Arc::pin_init(
             pin_init!(Made {
                 qp <- new_mutex!(None),
@@ -844,6 +866,7 @@ mod id_tests {
         )
         .unwrap();
         let id = CmId::new(
+            &owner,
             SlowQpMaker(made.clone()),
             &NetNs::init(),
             PortSpace::Tcp,
@@ -919,7 +942,8 @@ mod id_tests {
     /// is refused for the same reason.
     #[test]
     fn another_id_in_a_callback_is_neither_locked_nor_destroyed() {
-        let victim = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc);
+        let owner = owner();
+        let victim = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc);
         assert!(victim.is_ok());
         let Ok(victim) = victim else { return };
         let slot = KBox::pin_init(new_mutex!(Some(victim)), GFP_KERNEL);
@@ -931,7 +955,7 @@ mod id_tests {
             locked,
             fired: AtomicBool::new(false),
         };
-        let id = CmId::new(handler, &NetNs::init(), PortSpace::Tcp, QpType::Rc);
+        let id = CmId::new(&owner, handler, &NetNs::init(), PortSpace::Tcp, QpType::Rc);
         assert!(id.is_ok());
         let Ok(id) = id else { return };
         let dst = SocketAddr::V4 {
@@ -953,7 +977,7 @@ mod id_tests {
         let fired = id.handler().fired.load(Ordering::Acquire);
         let victim_gone = id.handler().victim.lock().is_none();
         let locked = *id.handler().locked.lock();
-        let flushed = flush_deferred_destroys();
+        let flushed = owner.flush();
         drop(id);
         assert!(fired);
         assert!(victim_gone);
@@ -967,14 +991,15 @@ mod id_tests {
     /// and a flush there is refused (a queued destruction may wait for it).
     #[test]
     fn nested_with_lock() {
-        let a = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
-        let b = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let owner = owner();
+        let a = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let b = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let (same, other, flush) = a
             .with_lock(|_| {
                 Ok((
                     a.with_lock(|_| Ok(())),
                     b.with_lock(|_| Ok(())),
-                    flush_deferred_destroys(),
+                    owner.flush(),
                 ))
             })
             .unwrap();
@@ -988,6 +1013,7 @@ mod id_tests {
 
     #[test]
     fn namespace_references() {
+        let owner = owner();
         let init = NetNs::init();
         assert!(init.is_init());
         // KUnit runs in a kernel thread of the initial namespace.
@@ -996,7 +1022,7 @@ mod id_tests {
         let copy = current.clone();
         drop(current);
         assert!(copy.is_init());
-        let id = CmId::new(Nop, &copy, PortSpace::Tcp, QpType::Rc);
+        let id = CmId::new(&owner, Nop, &copy, PortSpace::Tcp, QpType::Rc);
         // The id keeps its own reference: dropping ours first is fine.
         drop(copy);
         assert!(id.is_ok());
@@ -1005,7 +1031,8 @@ mod id_tests {
 
     #[test]
     fn bind_to_wildcard_any_port() {
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let owner = owner();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let any = SocketAddr::any(crate::rdma::addr::AF_INET, 0).unwrap();
         let (first, src, second, afonly_bound) = id
             .with_lock(|l| {

@@ -37,7 +37,8 @@ mod qp_tests {
     /// client's WRITE completes with `EACCES`.
     #[test]
     fn access_error_reaches_the_qp_event_handler() {
-        let Some(pair) = connected_pair(&NetNs::init(), 7188) else {
+        let owner = owner();
+        let Some(pair) = connected_pair(&owner, &NetNs::init(), 7188) else {
             return;
         };
         let mr = Mr::new(pair.client_qp.pd(), 64).unwrap();
@@ -67,7 +68,8 @@ mod qp_tests {
     /// invalidation together are refused before the post.
     #[test]
     fn remote_invalidation_ends_the_registration() {
-        let Some(pair) = connected_pair(&NetNs::init(), 7189) else {
+        let owner = owner();
+        let Some(pair) = connected_pair(&owner, &NetNs::init(), 7189) else {
             return;
         };
         let region = Mr::new(pair.server_qp.pd(), 4096).unwrap();
@@ -110,7 +112,8 @@ mod qp_tests {
     /// more is refused before the post (`EMSGSIZE`) and comes back.
     #[test]
     fn inline_send_arrives_whole() {
-        let Some(pair) = connected_pair(&NetNs::init(), 7190) else {
+        let owner = owner();
+        let Some(pair) = connected_pair(&owner, &NetNs::init(), 7190) else {
             return;
         };
         let mut message = KVec::new();
@@ -145,7 +148,8 @@ mod qp_tests {
     /// then its own; a registration's completion gives one back as well.
     #[test]
     fn unsignaled_send_comes_back_with_the_next_signaled_one() {
-        let Some(pair) = connected_pair(&NetNs::init(), 7191) else {
+        let owner = owner();
+        let Some(pair) = connected_pair(&owner, &NetNs::init(), 7191) else {
             return;
         };
         let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
@@ -182,7 +186,8 @@ mod qp_tests {
     /// completions give back all four in order.
     #[test]
     fn last_credit_send_is_signaled() {
-        let Some(pair) = connected_pair(&NetNs::init(), 7192) else {
+        let owner = owner();
+        let Some(pair) = connected_pair(&owner, &NetNs::init(), 7192) else {
             return;
         };
         let client = pair.client_seen.clone();
@@ -202,7 +207,8 @@ mod qp_tests {
     /// the chain then fits.
     #[test]
     fn unsignaled_sends_leave_room_for_a_chain() {
-        let Some(pair) = connected_pair(&NetNs::init(), 7208) else {
+        let owner = owner();
+        let Some(pair) = connected_pair(&owner, &NetNs::init(), 7208) else {
             return;
         };
         let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
@@ -253,8 +259,10 @@ mod qp_tests {
     /// the freed request: KASAN, slab-use-after-free).
     #[test]
     fn post_the_driver_failed_after_taking_it_completes_once() {
+        let owner = owner();
         let ns = NetNs::init();
-        let Some(pair) = recording_pair(&ns, SIW_IP, 7201, PollContext::Workqueue, 0) else {
+        let Some(pair) = recording_pair(&owner, &ns, SIW_IP, 7201, PollContext::Workqueue, 0)
+        else {
             return;
         };
         let region = Mr::new(pair.server_qp.pd(), 64).unwrap();
@@ -351,7 +359,13 @@ mod qp_tests {
         action: Reentry,
     ) -> Result<ReentrantClient> {
         let ns = NetNs::init();
-        let id = CmId::new(Node::synchronous(world)?, &ns, PortSpace::Tcp, QpType::Rc)?;
+        let id = CmId::new(
+            &world.owner,
+            Node::synchronous(world)?,
+            &ns,
+            PortSpace::Tcp,
+            QpType::Rc,
+        )?;
         id.resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))?
             .into_event()?;
         id.resolve_route_sync(ms(2000), Some(ms(5000)))?
@@ -367,16 +381,17 @@ mod qp_tests {
         )?;
         let cq = id.with_lock(|l| {
             let dev = l.device()?;
-            let pd = Pd::alloc(&dev)?;
+            let pd = Pd::alloc(l.owner(), &dev)?;
             let entries = REENTRY_CAPS.cq_entries()?;
             let cq = Cq::alloc_with(
+                &world.owner,
                 &dev,
                 entries,
                 0,
                 PollContext::Direct,
                 Reentrant(state.clone()),
             )?;
-            let spare = Cq::alloc(&dev, entries, Nop)?;
+            let spare = Cq::alloc(&world.owner, &dev, entries, Nop)?;
             let qp = l.create_qp(&pd, &cq, REENTRY_CAPS)?;
             for _ in 0..2 {
                 qp.post_recv(RecvBuffer::new(&pd, 64)?)
@@ -405,8 +420,9 @@ mod qp_tests {
     /// takes a new QP.
     #[test]
     fn qp_created_inside_its_teardown_is_refused() {
+        let owner = owner();
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening(&ns, 7220) else {
+        let Some((world, listener, addr)) = listening(&owner, &ns, 7220) else {
             return;
         };
         let made = reentrant_client(&world, &addr, Reentry::CreateQp);
@@ -422,8 +438,8 @@ mod qp_tests {
         let spare = take_out(&state.target, Option::take);
         let again = id.with_lock(|l| {
             let dev = l.device()?;
-            let pd = Pd::alloc(&dev)?;
-            let spare = Cq::alloc(&dev, REENTRY_CAPS.cq_entries()?, Nop)?;
+            let pd = Pd::alloc(&owner, &dev)?;
+            let spare = Cq::alloc(&owner, &dev, REENTRY_CAPS.cq_entries()?, Nop)?;
             l.create_qp(&pd, &spare, REENTRY_CAPS).map(drop)
         });
         drop((id, spare, cq, listener, world));
@@ -439,8 +455,9 @@ mod qp_tests {
     /// (nobody listens on the port).
     #[test]
     fn qp_destroyed_from_its_own_poll_is_refused() {
+        let owner = owner();
         let ns = NetNs::init();
-        let Some((world, listener, _)) = listening(&ns, 7221) else {
+        let Some((world, listener, _)) = listening(&owner, &ns, 7221) else {
             return;
         };
         let nobody = SocketAddr::V4 {
@@ -518,10 +535,15 @@ mod qp_tests {
         nobody: &SocketAddr,
         cq: &Arc<Cq<CrossDestroyer>>,
     ) -> Result<Arc<CmId<Node>>> {
-        let id = resolved_client(Node::synchronous(world)?, &NetNs::init(), nobody)?;
+        let id = resolved_client(
+            &world.owner,
+            Node::synchronous(world)?,
+            &NetNs::init(),
+            nobody,
+        )?;
         id.with_lock(|l| {
             let dev = l.device()?;
-            let pd = Pd::alloc(&dev)?;
+            let pd = Pd::alloc(l.owner(), &dev)?;
             let qp = l.create_qp(&pd, cq, REENTRY_CAPS)?;
             for _ in 0..2 {
                 qp.post_recv(RecvBuffer::new(&pd, 64)?)
@@ -543,8 +565,9 @@ mod qp_tests {
     /// the QP's own CQs, and each waited for the other's poll for ever.
     #[test]
     fn qp_destroyed_from_another_cqs_poll_is_refused() {
+        let owner = owner();
         let ns = NetNs::init();
-        let Some((world, listener, _)) = listening(&ns, 7225) else {
+        let Some((world, listener, _)) = listening(&owner, &ns, 7225) else {
             return;
         };
         let nobody = SocketAddr::V4 {
@@ -565,7 +588,13 @@ mod qp_tests {
             };
             let (on_x, on_y) = (state(&arrived)?, state(&arrived)?);
             // Any device of the test bed: the CQs need one before an id has.
-            let probe = CmId::new(Node::synchronous(&world)?, &ns, PortSpace::Tcp, QpType::Rc)?;
+            let probe = CmId::new(
+                &owner,
+                Node::synchronous(&world)?,
+                &ns,
+                PortSpace::Tcp,
+                QpType::Rc,
+            )?;
             probe
                 .resolve_addr_sync(None, &nobody, ms(2000), Some(ms(5000)))?
                 .into_event()?;
@@ -573,6 +602,7 @@ mod qp_tests {
             let entries = REENTRY_CAPS.cq_entries()?;
             let cq = |state: &Arc<CrossState>| {
                 Cq::alloc_with(
+                    &owner,
                     &dev,
                     entries,
                     0,
@@ -660,8 +690,8 @@ mod qp_tests {
                 EventType::AddrResolved => {
                     let routing = (|| {
                         let dev = id.device()?;
-                        let pd = Pd::alloc(&dev)?;
-                        let cq = Cq::alloc(&dev, REENTRY_CAPS.cq_entries()?, Nop)?;
+                        let pd = Pd::alloc(id.owner(), &dev)?;
+                        let cq = Cq::alloc(id.owner(), &dev, REENTRY_CAPS.cq_entries()?, Nop)?;
                         id.create_qp(&pd, &cq, REENTRY_CAPS)?;
                         id.resolve_route(ms(2000))
                     })();
@@ -696,6 +726,7 @@ mod qp_tests {
     /// returned.
     #[test]
     fn disconnect_is_ordered_against_a_callbacks_connect() {
+        let owner = owner();
         let ns = NetNs::init();
         let nobody = SocketAddr::V4 {
             ip: SIW_IP,
@@ -708,6 +739,7 @@ mod qp_tests {
                 break;
             };
             let made = CmId::new(
+                &owner,
                 ConnectsInCallback(race.clone()),
                 &ns,
                 PortSpace::Tcp,
@@ -802,8 +834,9 @@ mod qp_tests {
     /// (the CM let go first) it destroys the QP.
     #[test]
     fn iwarp_qp_held_by_the_cm_is_not_destroyed() {
+        let owner = owner();
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening_at(&ns, SIW_IP, 7224) else {
+        let Some((world, listener, addr)) = listening_at(&owner, &ns, SIW_IP, 7224) else {
             return;
         };
         let seen = Arc::pin_init(new_mutex!(TeardownSeen::default()), GFP_KERNEL).unwrap();
@@ -812,7 +845,7 @@ mod qp_tests {
                 seen: seen.clone(),
                 waiter: KBox::pin_init(EventWaiter::new(), GFP_KERNEL)?,
             };
-            let client = resolved_client(handler, &ns, &addr)?;
+            let client = resolved_client(&owner, handler, &ns, &addr)?;
             with_qp(&client)?;
             Ok(client)
         })();

@@ -45,10 +45,11 @@ mod rdma_tests {
     }
 
     fn rw_moves_pages(ip: [u8; 4], port: u16) {
+        let owner = owner();
         const PAGE: usize = kernel::page::PAGE_SIZE;
         const LEN: usize = 3 * PAGE + 100;
         let ns = NetNs::init();
-        let Some(pair) = recording_pair(&ns, ip, port, PollContext::Direct, 4) else {
+        let Some(pair) = recording_pair(&owner, &ns, ip, port, PollContext::Direct, 4) else {
             return;
         };
         let poll_until = |done: &dyn Fn() -> bool| {
@@ -244,11 +245,12 @@ mod rdma_tests {
     /// it straight from the pages), and not before a later completion on
     /// RoCE.
     fn gather_and_scatter(ip: [u8; 4], port: u16, iwarp: bool) {
+        let owner = owner();
         const HEAD: usize = 16;
         const PAGED: usize = 2 * 4096 + 100;
         const ANSWER: usize = 40;
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening_at(&ns, ip, port) else {
+        let Some((world, listener, addr)) = listening_at(&owner, &ns, ip, port) else {
             return;
         };
         let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
@@ -350,14 +352,15 @@ mod rdma_tests {
     /// than the device's `max_srq_sge` is refused (`EINVAL`).
     #[test]
     fn srq_receives_scatter_into_pages() {
+        let owner = owner();
         const HEAD: usize = 16;
         const PAGED: usize = 2 * 4096 + 100;
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening_at(&ns, RXE_IP, 7211) else {
+        let Some((world, listener, addr)) = listening_at(&owner, &ns, RXE_IP, 7211) else {
             return;
         };
         let dev = listener.with_lock(|l| l.device()).unwrap();
-        let pd = Pd::alloc(&dev).unwrap();
+        let pd = Pd::alloc(&owner, &dev).unwrap();
         let beyond_device = SrqCaps {
             max_wr: 4,
             max_sge: dev.caps().max_srq_sge + 1,
@@ -371,7 +374,7 @@ mod rdma_tests {
         let server_seen = Arc::new(QpSeen::default(), GFP_KERNEL).unwrap();
         let caps = on_srq_caps();
         let entries = srq_caps.max_wr + caps.send_cq_entries().unwrap();
-        let cq = Cq::alloc(&dev, entries, Recording(server_seen.clone())).unwrap();
+        let cq = Cq::alloc(&owner, &dev, entries, Recording(server_seen.clone())).unwrap();
         let mut recv = RecvBuffer::new(&pd, HEAD).unwrap();
         let pages = SgBuffer::new(3 * 4096).unwrap();
         let page_entries = pages.entries();
@@ -414,9 +417,10 @@ mod rdma_tests {
     }
 
     fn chained_registration(ip: [u8; 4], port: u16) {
+        let case = owner();
         const LEN: usize = 8192;
         let ns = NetNs::init();
-        let Some(pair) = recording_pair(&ns, ip, port, PollContext::Workqueue, 4) else {
+        let Some(pair) = recording_pair(&case, &ns, ip, port, PollContext::Workqueue, 4) else {
             return;
         };
         // The client registers and advertises: on iWARP the passive side
@@ -452,7 +456,7 @@ mod rdma_tests {
                 .map(Error::from)
         });
 
-        let other_pd = Pd::alloc(owner.device()).unwrap();
+        let other_pd = Pd::alloc(&case, owner.device()).unwrap();
         let foreign = SendBuffer::new(&other_pd, 16).unwrap();
         let refused = owner.register_then_send(prepared, 2, foreign);
         let both_back = matches!(
@@ -558,6 +562,7 @@ mod rdma_tests {
     /// the grace period.
     #[test]
     fn region_dropped_under_a_peers_write_is_freed_after_it() {
+        let owner = owner();
         const ROUNDS: u16 = 16;
         const WRITES: u32 = 3;
         const PATTERN: u8 = 0xa5;
@@ -569,7 +574,8 @@ mod rdma_tests {
         let mut checks = Checks::new();
         let mut writes_failed = 0;
         for round in 0..ROUNDS {
-            let Some(pair) = recording_pair(&ns, SIW_IP, 7221 + round, PollContext::Workqueue, 0)
+            let Some(pair) =
+                recording_pair(&owner, &ns, SIW_IP, 7221 + round, PollContext::Workqueue, 0)
             else {
                 // Without siw0 the case is skipped (the first round);
                 // later, a round that could not connect failed.
@@ -637,10 +643,11 @@ mod rdma_tests {
     }
 
     fn page_region_moves_bytes(ip: [u8; 4], port: u16) {
+        let owner = owner();
         const PAGE: usize = kernel::page::PAGE_SIZE;
         const CHUNK: usize = 64 * 1024;
         let ns = NetNs::init();
-        let Some(pair) = recording_pair(&ns, ip, port, PollContext::Workqueue, 4) else {
+        let Some(pair) = recording_pair(&owner, &ns, ip, port, PollContext::Workqueue, 4) else {
             return;
         };
         let pages = (pair.server_qp.device().max_fast_reg_page_list_len() as usize).min(512);
@@ -738,8 +745,9 @@ mod rdma_tests {
     }
 
     fn failed_read_hand_back(ip: [u8; 4], port: u16) {
+        let owner = owner();
         let ns = NetNs::init();
-        let Some(pair) = recording_pair(&ns, ip, port, PollContext::Workqueue, 4) else {
+        let Some(pair) = recording_pair(&owner, &ns, ip, port, PollContext::Workqueue, 4) else {
             return;
         };
         let nowhere = RemoteRegion {

@@ -2,13 +2,13 @@
 
 //! KUnit: Memory regions and page buffers.
 
-use super::fixture::{nop_qp, Nop};
+use super::fixture::{nop_qp, owner, Nop};
 use super::skip_without_devices;
 use kernel::prelude::*;
 
 #[kunit_tests(rdma_cm_rs_mr)]
 mod mr_tests {
-    use super::{nop_qp, Nop};
+    use super::{nop_qp, owner, Nop};
     use crate::rdma::{
         addr::SocketAddr, bindings, cm::*, device::Transport, mr::*, net::NetNs, pd::Pd,
         sg::check_range, verbs::RwOp, QpType,
@@ -122,7 +122,8 @@ mod mr_tests {
     /// which must leave the region unregistered.
     #[test]
     fn regions_on_a_device() {
-        let id = CmId::new(Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
+        let owner = owner();
+        let id = CmId::new(&owner, Nop, &NetNs::init(), PortSpace::Tcp, QpType::Rc).unwrap();
         let addr = SocketAddr::parse(b"192.0.2.1:0");
         assert!(addr.is_ok());
         let Ok(addr) = addr else { return };

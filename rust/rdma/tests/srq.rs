@@ -51,14 +51,15 @@ mod srq_tests {
     }
 
     fn srq_feeds_two_connections(ip: [u8; 4], port: u16) {
+        let owner = owner();
         let ns = NetNs::init();
-        let Some((world, listener, addr)) = listening_at(&ns, ip, port) else {
+        let Some((world, listener, addr)) = listening_at(&owner, &ns, ip, port) else {
             return;
         };
         let iwarp = ip == SIW_IP;
         let dev = listener.with_lock(|l| l.device()).unwrap();
-        let pd = Pd::alloc(&dev).unwrap();
-        let other_pd = Pd::alloc(&dev).unwrap();
+        let pd = Pd::alloc(&owner, &dev).unwrap();
+        let other_pd = Pd::alloc(&owner, &dev).unwrap();
         let too_deep = Srq::<Recording>::new(&pd, dev.caps().max_srq_wr + 1).err();
         let empty = Srq::<Recording>::new(&pd, 0).err();
         const DEPTH: u32 = 4;
@@ -80,10 +81,11 @@ mod srq_tests {
         let caps = on_srq_caps();
         let per_qp = caps.send_cq_entries().unwrap();
         let entries = DEPTH + 2 * per_qp;
-        let cq = Cq::alloc(&dev, entries, Recording(server_seen.clone())).unwrap();
+        let cq = Cq::alloc(&owner, &dev, entries, Recording(server_seen.clone())).unwrap();
 
         // Refused on an id with a device and no QP yet.
         let probe = CmId::new(
+            &owner,
             Node::synchronous(&world).unwrap(),
             &ns,
             PortSpace::Tcp,

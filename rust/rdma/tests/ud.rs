@@ -2,13 +2,13 @@
 
 //! KUnit: Unreliable datagram ids: SIDR, datagrams and their destinations.
 
-use super::fixture::ms;
+use super::fixture::{ms, owner};
 use super::{skip_without_devices, take_out, wait_until, Checks};
 use kernel::prelude::*;
 
 #[kunit_tests(rdma_cm_rs_ud)]
 mod ud_tests {
-    use super::{ms, take_out, wait_until, Checks};
+    use super::{ms, owner, take_out, wait_until, Checks};
     use crate::rdma::{
         addr::SocketAddr,
         ah::{UdDest, GRH_SIZE},
@@ -89,7 +89,7 @@ mod ud_tests {
     /// complete on one CQ, or with `split` on a CQ each.
     fn side(l: &LockedId<'_>, split: bool, receives: Receives) -> Result<Side> {
         let dev = l.device()?;
-        let pd = Pd::alloc(&dev)?;
+        let pd = Pd::alloc(l.owner(), &dev)?;
         let inbox = Arc::pin_init(
             pin_init!(Inbox {
                 got <- new_mutex!(KVec::new()),
@@ -108,11 +108,22 @@ mod ud_tests {
         };
         let qp = if split {
             let handler = |takes| InboxRef(inbox.clone(), takes);
-            let send_cq = Cq::alloc(&dev, caps.send_cq_entries()?, handler(Takes::Sends))?;
-            let recv_cq = Cq::alloc(&dev, caps.recv_cq_entries()?, handler(Takes::Recvs))?;
+            let send_cq = Cq::alloc(
+                l.owner(),
+                &dev,
+                caps.send_cq_entries()?,
+                handler(Takes::Sends),
+            )?;
+            let recv_cq = Cq::alloc(
+                l.owner(),
+                &dev,
+                caps.recv_cq_entries()?,
+                handler(Takes::Recvs),
+            )?;
             l.create_qp_with_cqs(&pd, &send_cq, &recv_cq, caps)?
         } else {
             let cq = Cq::alloc(
+                l.owner(),
                 &dev,
                 caps.cq_entries()?,
                 InboxRef(inbox.clone(), Takes::Both),
@@ -317,6 +328,7 @@ mod ud_tests {
     /// The body of [`sidr_lookup_and_datagrams_both_ways`]: everything of
     /// the device it makes is dropped when it returns.
     fn sidr_exchange(c: &mut Checks) {
+        let owner = owner();
         let world = Arc::pin_init(
             pin_init!(World {
                 seen <- new_mutex!(Seen::default()),
@@ -333,7 +345,7 @@ mod ud_tests {
             ip: [192, 0, 2, 1],
             port: 7183,
         };
-        let listener = CmId::new(node(false), &ns, PortSpace::Udp, QpType::Ud).unwrap();
+        let listener = CmId::new(&owner, node(false), &ns, PortSpace::Udp, QpType::Ud).unwrap();
         if let Err(e) = listener.with_lock(|l| l.bind(&addr)) {
             super::skip_without_devices(e);
             return;
@@ -341,7 +353,7 @@ mod ud_tests {
         if !c.eq("listen", listener.listen(4), Ok(())) {
             return;
         }
-        let client = CmId::new(node(true), &ns, PortSpace::Udp, QpType::Ud).unwrap();
+        let client = CmId::new(&owner, node(true), &ns, PortSpace::Udp, QpType::Ud).unwrap();
         let resolving = client.with_lock(|l| l.resolve_addr(None, &addr, ms(2000)));
         if !c.eq("the client's resolve_addr", resolving, Ok(())) {
             return;

@@ -5,8 +5,9 @@
 use super::completion::CompletionHandler;
 use crate::rdma::{
     bindings,
-    callback::{current_task, CallbackTarget},
+    callback::current_task,
     device::Device,
+    owner::{CallbackTarget, Owner},
 };
 use core::{
     ptr,
@@ -74,8 +75,8 @@ pub struct Cq<C: CompletionHandler> {
     committed: AtomicU32,
     pub(super) handler: C,
     dev: ARef<Device>,
-    /// Counted while the C side may call into the module through this
-    /// object (see [`CallbackTarget`]).
+    /// Counted on its owner while the C side may call into the module
+    /// through this object (see [`CallbackTarget`]).
     _target: CallbackTarget,
 }
 
@@ -85,16 +86,17 @@ unsafe impl<C: CompletionHandler> Send for Cq<C> {}
 unsafe impl<C: CompletionHandler> Sync for Cq<C> {}
 
 impl<C: CompletionHandler> Cq<C> {
-    /// Allocates a CQ of `entries` on `dev`, on completion vector 0, polled
-    /// from [`PollContext::Workqueue`].
-    pub fn alloc(dev: &Device, entries: u32, handler: C) -> Result<Arc<Self>> {
-        Self::alloc_with(dev, entries, 0, PollContext::Workqueue, handler)
+    /// Allocates a CQ of `owner` of `entries` on `dev`, on completion
+    /// vector 0, polled from [`PollContext::Workqueue`].
+    pub fn alloc(owner: &Owner, dev: &Device, entries: u32, handler: C) -> Result<Arc<Self>> {
+        Self::alloc_with(owner, dev, entries, 0, PollContext::Workqueue, handler)
     }
 
-    /// Allocates a CQ of `entries` on `dev`, bound to `comp_vector`
-    /// (`EINVAL` unless below [`Device::num_comp_vectors`]) and polled from
-    /// `poll`.
+    /// Allocates a CQ of `owner` of `entries` on `dev`, bound to
+    /// `comp_vector` (`EINVAL` unless below [`Device::num_comp_vectors`])
+    /// and polled from `poll`.
     pub fn alloc_with(
+        owner: &Owner,
         dev: &Device,
         entries: u32,
         comp_vector: u32,
@@ -116,20 +118,23 @@ impl<C: CompletionHandler> Cq<C> {
                 committed: AtomicU32::new(0),
                 handler,
                 dev: dev.into(),
-                _target: CallbackTarget::new()?,
+                _target: CallbackTarget::new(owner)?,
             },
             GFP_KERNEL,
         )?;
         let context: *const Self = &*cq;
         // SAFETY: `dev` is valid; `context` outlives the CQ (freed in `drop`);
-        // the vector is the device's (checked above).
+        // the vector is the device's (checked above); the caller's name is
+        // the owner's, a static string of the module, which the CQ's target
+        // keeps loaded.
         let raw = unsafe {
-            bindings::rdma_cm_rs_alloc_cq(
+            bindings::__ib_alloc_cq(
                 dev.as_ptr(),
                 context.cast_mut().cast(),
                 nr_cqe,
                 vector,
                 poll.as_raw(),
+                owner.name().as_char_ptr(),
             )
         };
         let raw = kernel::error::from_err_ptr(raw)?;

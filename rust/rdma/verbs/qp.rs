@@ -16,8 +16,8 @@ use super::{
 use crate::rdma::{
     ah::{UdDest, GRH_SIZE},
     bindings,
-    callback::CallbackTarget,
     device::{Device, Transport},
+    owner::CallbackTarget,
     pd::Pd,
     sg::SgBuffer,
 };
@@ -232,7 +232,7 @@ impl<C: CompletionHandler> Qp<C> {
             attr.cap.max_recv_sge = caps.max_recv_sge.max(1);
         }
         let credits = WrCredits::new(caps, false)?;
-        let target = CallbackTarget::new()?;
+        let target = CallbackTarget::new(pd.owner())?;
         send_cq.reserve(send_room)?;
         if let Err(e) = recv_cq.reserve(recv_room) {
             send_cq.release(send_room);

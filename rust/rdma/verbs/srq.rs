@@ -11,7 +11,7 @@ use super::{
     post_error::PostError,
     request::post_recv_buffer,
 };
-use crate::rdma::{bindings, callback::CallbackTarget, pd::Pd};
+use crate::rdma::{bindings, owner::CallbackTarget, pd::Pd};
 use core::{
     ptr::{self, NonNull},
     sync::atomic::{AtomicPtr, Ordering},
@@ -163,7 +163,7 @@ impl<C: CompletionHandler> Srq<C> {
         let sink = KBox::new(
             SrqEventSink {
                 events,
-                _target: CallbackTarget::new()?,
+                _target: CallbackTarget::new(pd.owner())?,
             },
             GFP_KERNEL,
         )?;
@@ -324,16 +324,14 @@ impl<C: CompletionHandler> PinnedDrop for Srq<C> {
             // The device may still reach the buffers: they stay allocated
             // and mapped for good.  The SRQ stays too, its events naming
             // this module's trampoline and the sink, which stays with its
-            // count of callback targets (the module's `DestroyQueue` waits
+            // count of callback targets (the owner's `ModuleOwner` waits
             // for it at unload) and a reference on the module.
             pr_err!(
                 "SRQ destruction failed ({}): {} receive buffers leaked\n",
                 ret,
                 self.posted()
             );
-            // SAFETY: Takes a reference on this module, which is live (its
-            // code is running).
-            unsafe { bindings::rdma_cm_rs_pin_module() };
+            self.pd.owner().pin_module();
             // The SRQ still counts as a user of its PD (a failed
             // `ib_destroy_srq_user` leaves `pd->usecnt` alone), and
             // `ib_dealloc_pd` would free it under the SRQ: its reference
