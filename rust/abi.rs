@@ -18,10 +18,10 @@ pub use b::{
     rdma_cm_rs_connect as Connect, rdma_cm_rs_create_id as CreateId,
     rdma_cm_rs_disconnect as Disconnect, rdma_cm_rs_event as Event,
     rdma_cm_rs_get_event as GetEvent, rdma_cm_rs_get_request as GetRequest,
-    rdma_cm_rs_id_cmd as IdCmd, rdma_cm_rs_info as Info, rdma_cm_rs_listen as Listen,
-    rdma_cm_rs_mr_cmd as MrCmd, rdma_cm_rs_mr_copy as MrCopy, rdma_cm_rs_mr_reg as MrReg,
-    rdma_cm_rs_query as Query, rdma_cm_rs_rdma as Rdma, rdma_cm_rs_recv as Recv,
-    rdma_cm_rs_reject as Reject, rdma_cm_rs_resolve_addr as ResolveAddr,
+    rdma_cm_rs_getaddrinfo as GetAddrInfo, rdma_cm_rs_id_cmd as IdCmd, rdma_cm_rs_info as Info,
+    rdma_cm_rs_listen as Listen, rdma_cm_rs_mr_cmd as MrCmd, rdma_cm_rs_mr_copy as MrCopy,
+    rdma_cm_rs_mr_reg as MrReg, rdma_cm_rs_query as Query, rdma_cm_rs_rdma as Rdma,
+    rdma_cm_rs_recv as Recv, rdma_cm_rs_reject as Reject, rdma_cm_rs_resolve_addr as ResolveAddr,
     rdma_cm_rs_resolve_route as ResolveRoute, rdma_cm_rs_send as Send,
     rdma_cm_rs_set_option as SetOption, rdma_cm_rs_sync as Sync, rdma_cm_rs_ud_recv as UdRecv,
     rdma_cm_rs_ud_send as UdSend,
@@ -77,6 +77,14 @@ pub const ACCEPT_REQUEST_PARAM: u32 = b::RDMA_CM_RS_ACCEPT_REQUEST_PARAM;
 pub const ID_SYNC: u32 = b::RDMA_CM_RS_ID_SYNC;
 /// `RDMA_CM_RS_ID_BUSY_POLL`: the id's connection is polled by its waiters.
 pub const ID_BUSY_POLL: u32 = b::RDMA_CM_RS_ID_BUSY_POLL;
+/// `RDMA_CM_RS_RAI_PASSIVE`: a `GETADDRINFO` answer for a listener.
+pub const RAI_PASSIVE: u32 = b::RDMA_CM_RS_RAI_PASSIVE;
+/// `RDMA_CM_RS_RAI_NUMERICHOST`: the node must be a number.
+pub const RAI_NUMERICHOST: u32 = b::RDMA_CM_RS_RAI_NUMERICHOST;
+/// `RDMA_CM_RS_RAI_NOROUTE`: no route is resolved.
+pub const RAI_NOROUTE: u32 = b::RDMA_CM_RS_RAI_NOROUTE;
+/// `RDMA_CM_RS_RAI_FAMILY`: the family hint holds.
+pub const RAI_FAMILY: u32 = b::RDMA_CM_RS_RAI_FAMILY;
 /// `RDMA_CM_RS_SYNC_EVENT`: a synchronous call returned its event.
 pub const SYNC_EVENT: u32 = b::RDMA_CM_RS_SYNC_EVENT;
 
@@ -187,6 +195,8 @@ pub mod cmd {
     pub const UD_RECV: u32 = _IOWR::<UdRecv>(MAGIC, 0x16);
     /// `RDMA_CM_RS_IOC_GET_REQUEST`.
     pub const GET_REQUEST: u32 = _IOWR::<GetRequest>(MAGIC, 0x17);
+    /// `RDMA_CM_RS_IOC_GETADDRINFO`.
+    pub const GETADDRINFO: u32 = _IOWR::<GetAddrInfo>(MAGIC, 0x18);
 }
 
 /// Marks ABI structures as plain old data.
@@ -229,4 +239,5 @@ abi_pod!(
     Rdma = 40,
     UdSend = 32,
     UdRecv = 168,
+    GetAddrInfo = 352,
 );

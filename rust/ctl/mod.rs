@@ -21,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+mod addrinfo;
 mod conn;
 mod id;
 mod wait;
@@ -423,6 +424,7 @@ impl CtlFile {
             RDMA => this.rdma(arg),
             UD_SEND => this.ud_send(arg),
             UD_RECV => this.ud_recv(arg, nonblock),
+            GETADDRINFO => addrinfo::getaddrinfo(arg),
             _ => Err(ENOTTY),
         }
     }

@@ -3,11 +3,12 @@
 //! Socket addresses for the RDMA CM.
 //!
 //! The CM takes `struct sockaddr *`; this module gives them a type
-//! ([`SocketAddr`]), a text form (`192.0.2.1:7471`, `[2001:db8::1]:7471`) and
-//! the byte encoding shared by the kernel call sites and the ioctl ABI (a
-//! `struct sockaddr_in`/`sockaddr_in6` followed by zeros, 128 bytes).
-//!
-//! Name resolution does not exist in the kernel: only numeric hosts parse.
+//! ([`SocketAddr`]), conversions from and to `core::net::SocketAddr` (whose
+//! parser and text form it uses: `192.0.2.1:7471`, `[2001:db8::1]:7471`),
+//! and the byte encoding shared by the kernel call sites and the ioctl ABI
+//! (a `struct sockaddr_in`/`sockaddr_in6` followed by zeros, 128 bytes).
+//! Text with separate host and service, as a ULP's configuration gives it,
+//! goes through [`super::getaddrinfo`].
 
 use kernel::prelude::*;
 
@@ -24,6 +25,19 @@ const SOCKADDR_IN_SIZE: usize = 16;
 const SOCKADDR_IN6_SIZE: usize = 28;
 
 /// An IPv4 or IPv6 socket address, in host representation.
+///
+/// # Examples
+///
+/// ```
+/// use kernel::rdma::SocketAddr;
+///
+/// let text = "[2001:db8::1]:7471";
+/// let addr = SocketAddr::from(text.parse::<core::net::SocketAddr>().unwrap());
+/// assert_eq!(addr.port(), 7471);
+/// // The `sockaddr_in6` the CM takes, and back.
+/// let bytes = addr.to_sockaddr();
+/// assert_eq!(SocketAddr::from_sockaddr(&bytes.0), Ok(Some(addr)));
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum SocketAddr {
     /// IPv4.
@@ -122,6 +136,23 @@ impl SocketAddr {
         }
     }
 
+    /// The loopback address of a family (`127.0.0.1`, `::1`).
+    pub fn loopback(family: u16, port: u16) -> Result<Self> {
+        match family {
+            AF_INET => Ok(Self::V4 {
+                ip: core::net::Ipv4Addr::LOCALHOST.octets(),
+                port,
+            }),
+            AF_INET6 => Ok(Self::V6 {
+                ip: core::net::Ipv6Addr::LOCALHOST.octets(),
+                port,
+                flowinfo: 0,
+                scope_id: 0,
+            }),
+            _ => Err(EAFNOSUPPORT),
+        }
+    }
+
     /// Encodes as `struct sockaddr_in` or `sockaddr_in6` followed by zeros.
     pub fn to_sockaddr(&self) -> SockaddrBuf {
         let mut buf = SockaddrBuf::default();
@@ -196,198 +227,42 @@ impl SocketAddr {
         }
         Ok(Some(addr))
     }
+}
 
-    /// Parses `a.b.c.d:port` or `[v6]:port`; the port is required.
-    pub fn parse(text: &[u8]) -> Result<Self> {
-        if let Some(rest) = text.strip_prefix(b"[") {
-            let close = rest.iter().position(|&c| c == b']').ok_or(EINVAL)?;
-            let (host, after) = rest.split_at(close);
-            let port = after.strip_prefix(b"]:").ok_or(EINVAL)?;
-            let (ip, scope_id) = parse_ipv6_scoped(host)?;
-            return Ok(Self::V6 {
-                ip,
-                port: parse_port(port)?,
-                flowinfo: 0,
-                scope_id,
-            });
+impl From<core::net::SocketAddr> for SocketAddr {
+    fn from(addr: core::net::SocketAddr) -> Self {
+        match addr {
+            core::net::SocketAddr::V4(a) => Self::V4 {
+                ip: a.ip().octets(),
+                port: a.port(),
+            },
+            core::net::SocketAddr::V6(a) => Self::V6 {
+                ip: a.ip().octets(),
+                port: a.port(),
+                flowinfo: a.flowinfo(),
+                scope_id: a.scope_id(),
+            },
         }
-        let colon = text.iter().rposition(|&c| c == b':').ok_or(EINVAL)?;
-        Ok(Self::V4 {
-            ip: parse_ipv4(&text[..colon])?,
-            port: parse_port(&text[colon + 1..])?,
-        })
     }
 }
 
+impl From<SocketAddr> for core::net::SocketAddr {
+    fn from(addr: SocketAddr) -> Self {
+        match addr {
+            SocketAddr::V4 { ip, port } => (core::net::Ipv4Addr::from(ip), port).into(),
+            SocketAddr::V6 {
+                ip,
+                port,
+                flowinfo,
+                scope_id,
+            } => core::net::SocketAddrV6::new(ip.into(), port, flowinfo, scope_id).into(),
+        }
+    }
+}
+
+/// `192.0.2.1:7471`, `[2001:db8::1]:7471`, `[fe80::1%3]:7471` (RFC 5952).
 impl kernel::fmt::Display for SocketAddr {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Self::V4 { ip, port } => write!(f, "{}.{}.{}.{}:{}", ip[0], ip[1], ip[2], ip[3], port),
-            Self::V6 { ip, port, .. } => {
-                f.write_str("[")?;
-                fmt_ipv6(f, ip)?;
-                write!(f, "]:{port}")
-            }
-        }
+        core::fmt::Display::fmt(&core::net::SocketAddr::from(*self), f)
     }
-}
-
-/// Writes an IPv6 address in RFC 5952 form (longest zero run as `::`).
-fn fmt_ipv6(f: &mut core::fmt::Formatter<'_>, ip: &[u8; 16]) -> core::fmt::Result {
-    let mut groups = [0u16; 8];
-    for (i, g) in groups.iter_mut().enumerate() {
-        *g = u16::from_be_bytes([ip[2 * i], ip[2 * i + 1]]);
-    }
-    // The longest run of at least two zero groups.
-    let (mut best_start, mut best_len, mut i) = (8, 0, 0);
-    while i < 8 {
-        if groups[i] == 0 {
-            let start = i;
-            while i < 8 && groups[i] == 0 {
-                i += 1;
-            }
-            if i - start > best_len && i - start >= 2 {
-                best_start = start;
-                best_len = i - start;
-            }
-        } else {
-            i += 1;
-        }
-    }
-    let mut i = 0;
-    while i < 8 {
-        if i == best_start {
-            f.write_str("::")?;
-            i += best_len;
-            continue;
-        }
-        if i != 0 && i != best_start + best_len {
-            f.write_str(":")?;
-        }
-        write!(f, "{:x}", groups[i])?;
-        i += 1;
-    }
-    Ok(())
-}
-
-/// Parses a decimal port, 0..=65535.
-pub fn parse_port(text: &[u8]) -> Result<u16> {
-    parse_decimal(text, 65535).map(|v| v as u16)
-}
-
-fn parse_decimal(text: &[u8], max: u32) -> Result<u32> {
-    if text.is_empty() || text.len() > 10 {
-        return Err(EINVAL);
-    }
-    let mut value: u32 = 0;
-    for &c in text {
-        if !c.is_ascii_digit() {
-            return Err(EINVAL);
-        }
-        value = value
-            .checked_mul(10)
-            .and_then(|v| v.checked_add(u32::from(c - b'0')))
-            .ok_or(EINVAL)?;
-    }
-    if value > max {
-        return Err(EINVAL);
-    }
-    Ok(value)
-}
-
-/// Parses dotted-quad IPv4 (exactly four decimal octets).
-pub fn parse_ipv4(text: &[u8]) -> Result<[u8; 4]> {
-    let mut out = [0u8; 4];
-    let mut parts = text.split(|&c| c == b'.');
-    for octet in out.iter_mut() {
-        let part = parts.next().ok_or(EINVAL)?;
-        if part.len() > 3 {
-            return Err(EINVAL);
-        }
-        *octet = parse_decimal(part, 255)? as u8;
-    }
-    if parts.next().is_some() {
-        return Err(EINVAL);
-    }
-    Ok(out)
-}
-
-/// Parses an IPv6 address with an optional numeric `%scope`.
-pub fn parse_ipv6_scoped(text: &[u8]) -> Result<([u8; 16], u32)> {
-    match text.iter().position(|&c| c == b'%') {
-        Some(p) => Ok((
-            parse_ipv6(&text[..p])?,
-            parse_decimal(&text[p + 1..], u32::MAX)?,
-        )),
-        None => Ok((parse_ipv6(text)?, 0)),
-    }
-}
-
-/// Parses RFC 4291 text form: hex groups, one `::`, an optional dotted-quad tail.
-pub fn parse_ipv6(text: &[u8]) -> Result<[u8; 16]> {
-    let mut head = [0u16; 8];
-    let mut tail = [0u16; 8];
-    let (mut nhead, mut ntail) = (0usize, 0usize);
-    let (first, second) = match find_double_colon(text) {
-        Some(p) => (&text[..p], Some(&text[p + 2..])),
-        None => (text, None),
-    };
-    parse_groups(first, &mut head, &mut nhead, second.is_none())?;
-    if let Some(second) = second {
-        if find_double_colon(second).is_some() {
-            return Err(EINVAL);
-        }
-        parse_groups(second, &mut tail, &mut ntail, true)?;
-        if nhead + ntail > 7 {
-            return Err(EINVAL);
-        }
-    } else if nhead != 8 {
-        return Err(EINVAL);
-    }
-    let mut groups = [0u16; 8];
-    groups[..nhead].copy_from_slice(&head[..nhead]);
-    groups[8 - ntail..].copy_from_slice(&tail[..ntail]);
-    let mut out = [0u8; 16];
-    for (i, g) in groups.iter().enumerate() {
-        out[2 * i..2 * i + 2].copy_from_slice(&g.to_be_bytes());
-    }
-    Ok(out)
-}
-
-fn find_double_colon(text: &[u8]) -> Option<usize> {
-    text.windows(2).position(|w| w == b"::")
-}
-
-/// Parses `g:g:...` into `groups`; an IPv4 tail is allowed in the last part.
-fn parse_groups(text: &[u8], groups: &mut [u16; 8], n: &mut usize, last: bool) -> Result {
-    if text.is_empty() {
-        return Ok(());
-    }
-    let count = text.split(|&c| c == b':').count();
-    for (i, part) in text.split(|&c| c == b':').enumerate() {
-        if last && i + 1 == count && part.contains(&b'.') {
-            let v4 = parse_ipv4(part)?;
-            for pair in v4.chunks(2) {
-                *groups.get_mut(*n).ok_or(EINVAL)? = u16::from_be_bytes([pair[0], pair[1]]);
-                *n += 1;
-            }
-            continue;
-        }
-        if part.is_empty() || part.len() > 4 {
-            return Err(EINVAL);
-        }
-        let mut v: u16 = 0;
-        for &c in part {
-            let d = match c {
-                b'0'..=b'9' => c - b'0',
-                b'a'..=b'f' => c - b'a' + 10,
-                b'A'..=b'F' => c - b'A' + 10,
-                _ => return Err(EINVAL),
-            };
-            v = (v << 4) | u16::from(d);
-        }
-        *groups.get_mut(*n).ok_or(EINVAL)? = v;
-        *n += 1;
-    }
-    Ok(())
 }

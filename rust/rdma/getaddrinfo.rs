@@ -4,13 +4,14 @@
 //!
 //! The kernel has no resolver: host names, service names and IB ACM path
 //! queries cannot exist here.  A node that is not a numeric IPv4/IPv6
-//! address fails with `EOPNOTSUPP` (name resolution unsupported), whether
-//! or not [`RAI_NUMERICHOST`] is given; a malformed numeric address with
-//! [`RAI_NUMERICHOST`] fails with `EINVAL`.  Routes are never resolved here,
+//! address (as `core::net` parses them, an IPv6 one with an optional
+//! decimal `%scope`) fails with `EOPNOTSUPP` (name resolution
+//! unsupported), or with `EINVAL` under [`RAI_NUMERICHOST`], which says it
+//! must be a number.  Routes are never resolved here,
 //! so [`RAI_NOROUTE`] is accepted and has nothing to turn off.
 
 use super::{
-    addr::{parse_ipv4, parse_ipv6_scoped, parse_port, SocketAddr, AF_IB, AF_INET, AF_INET6},
+    addr::{SocketAddr, AF_IB, AF_INET, AF_INET6},
     cm::PortSpace,
     verbs::QpType,
 };
@@ -42,9 +43,10 @@ pub struct Hints {
 /// The answer (`struct rdma_addrinfo`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AddrInfo {
-    /// The flags the answer was made with.
+    /// [`RAI_PASSIVE`] for a passive answer, else 0 (the hints' without
+    /// node and service).
     pub flags: u32,
-    /// `AF_INET` or `AF_INET6`.
+    /// `AF_INET` or `AF_INET6` (the hints' without node and service).
     pub family: u16,
     /// QP type.
     pub qp_type: QpType,
@@ -56,35 +58,64 @@ pub struct AddrInfo {
     pub dst: Option<SocketAddr>,
 }
 
-fn looks_numeric(node: &[u8]) -> bool {
-    !node.is_empty()
-        && node
-            .iter()
-            .all(|c| c.is_ascii_hexdigit() || matches!(c, b'.' | b':' | b'%'))
-        && (node.contains(&b'.') || node.contains(&b':'))
-}
-
-fn parse_node(node: &[u8], port: u16) -> Result<SocketAddr> {
-    if node.contains(&b':') {
-        let (ip, scope_id) = parse_ipv6_scoped(node)?;
-        Ok(SocketAddr::V6 {
-            ip,
+/// A numeric host: IPv4 dotted quad, or IPv6 text with an optional decimal
+/// `%scope` (what `inet_pton` and `if_nametoindex`-free `getaddrinfo`
+/// take), parsed by `core::net`.
+fn parse_node(node: &[u8], port: u16) -> Option<SocketAddr> {
+    let text = core::str::from_utf8(node).ok()?;
+    if let Ok(ip) = text.parse::<core::net::Ipv4Addr>() {
+        return Some(SocketAddr::V4 {
+            ip: ip.octets(),
             port,
-            flowinfo: 0,
-            scope_id,
-        })
-    } else {
-        Ok(SocketAddr::V4 {
-            ip: parse_ipv4(node)?,
-            port,
-        })
+        });
     }
+    let (ip, scope_id) = match text.split_once('%') {
+        Some((ip, scope)) if !scope.is_empty() && scope.bytes().all(|c| c.is_ascii_digit()) => {
+            (ip, scope.parse::<u32>().ok()?)
+        }
+        Some(_) => return None,
+        None => (text, 0),
+    };
+    let ip = ip.parse::<core::net::Ipv6Addr>().ok()?;
+    Some(SocketAddr::V6 {
+        ip: ip.octets(),
+        port,
+        flowinfo: 0,
+        scope_id,
+    })
 }
 
-/// Resolves numeric `node` and `service` under `hints`.
+/// Resolves numeric `node` and `service` under `hints`, as
+/// `rdma_getaddrinfo(3)` does through the C library's `getaddrinfo`: a
+/// passive answer has the node (the wildcard without one, IPv4 unless the
+/// hints ask for IPv6) as its source and `RAI_PASSIVE` as its flags, an
+/// active one the node (the loopback address without one, IPv6 unless the
+/// hints ask for IPv4) as its destination and no flags; without node and
+/// service the answer is the hints, without addresses.
 ///
-/// Errors: `EINVAL` for unknown flags, a malformed number, no node on an
-/// active request, or a QP type that does not fit the port space;
+/// # Examples
+///
+/// ```
+/// use kernel::prelude::*;
+/// use kernel::rdma::{
+///     getaddrinfo::{getaddrinfo, Hints, RAI_PASSIVE},
+///     SocketAddr,
+/// };
+///
+/// // A ULP's configuration: the peer's address and service, as text.
+/// let ai = getaddrinfo(Some(b"192.0.2.1"), Some(b"7471"), &Hints::default())?;
+/// assert_eq!(ai.dst, Some(SocketAddr::V4 { ip: [192, 0, 2, 1], port: 7471 }));
+/// // A listener's: every address.
+/// let passive = Hints { flags: RAI_PASSIVE, ..Hints::default() };
+/// let ai = getaddrinfo(None, Some(b"4420"), &passive)?;
+/// assert!(ai.src.is_some_and(|a| a.is_any()));
+/// // No resolver in the kernel.
+/// assert_eq!(getaddrinfo(Some(b"example.org"), None, &Hints::default()), Err(EOPNOTSUPP));
+/// # Ok::<(), Error>(())
+/// ```
+///
+/// Errors: `EINVAL` for unknown flags, a malformed number, or a QP type
+/// that does not fit the port space;
 /// `EOPNOTSUPP` for a host or service name (no resolver in the kernel);
 /// `EAFNOSUPPORT` when the family asked for is not the node's, or is
 /// `AF_IB`.
@@ -99,7 +130,10 @@ pub fn getaddrinfo(node: Option<&[u8]>, service: Option<&[u8]>, hints: &Hints) -
     }
     let port = match service {
         None => 0,
-        Some(s) if !s.is_empty() && s.iter().all(u8::is_ascii_digit) => parse_port(s)?,
+        Some(s) if !s.is_empty() && s.iter().all(u8::is_ascii_digit) => core::str::from_utf8(s)
+            .ok()
+            .and_then(|s| s.parse::<u16>().ok())
+            .ok_or(EINVAL)?,
         Some(_) => return Err(EOPNOTSUPP),
     };
     let qp_type = hints.qp_type.unwrap_or(QpType::Rc);
@@ -111,26 +145,35 @@ pub fn getaddrinfo(node: Option<&[u8]>, service: Option<&[u8]>, hints: &Hints) -
         return Err(EINVAL);
     }
     let passive = hints.flags & RAI_PASSIVE != 0;
-    let addr = match node {
-        Some(node) => {
-            if !looks_numeric(node) {
-                return Err(if hints.flags & RAI_NUMERICHOST != 0 {
-                    EINVAL
-                } else {
-                    EOPNOTSUPP
-                });
-            }
-            parse_node(node, port)?
+    if node.is_none() && service.is_none() {
+        // Nothing to translate: the hints come back, with no address.
+        return Ok(AddrInfo {
+            flags: hints.flags,
+            family: hints.family,
+            qp_type,
+            port_space,
+            src: None,
+            dst: None,
+        });
+    }
+    // Without a family, the C library's first answer: its wildcards list
+    // IPv4 first, its loopback addresses IPv6 first (RFC 6724's order).
+    let or = |default| {
+        if hints.family == 0 {
+            default
+        } else {
+            hints.family
         }
-        None if passive => SocketAddr::any(
-            if hints.family == 0 {
-                AF_INET
-            } else {
-                hints.family
-            },
-            port,
-        )?,
-        None => return Err(EINVAL),
+    };
+    let addr = match node {
+        // Not a number: a name, which only a resolver could answer.
+        Some(node) => parse_node(node, port).ok_or(if hints.flags & RAI_NUMERICHOST != 0 {
+            EINVAL
+        } else {
+            EOPNOTSUPP
+        })?,
+        None if passive => SocketAddr::any(or(AF_INET), port)?,
+        None => SocketAddr::loopback(or(AF_INET6), port)?,
     };
     if hints.family != 0 && addr.family() != hints.family {
         return Err(EAFNOSUPPORT);
@@ -141,7 +184,7 @@ pub fn getaddrinfo(node: Option<&[u8]>, service: Option<&[u8]>, hints: &Hints) -
         (None, Some(addr))
     };
     Ok(AddrInfo {
-        flags: hints.flags,
+        flags: if passive { RAI_PASSIVE } else { 0 },
         family: addr.family(),
         qp_type,
         port_space,

@@ -20,7 +20,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define RDMA_CM_RS_ABI_VERSION 4
+#define RDMA_CM_RS_ABI_VERSION 5
 #define RDMA_CM_RS_DEVICE_NAME "rdma_cm_rs"
 
 /* Largest private data any CM message can carry (the IB CM's RTU: 224). */
@@ -409,6 +409,28 @@ struct rdma_cm_rs_ud_recv {
 	struct rdma_cm_rs_sockaddr src;	/* out: the sender's address (port 0), from the GRH */
 };
 
+/*
+ * RDMA_CM_RS_IOC_GETADDRINFO: rdma_getaddrinfo(3) as the module's kernel
+ * callers have it: numeric hosts and services only (no resolver in the
+ * kernel: a name fails with -EOPNOTSUPP).  In: the node and the service as
+ * NUL-terminated text (empty: none) and the hints; out: the answer.
+ */
+#define RDMA_CM_RS_RAI_PASSIVE 0x1
+#define RDMA_CM_RS_RAI_NUMERICHOST 0x2
+#define RDMA_CM_RS_RAI_NOROUTE 0x4
+#define RDMA_CM_RS_RAI_FAMILY 0x8
+struct rdma_cm_rs_getaddrinfo {
+	char node[64];			/* in */
+	char service[16];		/* in */
+	__u32 flags;			/* in: RDMA_CM_RS_RAI_*; out: the answer's */
+	__u16 family;			/* in: 0 = any, AF_INET, AF_INET6; out */
+	__u16 reserved;
+	__u32 qp_type;			/* in: 0 = RC, RDMA_CM_RS_QPT_*; out */
+	__u32 port_space;		/* in: 0 = the QP type's, RDMA_CM_RS_PS_*; out */
+	struct rdma_cm_rs_sockaddr src;	/* out: the node of a passive answer, else family 0 */
+	struct rdma_cm_rs_sockaddr dst;	/* out: the node of an active answer, else family 0 */
+};
+
 #define RDMA_CM_RS_IOCTL_MAGIC 0xD7
 
 #define RDMA_CM_RS_IOC_INFO		_IOR(RDMA_CM_RS_IOCTL_MAGIC, 0x00, struct rdma_cm_rs_info)
@@ -435,5 +457,6 @@ struct rdma_cm_rs_ud_recv {
 #define RDMA_CM_RS_IOC_UD_SEND		_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x15, struct rdma_cm_rs_ud_send)
 #define RDMA_CM_RS_IOC_UD_RECV		_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x16, struct rdma_cm_rs_ud_recv)
 #define RDMA_CM_RS_IOC_GET_REQUEST	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x17, struct rdma_cm_rs_get_request)
+#define RDMA_CM_RS_IOC_GETADDRINFO	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x18, struct rdma_cm_rs_getaddrinfo)
 
 #endif /* _UAPI_RDMA_CM_RS_H */

@@ -75,6 +75,9 @@ const FUNCTIONS: &[&str] = &[
     "ibv_get_async_event",
     "ibv_ack_async_event",
     "ibv_event_type_str",
+    // What the module's GETADDRINFO is compared with (`src/cm/addrinfo.rs`).
+    "rdma_getaddrinfo",
+    "rdma_freeaddrinfo",
 ];
 
 /// The types `cm.rs` and `cm/ud.rs` name or reads fields of; bindgen adds what they
@@ -107,6 +110,7 @@ const TYPES: &[&str] = &[
     "ibv_mw_type",
     "ibv_async_event",
     "ibv_event_type",
+    "rdma_addrinfo",
 ];
 
 /// Types the tool only passes pointers to, or never reads (fields of

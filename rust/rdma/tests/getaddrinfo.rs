@@ -19,8 +19,23 @@ mod getaddrinfo_tests {
             })
         );
         assert_eq!(ai.src, None);
+        assert_eq!(ai.flags, 0);
         assert_eq!(ai.port_space, PortSpace::Tcp);
         assert_eq!(ai.qp_type, QpType::Rc);
+        // No node: the loopback address, IPv6 first as the C library
+        // answers.
+        let ai = getaddrinfo(None, Some(b"1"), &Hints::default()).unwrap();
+        let mut ip = [0; 16];
+        ip[15] = 1;
+        assert_eq!(
+            ai.dst,
+            Some(SocketAddr::V6 {
+                ip,
+                port: 1,
+                flowinfo: 0,
+                scope_id: 0
+            })
+        );
     }
 
     #[test]
@@ -42,9 +57,15 @@ mod getaddrinfo_tests {
             family: AF_INET6,
             ..Hints::default()
         };
+        assert!(getaddrinfo(None, Some(b"1"), &hints)
+            .unwrap()
+            .src
+            .is_some_and(|a| a.is_any() && a.family() == AF_INET6));
+        // Neither node nor service: the hints come back, no address.
         let ai = getaddrinfo(None, None, &hints).unwrap();
         assert_eq!(ai.family, AF_INET6);
-        assert!(ai.src.unwrap().is_any());
+        assert_eq!(ai.flags, RAI_PASSIVE | RAI_FAMILY);
+        assert_eq!((ai.src, ai.dst), (None, None));
     }
 
     #[test]
@@ -105,17 +126,24 @@ mod getaddrinfo_tests {
             ..Hints::default()
         };
         assert_eq!(getaddrinfo(Some(b"192.0.2.1"), None, &unknown), Err(EINVAL));
-        assert_eq!(
-            getaddrinfo(None, Some(b"1"), &Hints::default()),
-            Err(EINVAL)
-        );
         let scoped = getaddrinfo(Some(b"fe80::1%2"), None, &Hints::default()).unwrap();
         assert!(matches!(
             scoped.dst,
             Some(SocketAddr::V6 { scope_id: 2, .. })
         ));
+        // Not a number: a name to a caller that did not say it is one, a
+        // malformed number to one that did.
         assert_eq!(
             getaddrinfo(Some(b"fe80::1%"), None, &Hints::default()),
+            Err(EOPNOTSUPP)
+        );
+        let numeric = Hints {
+            flags: RAI_NUMERICHOST,
+            ..Hints::default()
+        };
+        assert_eq!(getaddrinfo(Some(b"fe80::1%"), None, &numeric), Err(EINVAL));
+        assert_eq!(
+            getaddrinfo(Some(b"192.0.2.1"), Some(b"65536"), &Hints::default()),
             Err(EINVAL)
         );
         let noroute = Hints {

@@ -4,6 +4,7 @@
 //! registered buffers and pre-posted receives.  The librdmacm side of
 //! every test.
 
+pub mod addrinfo;
 mod ffi;
 pub mod ud;
 

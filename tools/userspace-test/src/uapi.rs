@@ -64,6 +64,7 @@ pub const IOC_RDMA: u32 = iow::<rdma_cm_rs_rdma>(0x14);
 pub const IOC_UD_SEND: u32 = iow::<rdma_cm_rs_ud_send>(0x15);
 pub const IOC_UD_RECV: u32 = iowr::<rdma_cm_rs_ud_recv>(0x16);
 pub const IOC_GET_REQUEST: u32 = iowr::<rdma_cm_rs_get_request>(0x17);
+pub const IOC_GETADDRINFO: u32 = iowr::<rdma_cm_rs_getaddrinfo>(0x18);
 
 /// Whether [`Device::open`] opens devices in synchronous mode (the suite's
 /// `--sync`): see [`SyncStream`].
@@ -638,6 +639,31 @@ impl Device {
         )
     }
 
+    /// GETADDRINFO of `node` and `service` (`None`: empty) under the
+    /// hints in `q` (its text fields are overwritten).
+    pub fn getaddrinfo(
+        &self,
+        node: Option<&str>,
+        service: Option<&str>,
+        mut q: rdma_cm_rs_getaddrinfo,
+    ) -> Result<rdma_cm_rs_getaddrinfo> {
+        let put = |dst: &mut [std::os::raw::c_char], s: Option<&str>| -> Result<()> {
+            let s = s.unwrap_or("").as_bytes();
+            if s.len() >= dst.len() {
+                return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+            }
+            dst.fill(0);
+            for (d, b) in dst.iter_mut().zip(s) {
+                *d = *b as std::os::raw::c_char;
+            }
+            Ok(())
+        };
+        put(&mut q.node, node)?;
+        put(&mut q.service, service)?;
+        self.call(IOC_GETADDRINFO, &mut q)?;
+        Ok(q)
+    }
+
     pub fn query(&self, id: u32) -> Result<rdma_cm_rs_query> {
         let mut q = rdma_cm_rs_query {
             id,
@@ -1028,7 +1054,7 @@ mod tests {
 
     #[test]
     fn constants_match_the_header() {
-        assert_eq!(RDMA_CM_RS_ABI_VERSION, 4);
+        assert_eq!(RDMA_CM_RS_ABI_VERSION, 5);
         assert_eq!(RDMA_CM_RS_ID_SYNC, 1);
         assert_eq!(RDMA_CM_RS_ID_BUSY_POLL, 2);
         assert_eq!(RDMA_CM_RS_SYNC_EVENT, 1);
@@ -1080,6 +1106,7 @@ mod tests {
         assert_eq!(IOC_UD_SEND, 0x4020_d715);
         assert_eq!(IOC_UD_RECV, 0xc0a8_d716);
         assert_eq!(IOC_GET_REQUEST, 0xc148_d717);
+        assert_eq!(IOC_GETADDRINFO, 0xc160_d718);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! The KTAP suite: each scenario drives the module through ioctls and a real
 //! librdmacm peer through the agent, and asserts what both sides saw.
 
+mod addrinfo;
 mod conn;
 mod data;
 mod faults;
@@ -141,6 +142,10 @@ const TESTS: &[(&str, Test)] = &[
     ("connect_without_listener_rejected", connect_no_listener),
     ("listen_on_busy_port", listen_busy_port),
     ("malformed_ioctls", malformed_ioctls),
+    (
+        "getaddrinfo_matches_librdmacm",
+        addrinfo::getaddrinfo_matches_librdmacm,
+    ),
     ("nonblocking_timeouts_and_poll", nonblocking_and_poll),
     (
         "disconnect_initiated_by_either_side",
@@ -216,6 +221,7 @@ const TESTS: &[(&str, Test)] = &[
 const NOT_SYNCHRONOUS: &[(&str, &str)] = &[
     ("info_reports_abi", "no id"),
     ("malformed_ioctls", "the ABI's checks, mode-blind"),
+    ("getaddrinfo_matches_librdmacm", "no id"),
     (
         "nonblocking_timeouts_and_poll",
         "the file's event queue and poll",
@@ -236,6 +242,7 @@ const NOT_SYNCHRONOUS: &[(&str, &str)] = &[
 const NOT_ON_IWARP: &[(&str, &str)] = &[
     ("info_reports_abi", "no device"),
     ("malformed_ioctls", "the ABI's checks, transport-blind"),
+    ("getaddrinfo_matches_librdmacm", "no device"),
     (
         "nonblocking_timeouts_and_poll",
         "the file's event queue and poll, transport-blind",
