@@ -170,6 +170,24 @@ impl PrivateData {
 ///
 /// `retry_count` and `rnr_retry_count` are at most [`MAX_RETRY_COUNT`];
 /// `qp_num` is at most [`MAX_QP_NUM`].
+///
+/// # Examples
+///
+/// ```
+/// use kernel::prelude::*;
+/// use kernel::rdma::ConnParam;
+///
+/// let param = ConnParam::new()
+///     .private_data(b"hello")?
+///     .responder_resources(4)
+///     .initiator_depth(2)
+///     .retry_count(7)?;
+/// assert_eq!(param.rd_atom(), (4, 2));
+/// assert_eq!(param.data().as_slice(), b"hello");
+/// // Retry counts are three bits wide.
+/// assert!(ConnParam::new().retry_count(8).is_err());
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Clone, Copy, Default)]
 pub struct ConnParam {
     private_data: PrivateData,

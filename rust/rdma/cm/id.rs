@@ -178,6 +178,71 @@ impl<H: Handler> IdInner<H> {
 
 /// An owned RDMA CM identifier with the event handler `H`.
 ///
+/// # Examples
+///
+/// A listener that accepts every request with a QP of the request's own
+/// (the echo sample, `samples/rdma_cm_rs_echo.rs`, is the whole of it:
+/// echoing, keeping the connections, ending them at unload):
+///
+/// ```
+/// use kernel::prelude::*;
+/// use kernel::rdma::{
+///     getaddrinfo::{getaddrinfo, Hints, RAI_PASSIVE},
+///     CmId, CompletionHandler, ConnectRequest, Cq, Event, Handler, LockedId, NetNs, Owner, Pd,
+///     QpCaps, RecvBuffer, SendBuffer,
+/// };
+///
+/// struct Completions;
+///
+/// impl CompletionHandler for Completions {
+///     fn recv_done(&self, buf: RecvBuffer, result: Result<usize>) {
+///         // The buffer is the consumer's again: read it, post it again.
+///         let _ = (buf, result);
+///     }
+///
+///     fn send_done(&self, _buf: SendBuffer, _result: Result) {}
+/// }
+///
+/// struct Listener;
+///
+/// impl Handler for Listener {
+///     fn event(&self, _id: &LockedId<'_>, _event: &Event<'_>) {}
+///
+///     fn connect_request(&self, request: ConnectRequest<'_, Self>, _event: &Event<'_>) {
+///         let Ok(id) = request.adopt(Listener) else {
+///             return;
+///         };
+///         // The CM holds the new id's handler mutex: `with_lock` runs inside it.
+///         let accepted = id.with_lock(|l| {
+///             let dev = l.device()?;
+///             let pd = Pd::alloc(l.owner(), &dev)?;
+///             let caps = QpCaps {
+///                 max_send_wr: 4,
+///                 max_recv_wr: 4,
+///                 ..QpCaps::default()
+///             };
+///             let cq = Cq::alloc(l.owner(), &dev, caps.cq_entries()?, Completions)?;
+///             let qp = l.create_qp(&pd, &cq, caps)?;
+///             qp.post_recv(RecvBuffer::new(&pd, 4096)?)?;
+///             l.accept(Some(&l.request_accept_param()?))
+///         });
+///         // A real ULP keeps `id` where its teardown finds it; dropped here,
+///         // inside the callback, its destruction is deferred.
+///         let _ = (id, accepted);
+///     }
+/// }
+///
+/// fn listen(owner: &Owner) -> Result<CmId<Listener>> {
+///     let passive = Hints { flags: RAI_PASSIVE, ..Hints::default() };
+///     let ai = getaddrinfo(None, Some(b"7471"), &passive)?;
+///     let listener = CmId::new(owner, Listener, &NetNs::init(), ai.port_space, ai.qp_type)?;
+///     let addr = ai.src.ok_or(EINVAL)?;
+///     listener.with_lock(|l| l.bind(&addr))?;
+///     listener.listen(64)?;
+///     Ok(listener)
+/// }
+/// ```
+///
 /// # Invariants
 ///
 /// `inner.raw()` is a live id created by this module, not yet destroyed, and
