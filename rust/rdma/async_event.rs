@@ -45,8 +45,8 @@ pub enum DeviceEvent {
     PortActive(u32),
     /// `IB_EVENT_PORT_ERR`: the port went down.
     PortError(u32),
-    /// `IB_EVENT_LID_CHANGE`: the port's LID changed (siw reports it when
-    /// its netdev's address changes).
+    /// `IB_EVENT_LID_CHANGE`: the port's LID changed (an iWARP or RoCE
+    /// driver may report it when its netdev's address changes).
     LidChange(u32),
     /// `IB_EVENT_PKEY_CHANGE`: the port's P_Key table changed.
     PkeyChange(u32),

@@ -22,11 +22,9 @@
 //!
 //! iWARP carries private data in the MPA request, reply or reject message
 //! over TCP, with its exact length.  `cma.c` adds no header there, but MPA
-//! v2 (RFC 6581, which siw uses by default) puts its 4-byte IRD/ORD header
-//! in the same field, whose ceiling is `RDMA_MAX_PRIVATE_DATA` (siw's
-//! `MPA_MAX_PRIVDATA`, 256): siw refuses an accept or reject above 252 and
-//! drops a request whose field exceeds 256 at the receiver.  So every use
-//! is limited to 252 bytes; UD does not exist on iWARP.
+//! v2 (RFC 6581) puts its 4-byte IRD/ORD header in the same field, whose
+//! ceiling is `RDMA_MAX_PRIVATE_DATA` (256).  So every use is limited to
+//! 252 bytes; UD does not exist on iWARP.
 //!
 //! | use                   | IB/RoCE | iWARP                   |
 //! |-----------------------|---------|-------------------------|
@@ -59,8 +57,7 @@ pub const MAX_ACCEPT_PRIVATE_DATA_UD: usize =
 /// Reject (REJ) private data.
 pub const MAX_REJECT_PRIVATE_DATA: usize =
     bindings::ib_cm_data_size_IB_CM_REJ_PRIVATE_DATA_SIZE as usize;
-/// The private data field of an MPA message (`RDMA_MAX_PRIVATE_DATA`,
-/// siw's `MPA_MAX_PRIVDATA`).
+/// The private data field of an MPA message (`RDMA_MAX_PRIVATE_DATA`).
 pub const MPA_MAX_PRIVATE_DATA: usize = bindings::RDMA_MAX_PRIVATE_DATA as usize;
 /// The MPA v2 header (IRD and ORD, RFC 6581) sharing that field.
 pub const MPA_V2_HEADER_SIZE: usize = 4;

@@ -61,7 +61,7 @@ unsafe impl AlwaysRefCounted for Device {
 /// READ of 4 KiB from a median of 4-8 ms to 20 ms in the test VM, as the
 /// R/W API waits for one per iWARP READ; the expedited one left it there).
 /// Process context only, outside any RCU read-side critical section.
-pub(crate) fn wait_out_late_placements() {
+pub(crate) fn ended_key_grace_period() {
     // SAFETY: The caller is in process context, outside any RCU read-side
     // critical section, which is all `synchronize_rcu_expedited` needs.
     unsafe { bindings::synchronize_rcu_expedited() };
@@ -384,11 +384,11 @@ impl Device {
 
     /// On a device that [`Self::places_after_deregistration`], waits until
     /// no placement begun under a key that has since ended (deregistered
-    /// or invalidated) can still be copying: [`wait_out_late_placements`].
+    /// or invalidated) can still be copying: [`ended_key_grace_period`].
     /// Returns at once on any other device.
-    pub(crate) fn wait_for_late_placements(&self) {
+    pub(crate) fn wait_for_ended_key_writes(&self) {
         if self.places_after_deregistration() {
-            wait_out_late_placements();
+            ended_key_grace_period();
         }
     }
 

@@ -24,7 +24,7 @@
 //! * [`net`]: network namespaces.
 //! * [`addr`], [`conn_param`], [`event`]: socket addresses, connection
 //!   parameters with the man pages' limits, typed events.
-//! * [`blocking`]: the event that ends a blocking (synchronous) call.
+//! * [`synchronous`]: synchronous operation, the event that ends a blocking call.
 //! * [`owner`]: the module that owns a set of objects, which its unload
 //!   waits for; [`deferred`]: their destructions deferred to its queue;
 //!   [`poller`]: busy-polling loops over CQs, on a queue of their own;
@@ -45,7 +45,6 @@
 pub mod addr;
 pub mod ah;
 pub mod async_event;
-pub mod blocking;
 pub mod callback;
 pub mod client;
 pub mod cm;
@@ -61,13 +60,13 @@ pub mod owner;
 pub mod pd;
 pub mod poller;
 pub mod sg;
+pub mod synchronous;
 pub mod verbs;
 
 pub use self::{
     addr::SocketAddr,
     ah::{Datagram, UdDest},
     async_event::{AsyncEventHandler, AsyncEventRegistration, DeviceEvent},
-    blocking::{EventWaiter, OwnedEvent, SyncOp, SyncOutcome, SyncResult},
     client::{Client, ClientRegistration},
     cm::{CmId, ConnectRequest, Handler, LockedId, PortSpace},
     conn_param::{ConnParam, PrivateDataUse},
@@ -80,6 +79,7 @@ pub use self::{
     pd::Pd,
     poller::{BusyPoller, PollLoop},
     sg::SgBuffer,
+    synchronous::{EventWaiter, OwnedEvent, SyncOp, SyncOutcome, SyncResult},
     verbs::{
         CompletionHandler, Cq, PollContext, PostError, Qp, QpCaps, QpEvent, QpType, RecvBuffer,
         RwDone, RwOp, SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone, WorkOp,

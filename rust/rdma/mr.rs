@@ -60,7 +60,8 @@ fn buffer_layout(capacity: usize) -> Result<Layout> {
 }
 
 /// The largest region one [`Mr`] covers: 1 MiB (256 pages of 4 KiB), well
-/// within `kmalloc`'s contiguous limit and rxe's 512-page FRWR list.
+/// within `kmalloc`'s contiguous limit and the fast registration lists of
+/// the devices tested.
 pub const MAX_MR_LEN: usize = 1 << 20;
 
 /// Remote access a registration grants.  Local write access is always
@@ -306,7 +307,7 @@ impl Mr {
     /// [`MAX_MR_LEN`] where the device allows), on `pd`'s device: the
     /// buffer is the region's memory until the region goes.  `EINVAL` for
     /// more pages than the device's fast registration maps at once
-    /// (`max_fast_reg_page_list_len`: 512 on rxe, 256 on siw);
+    /// (`max_fast_reg_page_list_len`);
     /// `EOPNOTSUPP` if the device has no fast registration.
     pub fn from_pages(pd: &Arc<Pd>, buf: SgBuffer) -> Result<Arc<Self>> {
         let dev = pd.device();
@@ -553,7 +554,7 @@ impl Drop for MrResources {
         // A peer's WRITE the driver began placing before the key went
         // invalid may still be copying into the memory.  Process context:
         // `ib_dereg_mr` has just slept too.
-        self.pd.device().wait_for_late_placements();
+        self.pd.device().wait_for_ended_key_writes();
         let dev = self.pd.device().as_ptr();
         match &mut self.memory {
             Memory::Contiguous {

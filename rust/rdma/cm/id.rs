@@ -11,7 +11,6 @@ use super::{
 use crate::rdma::{
     addr::SocketAddr,
     bindings,
-    blocking::{Begin, EventWaiter, OwnedEvent, SyncOp, SyncResult},
     callback::{current_task, in_any_callback, CallbackMark},
     conn_param::ConnParam,
     deferred::DeferredDestroy,
@@ -19,6 +18,7 @@ use crate::rdma::{
     event::{Event, EventType},
     net::NetNs,
     owner::{CallbackTarget, Owner},
+    synchronous::{Begin, EventWaiter, OwnedEvent, SyncOp, SyncResult},
     verbs::QpType,
 };
 use core::{
@@ -375,8 +375,8 @@ impl<H: Handler> CmId<H> {
     /// CM ignores `backlog`; the iWARP CM sizes the listener's pool of
     /// queued events with it (`iw_cm_listen`: a request arriving while
     /// that many of the listener's events wait for the CM's workqueue is
-    /// dropped, and a slot comes back as soon as the handler ran), and siw
-    /// passes it to its TCP `listen()`.  0 asks for the CM's default:
+    /// dropped, and a slot comes back as soon as the handler ran), and an
+    /// iWARP driver may pass it to its TCP `listen()`.  0 asks for the CM's default:
     /// `net.iw_cm.default_backlog` (256) on iWARP, as isert listens.  Above
     /// `i32::MAX`: `EINVAL`.
     /// Called without the id's handler mutex (see the module
@@ -400,13 +400,10 @@ impl<H: Handler> CmId<H> {
     /// sends the CM's disconnect request or reply.
     ///
     /// Called without the id's handler mutex, as `ucma.c` calls it, so not
-    /// from inside any callback of the layer or `with_lock` (`EDEADLK`).
-    /// On iWARP, `iw_cm_disconnect` waits until the reply to a pending
+    /// from inside any callback of the layer or `with_lock` (`EDEADLK`):
+    /// on iWARP, `iw_cm_disconnect` waits until the reply to a pending
     /// connect has been handled, and that reply reaches this id's handler
-    /// (on the iWARP CM's one workqueue) only once it can take the handler
-    /// mutex: holding it here deadlocked (the ioctl fuzzer, seed 1, on
-    /// siw: DISCONNECT right after CONNECT never returned, and every later
-    /// siw teardown hung behind it).
+    /// only once it can take the handler mutex.
     ///
     /// `EOPNOTSUPP` on a UD id: it has no connection, and the CM would only
     /// move its QP to the error state (`cma_modify_qp_err`) and fail to send
@@ -441,7 +438,7 @@ impl<H: Handler> CmId<H> {
 
 /// Synchronous operation (`rdma_create_id(3)` without an event channel):
 /// each call starts an operation and blocks until the event that ends it,
-/// which it returns with its meaning ([`super::blocking::SyncOutcome`]); a call no event
+/// which it returns with its meaning ([`super::synchronous::SyncOutcome`]); a call no event
 /// ended fails with its errno ([`super::blocking`] has the rules: one call at a time,
 /// resumption after a signal or a timeout, DISCONNECTED kept, ENODEV on
 /// device removal).

@@ -7,7 +7,6 @@
 use super::{take_out, wait_until};
 use crate::rdma::{
     addr::SocketAddr,
-    blocking::{EventWaiter, SyncOutcome},
     cm::*,
     conn_param::ConnParam,
     event::*,
@@ -16,6 +15,7 @@ use crate::rdma::{
     owner::{ModuleOwner, Owner},
     pd::Pd,
     sg::SgBuffer,
+    synchronous::{EventWaiter, SyncOutcome},
     verbs::{
         CompletionHandler, Cq, PollContext, Qp, QpCaps, QpEvent, RecvBuffer, RwDone, SendBuffer,
         WorkDone, FLUSH_TIMEOUT,

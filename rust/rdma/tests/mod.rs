@@ -121,7 +121,6 @@ fn wait_until(mut done: impl FnMut() -> bool) -> bool {
 }
 
 mod addr;
-mod blocking_calls;
 mod client;
 mod conn_param;
 mod cq;
@@ -132,4 +131,5 @@ mod qp;
 mod rdma;
 mod regions;
 mod srq;
+mod synchronous_calls;
 mod ud;

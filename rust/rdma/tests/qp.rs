@@ -8,13 +8,13 @@ use super::fixture::*;
 use super::{skip_without_devices, take_out, wait_closely_until, wait_until};
 use crate::rdma::{
     addr::SocketAddr,
-    blocking::EventWaiter,
     cm::*,
     conn_param::ConnParam,
     event::*,
     mr::{Mr, MrAccess, RemoteRegion},
     net::NetNs,
     pd::Pd,
+    synchronous::EventWaiter,
     verbs::{CompletionHandler, Cq, PollContext, QpCaps, RecvBuffer, RwOp, SendBuffer},
     QpType,
 };

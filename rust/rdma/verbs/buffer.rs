@@ -512,8 +512,8 @@ impl SendBuffer {
     /// pages in its size.  The pages are mapped for the device from the
     /// post to the completion, which hands them back attached.  On iWARP
     /// such a send is signaled even if [`Self::set_unsignaled`] asked
-    /// otherwise: siw sends an unsignaled one straight from the pages, and
-    /// TCP may still retransmit from them when a later request completes.
+    /// otherwise: the device may send an unsignaled one from the pages, and
+    /// TCP retransmit from them when a later request completes.
     pub fn attach_pages(&mut self, pages: SgBuffer) -> Option<SgBuffer> {
         self.0.pages.replace(pages)
     }
@@ -551,7 +551,7 @@ impl SendBuffer {
 
     /// Immediate data to send with the contents (SEND_WITH_IMM, host
     /// order; sent big-endian), or none (SEND).  Not every device takes it
-    /// on every QP type: siw refuses SEND_WITH_IMM (`EINVAL` at the post).
+    /// on every QP type: a device that does not fails the post (`EINVAL`).
     pub fn set_imm(&mut self, imm: Option<u32>) {
         self.0.imm = imm;
     }

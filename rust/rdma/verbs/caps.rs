@@ -40,8 +40,8 @@ pub struct QpCaps {
     /// Receive work requests in flight.
     pub max_recv_wr: u32,
     /// The most bytes a send may carry inline ([`SendBuffer::set_inline`]);
-    /// 0 for none.  A device refuses a QP that asks for more than it
-    /// supports (the create fails, `EINVAL` from rxe).
+    /// 0 for none.  A device may refuse a QP that asks for more than it
+    /// supports (the create fails, `EINVAL`).
     pub max_inline_data: u32,
     /// Scatter/gather entries one RDMA request of the R/W API
     /// ([`Qp::rdma_rw`]) may gather from or scatter to, at most the

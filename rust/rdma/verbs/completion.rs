@@ -62,11 +62,10 @@ pub struct RwDone {
     /// The buffer, unmapped again: after a successful READ it holds the
     /// peer's bytes.  A failed iWARP READ's buffer comes back only once
     /// its QP is destroyed: the READ request gave the peer a key to write
-    /// into it, which only the READ's success revokes.  On siw an iWARP
-    /// READ's buffer comes back an RCU grace period after the key ended
-    /// (after the READ's success, or the QP's destruction): a chunk of
-    /// another QP's WRITE through the key that siw began placing before
-    /// may still be copying until then.
+    /// into it, which only the READ's success revokes.  On a device that
+    /// places remote WRITEs after their key ended, the buffer comes back an
+    /// RCU grace period after the key ended
+    /// (`Documentation/rdma_cm_rs/design.rst`, "Driver behaviour").
     pub buf: SgBuffer,
 }
 

@@ -201,7 +201,7 @@ impl<C: CompletionHandler> Cq<C> {
             // At most `budget`, never negative.
             Ok(u32::try_from(done).unwrap_or(0))
         };
-        give_way(matches!(done, Ok(n) if n > 0));
+        yield_after_poll(matches!(done, Ok(n) if n > 0));
         done
     }
 
@@ -214,7 +214,7 @@ impl<C: CompletionHandler> Cq<C> {
             return;
         }
         let found = DirectPoll::try_start(self).is_some_and(|polling| polling.drain() > 0);
-        give_way(found);
+        yield_after_poll(found);
     }
 
     /// For a QP's reclaim: for a [`PollContext::Direct`] CQ, the right to
@@ -293,7 +293,7 @@ impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
                 return total;
             }
             // A CQ shared by busy QPs may keep this going.
-            give_way(true);
+            yield_after_poll(true);
         }
     }
 }
@@ -304,7 +304,7 @@ impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
 /// device makes completions in tasks of its own, which must not wait for
 /// the scheduler's tick); otherwise the CPU goes only if the scheduler
 /// asks for it.  Process context, no spinlock held.
-fn give_way(found: bool) {
+fn yield_after_poll(found: bool) {
     if found {
         // SAFETY: Process context with no spinlock held (the function's
         // contract), where `cond_resched` may sleep.

@@ -46,7 +46,7 @@ unsafe impl Send for PostedCqe {}
 
 /// Whether a request of the send queue asked for a completion of its own,
 /// and if not, what it is: the completion of a later request gives it back
-/// (see [`WrCredits::give_back_unsignaled_before`]).
+/// (see [`WorkLedger::give_back_unsignaled_before`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Signaling {
     Signaled,
@@ -79,7 +79,7 @@ pub(super) struct SendOrder {
 ///   reclaim.  Its capacity, `max_send_wr + rw_slots + 1`, is never
 ///   exceeded.
 #[pin_data]
-pub(super) struct WrCredits {
+pub(super) struct WorkLedger {
     send: AtomicU32,
     pub(super) recv: AtomicU32,
     /// Send-queue slots taken by transfers of the R/W API.
@@ -124,13 +124,13 @@ pub(super) struct WrCredits {
 struct SrqMember {
     qp_num: u32,
     /// The QP's credits, for its hold until the peer's first message.
-    credits: Arc<WrCredits>,
+    credits: Arc<WorkLedger>,
     /// The QP is shut down: its `ib_qp` may be freed, but its CQ may still
     /// hold its completions until its reclaim, which removes the entry.
     departing: bool,
 }
 
-impl WrCredits {
+impl WorkLedger {
     /// Credits for a QP of `caps`, or with `shared` for a [`Srq`] (whose
     /// `caps` have only receives).
     pub(super) fn new(caps: QpCaps, shared: bool) -> Result<Arc<Self>> {
@@ -199,7 +199,7 @@ impl WrCredits {
     /// place).  Sleeps; not in a completion of the old QP's CQ, which the
     /// layer defers QP creation out of anyway (ids are made in process
     /// context).
-    pub(super) fn join(&self, key: usize, qp_num: u32, credits: Arc<WrCredits>) -> Result {
+    pub(super) fn join(&self, key: usize, qp_num: u32, credits: Arc<WorkLedger>) -> Result {
         let member = SrqMember {
             qp_num,
             credits,
@@ -223,7 +223,7 @@ impl WrCredits {
 
     /// A [`Srq`]'s: marks the QP of `credits` recorded at `key` as shut
     /// down (see [`SrqMember`]'s `departing`).
-    pub(super) fn depart(&self, key: usize, credits: &Arc<WrCredits>) {
+    pub(super) fn depart(&self, key: usize, credits: &Arc<WorkLedger>) {
         let mut members = self.members.lock();
         if let Some(m) = members.get_mut(&key) {
             if Arc::ptr_eq(&m.credits, credits) {
@@ -234,7 +234,7 @@ impl WrCredits {
 
     /// A [`Srq`]'s: forgets the QP of `credits` recorded at `key` (unless
     /// another QP took its place).
-    pub(super) fn leave(&self, key: usize, credits: &Arc<WrCredits>) {
+    pub(super) fn leave(&self, key: usize, credits: &Arc<WorkLedger>) {
         let mut members = self.members.lock();
         let ours = members
             .get(&key)
@@ -480,7 +480,7 @@ impl WrCredits {
 /// One request in flight; returned when dropped (at its completion, or when
 /// its post failed).
 pub(super) struct Credit {
-    pub(super) credits: Arc<WrCredits>,
+    pub(super) credits: Arc<WorkLedger>,
     queue: WrQueue,
     /// Slots of `queue` taken (more than one for an R/W transfer).
     slots: u32,
@@ -496,7 +496,7 @@ impl Credit {
     pub(super) fn track(&mut self, cqe: NonNull<bindings::ib_cqe>) {
         let entry = PostedCqe(cqe, self.queue);
         // One entry per credit, within the capacity (type invariants of
-        // `WrCredits`): this cannot fail.  If it did, the request would
+        // `WorkLedger`): this cannot fail.  If it did, the request would
         // only be missing from a reclaim (a leak, never a double free).
         if self.credits.track(entry) {
             self.posted = Some(entry);

@@ -139,7 +139,7 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
             // them the keys of iWARP READ sinks the peer was given; a chunk
             // of a WRITE placed through one may still be copying.  Their
             // buffers go back below.
-            self.device().wait_for_late_placements();
+            self.device().wait_for_ended_key_writes();
         }
         let mut reclaimed = 0u32;
         while let Some(entry) = self.credits.pop_posted() {

@@ -29,7 +29,7 @@
 //!   ([`Datagram`]).  A QP takes only the work its type has: SENDs without
 //!   a destination and memory work on RC QPs, datagrams on UD QPs
 //!   (`EOPNOTSUPP` otherwise), and no datagram larger than the port's MTU
-//!   (`EMSGSIZE`: rxe would report such a send as successful and emit
+//!   (`EMSGSIZE`: a device may report such a send as successful and emit
 //!   nothing, as the IBTA allows).
 //! * A QP keeps its PD and CQs alive; they are freed after it.  Its send
 //!   and receive queues complete on one CQ or on two (a ULP that polls its
@@ -61,8 +61,7 @@
 //! shutdown moves it to the error state, where the driver flushes every
 //! outstanding request through the CQ, and waits for that, bounded by
 //! [`FLUSH_TIMEOUT`]: unlike `ib_drain_qp`, which waits for good, and does
-//! when a driver never flushes (rxe does not after a failed
-//! `IB_QP_MAX_DEST_RD_ATOMIC` change has left its receive task disabled).
+//! when a driver never flushes (`design.rst`, "Driver behaviour").
 //! Requests still outstanding then are completed as flushed
 //! ([`QpShutdown::reclaim`]) once the owner has destroyed the QP, so the
 //! device can no longer reach their memory, and the CQ's poll work has

@@ -8,7 +8,7 @@ use super::{
     caps::{QpCaps, QpType, RW_SLOTS_PER_CTX},
     completion::{CompletionHandler, QpEvent},
     cq::Cq,
-    credits::{Credit, PostedCqe, Signaling, WrCredits, WrQueue},
+    credits::{Credit, PostedCqe, Signaling, WorkLedger, WrQueue},
     post_error::PostError,
     request::{post_recv_buffer, send_done},
     srq::Srq,
@@ -120,7 +120,7 @@ pub struct Qp<C: CompletionHandler> {
     /// The entries one send, and one receive, may have.
     pub(super) max_send_sge: u32,
     max_recv_sge: u32,
-    pub(super) credits: Arc<WrCredits>,
+    pub(super) credits: Arc<WorkLedger>,
     pd: Arc<Pd>,
     pub(super) send_cq: Arc<Cq<C>>,
     pub(super) recv_cq: Arc<Cq<C>>,
@@ -231,7 +231,7 @@ impl<C: CompletionHandler> Qp<C> {
             attr.cap.max_recv_wr = caps.max_recv_wr.checked_add(1).ok_or(EINVAL)?;
             attr.cap.max_recv_sge = caps.max_recv_sge.max(1);
         }
-        let credits = WrCredits::new(caps, false)?;
+        let credits = WorkLedger::new(caps, false)?;
         let target = CallbackTarget::new(pd.owner())?;
         send_cq.reserve(send_room)?;
         if let Err(e) = recv_cq.reserve(recv_room) {
@@ -344,8 +344,8 @@ impl<C: CompletionHandler> Qp<C> {
     }
 
     /// UD QPs: the largest datagram a send may carry, the port's active
-    /// MTU now (it follows the link's: rxe changes it with the netdev's);
-    /// 0 on RC QPs or when the port cannot be queried.  Sleeps.
+    /// MTU now (a RoCE port's follows its netdev's, which may change); 0 on
+    /// RC QPs or when the port cannot be queried.  Sleeps.
     pub fn max_datagram(&self) -> usize {
         if self.qp_type != QpType::Ud {
             return 0;

@@ -9,7 +9,7 @@ use super::{
     buffer::{Buffer, RecvBuffer, SendBuffer},
     completion::{wc_result, CompletionHandler, RwDone, WorkDone, WorkOp},
     cq::handler_of,
-    credits::{Credit, PostedCqe, Signaling, WrCredits, WrQueue},
+    credits::{Credit, PostedCqe, Signaling, WorkLedger, WrQueue},
     post_error::PostError,
 };
 use crate::rdma::{
@@ -33,7 +33,7 @@ use kernel::{prelude::*, sync::Arc, types::Opaque};
 /// completes on.  On failure the buffer comes back with the error.
 pub(super) fn post_recv_buffer<C: CompletionHandler>(
     buf: RecvBuffer,
-    credits: &Arc<WrCredits>,
+    credits: &Arc<WorkLedger>,
     on_ud: bool,
     max_sge: u32,
     post: impl FnOnce(&bindings::ib_recv_wr) -> Result,
@@ -288,8 +288,8 @@ impl RwWork {
     /// buffer unmapped, which makes a READ's bytes visible to the CPU),
     /// once.  Called by the post that failed, under the QP's lock, or
     /// under the lock of the QP's tracking by the transfer's completion
-    /// ([`WrCredits::finish_rw`]) or the QP's shutdown before the QP's
-    /// destruction ([`WrCredits::release_rw`]), whichever comes first: the
+    /// ([`WorkLedger::finish_rw`]) or the QP's shutdown before the QP's
+    /// destruction ([`WorkLedger::release_rw`]), whichever comes first: the
     /// QP is live for each.
     pub(super) fn release(&self) {
         if self.released.swap(true, Ordering::AcqRel) {
@@ -372,7 +372,7 @@ pub(super) unsafe extern "C" fn rw_done<C: CompletionHandler>(
             // (see `Device::places_after_deregistration`).  Process
             // context: the layer offers no softirq polling, and the
             // handler already slept on `post_done` above.
-            device::wait_out_late_placements();
+            device::ended_key_grace_period();
         }
     }
     // A transfer the reclaim completes was released by the shutdown.
@@ -409,7 +409,7 @@ pub(super) fn hand_back_rw<C: CompletionHandler>(
 #[repr(C)]
 pub(super) struct DrainMarker {
     pub(super) cqe: bindings::ib_cqe,
-    pub(super) credits: Arc<WrCredits>,
+    pub(super) credits: Arc<WorkLedger>,
 }
 
 /// # Safety
@@ -436,7 +436,7 @@ pub(super) unsafe extern "C" fn marker_done<C: CompletionHandler>(
     }
 }
 
-impl WrCredits {
+impl WorkLedger {
     /// For a completion of the send queue's request `own`: gives back to
     /// `handler`, in post order and before the caller reports `own`, every
     /// unsignaled request posted before it, done with success.
@@ -475,7 +475,7 @@ impl WrCredits {
 impl Credit {
     /// For the completion of this credit's send-queue request: gives back
     /// the unsignaled sends posted before it (see
-    /// [`WrCredits::give_back_unsignaled_before`]).
+    /// [`WorkLedger::give_back_unsignaled_before`]).
     pub(super) fn give_back_unsignaled_before<C: CompletionHandler>(&self, handler: &C) {
         if let Some(own) = self.posted {
             self.credits.give_back_unsignaled_before(handler, own);

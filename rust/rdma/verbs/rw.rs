@@ -30,9 +30,9 @@ impl<C: CompletionHandler> Qp<C> {
     /// unmaps it and hands it to [`CompletionHandler::rw_done`] with
     /// `tag`.  On iWARP each of its RDMA WRITEs is signaled (the extra
     /// completions are the layer's, [`Self::signaled_rw_writes`] counts
-    /// them): siw sends an unsignaled request straight from its pages and
-    /// TCP may retransmit from them after the transfer came back, while a
-    /// signaled one is copied.
+    /// them): an iWARP device may send an unsignaled request from its
+    /// pages, and TCP retransmit from them, after the transfer came back
+    /// (`Documentation/rdma_cm_rs/design.rst`, "Driver behaviour").
     ///
     /// On failure the buffer comes back with the error: `EOPNOTSUPP` on a
     /// UD QP, `EINVAL` on a QP without [`QpCaps::max_rdma_ctxs`] or for a
@@ -264,7 +264,7 @@ impl<C: CompletionHandler> Qp<C> {
     }
 
     /// How many RDMA WRITEs of its R/W transfers the QP signaled only so
-    /// that siw copies them (see [`Self::rdma_rw`]; 0 off iWARP).
+    /// that the device copies them (see [`Self::rdma_rw`]; 0 off iWARP).
     pub fn signaled_rw_writes(&self) -> u64 {
         self.signaled_writes.load(Ordering::Relaxed)
     }

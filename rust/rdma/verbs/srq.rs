@@ -7,7 +7,7 @@ use super::{
     caps::QpCaps,
     completion::CompletionHandler,
     cq::Cq,
-    credits::WrCredits,
+    credits::WorkLedger,
     post_error::PostError,
     request::post_recv_buffer,
 };
@@ -38,7 +38,7 @@ use kernel::{
 /// A posted buffer is the SRQ's until its completion hands it to a
 /// handler.  A QP's shutdown flushes only its own queue: the receives
 /// still posted stay with the SRQ for the other QPs, and one that a QP had
-/// begun to fill when it failed may never complete (rxe drops its copy):
+/// begun to fill when it failed may never complete (a driver may drop it):
 /// that buffer, and its place among the SRQ's `max_wr`, stay taken until
 /// the SRQ goes ([`Srq::posted`] counts it).  The SRQ's destruction,
 /// after its last QP's, frees the buffers still posted without a
@@ -64,7 +64,7 @@ pub struct Srq<C: CompletionHandler> {
     raw: AtomicPtr<bindings::ib_srq>,
     max_wr: u32,
     max_sge: u32,
-    pub(super) credits: Arc<WrCredits>,
+    pub(super) credits: Arc<WorkLedger>,
     pub(super) pd: Arc<Pd>,
     #[pin]
     recv_cqs: Mutex<KVec<(Arc<Cq<C>>, u32)>>,
@@ -108,8 +108,8 @@ pub enum SrqEvent {
 
 /// Hears a [`Srq`]'s events ([`Srq::with_events`]).
 pub trait SrqEvents: Send + Sync {
-    /// The event.  Runs in the driver's context, which may be atomic (rxe
-    /// reports the limit from its responder, under the SRQ's lock): it
+    /// The event.  Runs in the driver's context, which may be atomic (a
+    /// driver may report the limit under the SRQ's lock): it
     /// must not sleep, take a `Mutex`, post or drop the SRQ; a ULP that
     /// refills records the event and refills from process context.
     fn srq_event(&self, event: SrqEvent);
@@ -152,7 +152,7 @@ impl<C: CompletionHandler> Srq<C> {
         if max_wr == 0 || max_wr > dev.max_srq_wr || max_sge > dev.max_srq_sge {
             return Err(EINVAL);
         }
-        let credits = WrCredits::new(
+        let credits = WorkLedger::new(
             QpCaps {
                 max_recv_wr: max_wr,
                 ..QpCaps::default()

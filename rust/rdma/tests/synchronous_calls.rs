@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! KUnit: the blocking calls (`*_sync`) and the event that ends each.
+//! KUnit: synchronous operation: the blocking calls (`*_sync`) and the
+//! event that ends each.
 
 use super::fixture::*;
 use super::{take_out, wait_until, Checks};
 use crate::rdma::{cm::*, conn_param::ConnParam, event::*, net::NetNs, QpType};
 use kernel::{prelude::*, types::ScopeGuard, workqueue};
 
-#[kunit_tests(rdma_cm_rs_blocking)]
-mod blocking_tests {
+#[kunit_tests(rdma_cm_rs_synchronous_calls)]
+mod synchronous_tests {
     use super::*;
 
     /// The blocking forms on rxe, client and server in the kernel: each
