@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * What bindgen sees for the RDMA abstraction layer.  Kbuild limits the output
- * to the rdma headers and our shims (--allowlist-file); every other type comes
+ * to the rdma headers (--allowlist-file); the helpers' functions are generated
+ * apart, from rust/helpers/rdma_cm_rs_helpers.c; every other type comes
  * from `kernel::bindings` through a glob import, so `sockaddr`, `net` or
  * `device` keep one identity across both binding sets.
  */
@@ -12,4 +13,3 @@
 #include <rdma/ib_cm.h>
 #include <rdma/rdma_cm.h>
 #include <rdma/rw.h>
-#include "rdma_cm_rs_helpers.h"

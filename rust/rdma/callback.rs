@@ -117,5 +117,5 @@ pub(crate) fn in_completion_handler() -> bool {
 /// The current task, as an identity to compare (never dereferenced).
 pub(crate) fn current_task() -> *mut bindings::task_struct {
     // SAFETY: Reads `current`, valid in any context this layer runs in.
-    unsafe { bindings::rdma_cm_rs_current_task() }
+    unsafe { bindings::get_current() }
 }

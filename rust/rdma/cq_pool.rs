@@ -172,7 +172,7 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
         // over; a device may count vectors for every possible CPU.
         // SAFETY: Reads a counter the CPU hotplug code keeps; callable in
         // any context.
-        let online = unsafe { bindings::rdma_cm_rs_num_online_cpus() };
+        let online = unsafe { bindings::num_online_cpus() };
         let vectors = self.dev.num_comp_vectors().min(online).max(1);
         let vector =
             vector.unwrap_or_else(|| self.next_vector.fetch_add(1, Ordering::Relaxed)) % vectors;

@@ -46,7 +46,7 @@ unsafe impl AlwaysRefCounted for Device {
     fn inc_ref(&self) {
         // SAFETY: `&self` exists, so some holder owns a count: the count is
         // not zero and `refcount_inc` is valid on it.
-        unsafe { bindings::rdma_cm_rs_device_get(self.as_ptr()) };
+        unsafe { bindings::refcount_inc(&raw mut (*self.as_ptr()).refcount) };
     }
 
     unsafe fn dec_ref(obj: NonNull<Self>) {
@@ -279,7 +279,7 @@ impl Device {
         let raw = NonNull::new(raw).ok_or(ENODEV)?;
         // SAFETY: `raw` is valid by the safety requirements;
         // `ib_device_try_get` increments a non-zero count only.
-        if !unsafe { bindings::rdma_cm_rs_device_try_get(raw.as_ptr()) } {
+        if !unsafe { bindings::ib_device_try_get(raw.as_ptr()) } {
             return Err(ENODEV);
         }
         // SAFETY: The count taken above is owned by the new `ARef`;
@@ -440,11 +440,9 @@ impl Device {
     /// The device's port numbers (`rdma_start_port..=rdma_end_port`: 1 to
     /// the number of physical ports, 0 alone for a switch).
     pub fn ports(&self) -> core::ops::RangeInclusive<u32> {
-        let (mut first, mut last) = (0, 0);
         // SAFETY: The device is valid (type invariants); both inlines read
-        // fields fixed at registration; the pointers are to locals.
-        unsafe { bindings::rdma_cm_rs_port_range(self.as_ptr(), &mut first, &mut last) };
-        first..=last
+        // fields fixed at registration.
+        unsafe { bindings::rdma_start_port(self.as_ptr())..=bindings::rdma_end_port(self.as_ptr()) }
     }
 
     /// The capabilities of `port`; `EINVAL` for a port the device does not
@@ -455,8 +453,14 @@ impl Device {
         }
         // SAFETY: The device is valid and `port` is one of its ports, so
         // `port_data[port]` exists (allocated for `rdma_start_port..=
-        // rdma_end_port` before registration).
-        let flags = unsafe { bindings::rdma_cm_rs_port_core_caps(self.as_ptr(), port) };
+        // rdma_end_port` before registration); its immutable part is set by
+        // the driver's `get_port_immutable` before registration and never
+        // changed.
+        let flags = unsafe {
+            (*(*self.as_ptr()).port_data.add(port as usize))
+                .immutable
+                .core_cap_flags
+        };
         Ok(PortCaps { flags })
     }
 

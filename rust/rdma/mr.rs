@@ -270,13 +270,19 @@ impl Mr {
             return Err(e);
         }
         // SAFETY: `pd` is live; `pages` is within the device's limit.
-        let raw = unsafe { bindings::rdma_cm_rs_alloc_mr(pd.as_ptr(), pages as u32) };
+        let raw = unsafe {
+            bindings::ib_alloc_mr(
+                pd.as_ptr(),
+                bindings::ib_mr_type_IB_MR_TYPE_MEM_REG,
+                pages as u32,
+            )
+        };
         let raw = match kernel::error::from_err_ptr(raw) {
             Ok(raw) => raw,
             Err(e) => {
                 // SAFETY: Mapped above, unmapped once, before the free.
                 unsafe {
-                    bindings::rdma_cm_rs_dma_unmap_single(
+                    bindings::ib_dma_unmap_single(
                         dev.as_ptr(),
                         dma,
                         capacity,
@@ -321,18 +327,38 @@ impl Mr {
         let (sgl, nents) = buf.sgl();
         // SAFETY: `sgl` is the buffer's unmapped scatterlist of `nents`
         // entries over pages it owns; the device is valid while `pd` is.
-        let mapped = unsafe { bindings::rdma_cm_rs_dma_map_sg(dev.as_ptr(), sgl, nents) };
+        let mapped = unsafe {
+            bindings::ib_dma_map_sg(
+                dev.as_ptr(),
+                sgl,
+                nents as i32,
+                bindings::dma_data_direction::DMA_BIDIRECTIONAL,
+            )
+        };
         let Ok(mapped @ 1..) = u32::try_from(mapped) else {
             return Err(ENOMEM);
         };
         // SAFETY: `pd` is live; `pages` is within the device's limit.
-        let raw = unsafe { bindings::rdma_cm_rs_alloc_mr(pd.as_ptr(), pages as u32) };
+        let raw = unsafe {
+            bindings::ib_alloc_mr(
+                pd.as_ptr(),
+                bindings::ib_mr_type_IB_MR_TYPE_MEM_REG,
+                pages as u32,
+            )
+        };
         let raw = match kernel::error::from_err_ptr(raw) {
             Ok(raw) => raw,
             Err(e) => {
                 // SAFETY: Mapped above, unmapped once, before the buffer
                 // goes.
-                unsafe { bindings::rdma_cm_rs_dma_unmap_sg(dev.as_ptr(), sgl, nents) };
+                unsafe {
+                    bindings::ib_dma_unmap_sg(
+                        dev.as_ptr(),
+                        sgl,
+                        nents as i32,
+                        bindings::dma_data_direction::DMA_BIDIRECTIONAL,
+                    )
+                };
                 return Err(e);
             }
         };
@@ -432,7 +458,7 @@ impl Mr {
                 let at = unsafe { data.as_ptr().add(offset) };
                 let (dst, src) = if to_region { (at, buf) } else { (buf, at) };
                 // SAFETY: As above: both ranges are valid for `len` bytes.
-                unsafe { bindings::rdma_cm_rs_copy(dst.cast(), src.cast(), len) };
+                unsafe { bindings::memcpy(dst.cast(), src.cast(), len) };
                 Ok(())
             }
             Memory::Pages { buf: pages, .. } => {
@@ -469,7 +495,7 @@ impl Mr {
         // SAFETY: As just said; the memory is mapped for the MR's device,
         // in `mapped` segments for pages.
         let mapped = unsafe {
-            bindings::rdma_cm_rs_update_fast_reg_key(raw, reg.next_key);
+            bindings::ib_update_fast_reg_key(raw, reg.next_key);
             kernel::error::to_result(match &self.res.memory {
                 Memory::Contiguous { dma, .. } => {
                     bindings::rdma_cm_rs_map_mr(raw, *dma, self.res.len as u32)
@@ -507,9 +533,9 @@ impl Mr {
                 // within the mapping (callers checked it against `len`).
                 unsafe {
                     if for_cpu {
-                        bindings::rdma_cm_rs_dma_sync_for_cpu(dev, at, len, dir)
+                        bindings::ib_dma_sync_single_for_cpu(dev, at, len, dir)
                     } else {
-                        bindings::rdma_cm_rs_dma_sync_for_device(dev, at, len, dir)
+                        bindings::ib_dma_sync_single_for_device(dev, at, len, dir)
                     }
                 };
             }
@@ -544,7 +570,7 @@ impl Drop for MrResources {
         // Deregistration revokes every key before the memory goes: no work
         // request names this MR any more (each holds a reference).
         // SAFETY: Live MR, deregistered once, here.
-        let ret = unsafe { bindings::rdma_cm_rs_dereg_mr(self.raw.as_ptr()) };
+        let ret = unsafe { bindings::ib_dereg_mr(self.raw.as_ptr()) };
         if ret != 0 {
             // The device may still reach the memory: leaking it, and the PD
             // and device reference the MR needs, is the only safe answer.
@@ -566,7 +592,7 @@ impl Drop for MrResources {
                 // nothing can reach them after deregistration; the PD (and
                 // so the device) is still held by `self.pd`.
                 unsafe {
-                    bindings::rdma_cm_rs_dma_unmap_single(
+                    bindings::ib_dma_unmap_single(
                         dev,
                         *dma,
                         *capacity,
@@ -583,7 +609,12 @@ impl Drop for MrResources {
                 // SAFETY: As above; mapped from these `nents` entries, then
                 // the buffer is freed once, here, unmapped.
                 unsafe {
-                    bindings::rdma_cm_rs_dma_unmap_sg(dev, sgl, nents);
+                    bindings::ib_dma_unmap_sg(
+                        dev,
+                        sgl,
+                        nents as i32,
+                        bindings::dma_data_direction::DMA_BIDIRECTIONAL,
+                    );
                     ManuallyDrop::drop(buf);
                 }
             }

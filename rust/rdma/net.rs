@@ -35,12 +35,12 @@ unsafe impl Sync for NetNs {}
 unsafe impl AlwaysRefCounted for NetNs {
     fn inc_ref(&self) {
         // SAFETY: `&self` means a reference is held: the namespace is live.
-        unsafe { bindings::rdma_cm_rs_get_net(self.as_ptr()) };
+        unsafe { bindings::get_net(self.as_ptr()) };
     }
 
     unsafe fn dec_ref(obj: NonNull<Self>) {
         // SAFETY: The caller owns one reference, which `put_net` drops.
-        unsafe { bindings::rdma_cm_rs_put_net(obj.as_ptr().cast()) };
+        unsafe { bindings::put_net(obj.as_ptr().cast()) };
     }
 }
 
@@ -50,7 +50,7 @@ impl NetNs {
         // SAFETY: `init_net` is static and never freed; `get_net` takes a
         // reference on it, owned by the `ARef`.
         unsafe {
-            let raw = bindings::rdma_cm_rs_get_net(bindings::rdma_cm_rs_init_net());
+            let raw = bindings::get_net(&raw mut bindings::init_net);
             ARef::from_raw(NonNull::new_unchecked(raw.cast()))
         }
     }
@@ -69,8 +69,8 @@ impl NetNs {
 
     /// Whether this is the initial namespace.
     pub fn is_init(&self) -> bool {
-        // SAFETY: Returns the address of the static `init_net`.
-        self.as_ptr() == unsafe { bindings::rdma_cm_rs_init_net() }
+        // The address of the static `init_net`.
+        self.as_ptr() == &raw mut bindings::init_net
     }
 
     pub(crate) fn as_ptr(&self) -> *mut bindings::net {

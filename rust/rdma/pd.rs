@@ -82,7 +82,7 @@ impl Pd {
         );
         pd.inspect_err(|_| {
             // SAFETY: Allocated above and owned by nothing else.
-            unsafe { bindings::rdma_cm_rs_dealloc_pd(raw.as_ptr()) };
+            unsafe { bindings::ib_dealloc_pd(raw.as_ptr()) };
         })
     }
 
@@ -157,6 +157,6 @@ impl PinnedDrop for Pd {
     fn drop(self: Pin<&mut Self>) {
         // SAFETY: The PD is live and, by the type invariants, freed only
         // here; every object using it holds an `Arc<Pd>` and is gone.
-        unsafe { bindings::rdma_cm_rs_dealloc_pd(self.raw.as_ptr()) };
+        unsafe { bindings::ib_dealloc_pd(self.raw.as_ptr()) };
     }
 }

@@ -239,7 +239,7 @@ impl Buffer {
     pub(super) fn sync_for_cpu(&self, len: usize) {
         // SAFETY: Mapped by the type invariants; `len` is within it.
         unsafe {
-            bindings::rdma_cm_rs_dma_sync_for_cpu(
+            bindings::ib_dma_sync_single_for_cpu(
                 self.dev().as_ptr(),
                 self.dma,
                 len.min(self.data.len()),
@@ -252,7 +252,7 @@ impl Buffer {
     pub(super) fn sync_for_device(&self, len: usize) {
         // SAFETY: Mapped by the type invariants; `len` is within it.
         unsafe {
-            bindings::rdma_cm_rs_dma_sync_for_device(
+            bindings::ib_dma_sync_single_for_device(
                 self.dev().as_ptr(),
                 self.dma,
                 len.min(self.data.len()),
@@ -278,7 +278,7 @@ impl Drop for Buffer {
     fn drop(&mut self) {
         // SAFETY: Mapped by the type invariants, unmapped once here.
         unsafe {
-            bindings::rdma_cm_rs_dma_unmap_single(
+            bindings::ib_dma_unmap_single(
                 self.dev().as_ptr(),
                 self.dma,
                 self.data.len(),
@@ -332,7 +332,14 @@ impl MappedPages {
         let dev = pd.device().as_ptr();
         // SAFETY: As above; `sgl` is the live scatterlist of `nents` entries
         // of pages the buffer owns, mapped by nothing (the consumer's).
-        let mapped = unsafe { bindings::rdma_cm_rs_dma_map_sg(dev, sgl, nents) };
+        let mapped = unsafe {
+            bindings::ib_dma_map_sg(
+                dev,
+                sgl,
+                nents as i32,
+                bindings::dma_data_direction::DMA_BIDIRECTIONAL,
+            )
+        };
         if mapped <= 0 {
             return Err(PostError::new(ENOMEM, pages));
         }
@@ -365,7 +372,14 @@ impl MappedPages {
         let (sgl, nents) = self.pages.sgl();
         // SAFETY: Mapped for this device with these entries (type
         // invariants); called once, by `unmap` or the drop.
-        unsafe { bindings::rdma_cm_rs_dma_unmap_sg(self.pd.device().as_ptr(), sgl, nents) };
+        unsafe {
+            bindings::ib_dma_unmap_sg(
+                self.pd.device().as_ptr(),
+                sgl,
+                nents as i32,
+                bindings::dma_data_direction::DMA_BIDIRECTIONAL,
+            )
+        };
     }
 
     /// Unmaps the pages, which are then the CPU's again (the unmapping

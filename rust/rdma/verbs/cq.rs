@@ -308,10 +308,10 @@ fn yield_after_poll(found: bool) {
     if found {
         // SAFETY: Process context with no spinlock held (the function's
         // contract), where `cond_resched` may sleep.
-        unsafe { bindings::rdma_cm_rs_cond_resched() };
+        unsafe { bindings::cond_resched() };
     } else {
         // SAFETY: As above, for `yield`.
-        unsafe { bindings::rdma_cm_rs_yield() };
+        unsafe { bindings::yield_() };
     }
 }
 

@@ -59,7 +59,7 @@ impl<C: CompletionHandler> Qp<C> {
         // is set; the driver copies it.
         let mut refused = ptr::null();
         // SAFETY: As above; `refused` is writable for the call.
-        let ret = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), &wr, &mut refused) };
+        let ret = unsafe { bindings::ib_post_send(raw.as_ptr(), &wr, &mut refused) };
         // Unless the driver refused the marker itself, it may hold it: the
         // QP is in the error state already.
         if ret != 0 && ptr::eq(refused, &wr) {

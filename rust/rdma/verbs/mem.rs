@@ -289,7 +289,7 @@ impl<C: CompletionHandler> Qp<C> {
         // across the call, each naming its entry, whose `done` is set; the
         // driver copies it.
         // SAFETY: As above; `refused` is writable for the call.
-        let posted = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), first, &mut refused) };
+        let posted = unsafe { bindings::ib_post_send(raw.as_ptr(), first, &mut refused) };
         let only_send_refused = posted != 0 && ptr::eq(refused, &raw const send_wr);
         if let Err(e) = self.post_outcome(raw, posted, first, refused) {
             self.credits.remove_send(reg_entry);

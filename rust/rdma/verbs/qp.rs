@@ -574,7 +574,7 @@ impl<C: CompletionHandler> Qp<C> {
         // the driver copies it.  `raw` is live under the lock.
         let mut refused = ptr::null();
         // SAFETY: As above; `refused` is writable for the call.
-        let posted = unsafe { bindings::rdma_cm_rs_post_send(raw.as_ptr(), wr, &mut refused) };
+        let posted = unsafe { bindings::ib_post_send(raw.as_ptr(), wr, &mut refused) };
         let ret = self.post_outcome(raw, posted, wr, refused);
         if ret.is_err() {
             self.credits.remove_send(entry);
@@ -622,7 +622,7 @@ impl<C: CompletionHandler> Qp<C> {
             let mut refused = ptr::null();
             // SAFETY: `raw` is live under the lock; the request and its SGE
             // live across the call; `refused` is writable for it.
-            let ret = unsafe { bindings::rdma_cm_rs_post_recv(raw.as_ptr(), wr, &mut refused) };
+            let ret = unsafe { bindings::ib_post_recv(raw.as_ptr(), wr, &mut refused) };
             self.post_outcome(raw, ret, wr, refused)
         })
     }

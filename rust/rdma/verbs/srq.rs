@@ -240,7 +240,7 @@ impl<C: CompletionHandler> Srq<C> {
             // SAFETY: Live SRQ (type invariants); the request and its SGE
             // live across the call; drivers serialise concurrent posts;
             // `refused` is writable for the call.
-            let ret = unsafe { bindings::rdma_cm_rs_post_srq_recv(srq, wr, &mut refused) };
+            let ret = unsafe { bindings::ib_post_srq_recv(srq, wr, &mut refused) };
             // A buffer the driver may hold stays the SRQ's: its drop frees
             // it if no completion ever comes.
             if ret != 0 && ptr::eq(refused, wr) {
@@ -317,9 +317,11 @@ impl<C: CompletionHandler> PinnedDrop for Srq<C> {
         }
         // Every QP on the SRQ is gone (each holds it), and dropped after
         // its reclaim delivered what its CQ held of it.
+        // `ib_destroy_srq_user` (no user data: a kernel SRQ), which returns
+        // an error that `ib_destroy_srq` would only warn about.
         // SAFETY: Live SRQ (type invariants) that no QP uses any more;
         // destroyed once, here, before the sink its events name goes.
-        let ret = unsafe { bindings::rdma_cm_rs_destroy_srq(raw) };
+        let ret = unsafe { bindings::ib_destroy_srq_user(raw, ptr::null_mut()) };
         if ret != 0 {
             // The device may still reach the buffers: they stay allocated
             // and mapped for good.  The SRQ stays too, its events naming
