@@ -20,9 +20,14 @@
 
 #![deny(unsafe_code)]
 
+// The abstraction layer: compiled in (out of tree), or the kernel's own
+// (`kernel::rdma`, in a kernel with RUST_INFINIBAND_ABSTRACTIONS).
+#[cfg(not(CONFIG_RUST_INFINIBAND_ABSTRACTIONS))]
 #[path = "../rust/rdma/mod.rs"]
 #[allow(dead_code, unsafe_code)]
 pub mod rdma;
+#[cfg(CONFIG_RUST_INFINIBAND_ABSTRACTIONS)]
+pub use kernel::rdma;
 
 use kernel::{
     new_mutex,
