@@ -184,9 +184,13 @@ impl<'a> Event<'a> {
     pub fn conn_param(&self) -> Option<ConnParamView<'a>> {
         if self.kind.has_conn_param() && !self.datagram {
             Some(ConnParamView {
+                // The member through a cast of the union: the kernel's
+                // bindings make `param` a Rust union, a module's (where
+                // bindgen cannot prove it `Copy`) a struct of
+                // `__BindgenUnionField`s; every member starts at its start.
                 // SAFETY: For these event types on connected ids the CM fills
                 // the `conn` member of the union.
-                raw: unsafe { self.raw.param.conn.as_ref() },
+                raw: unsafe { &*(&raw const self.raw.param).cast::<bindings::rdma_conn_param>() },
                 depths_swapped: self.kind == EventType::Established
                     && self.transport == Some(Transport::Iwarp),
             })
@@ -200,8 +204,8 @@ impl<'a> Event<'a> {
         if self.kind.has_conn_param() && self.datagram {
             Some(UdParamView {
                 // SAFETY: For these event types on UD ids the CM fills the
-                // `ud` member of the union.
-                raw: unsafe { self.raw.param.ud.as_ref() },
+                // `ud` member of the union (cast as above).
+                raw: unsafe { &*(&raw const self.raw.param).cast::<bindings::rdma_ud_param>() },
             })
         } else {
             None
