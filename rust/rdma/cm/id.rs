@@ -31,6 +31,7 @@ use kernel::{
     prelude::*,
     sync::{Arc, Mutex},
     time::Delta,
+    types::ForeignOwnable,
 };
 
 /// The consumer of an id's events.
@@ -285,7 +286,7 @@ impl<H: Handler> CmId<H> {
             None,
             handler,
         )?;
-        let context = Arc::into_raw(inner.clone());
+        let context = inner.clone().into_foreign();
         // SAFETY: `handler_trampoline::<H>` matches `rdma_cm_event_handler`
         // and interprets `context` as the `IdInner<H>` it is.  `ns` is live,
         // and `__rdma_create_kernel_id` takes its own reference on it; the
@@ -296,15 +297,16 @@ impl<H: Handler> CmId<H> {
             bindings::__rdma_create_kernel_id(
                 ns.as_ptr(),
                 Some(handler_trampoline::<H>),
-                context.cast_mut().cast(),
+                context,
                 ps as u32,
                 qp_type as u32,
                 owner.name().as_char_ptr(),
             )
         };
         if let Err(e) = kernel::error::from_err_ptr(raw) {
-            // SAFETY: Creation failed, the CM holds no copy of `context`.
-            drop(unsafe { Arc::from_raw(context) });
+            // SAFETY: Creation failed, the CM holds no copy of `context`,
+            // which `into_foreign` made above.
+            drop(unsafe { Arc::<IdInner<H>>::from_foreign(context) });
             return Err(e);
         }
         // INVARIANT: A fresh id has no device, so no event can have been
@@ -586,11 +588,12 @@ fn destroy_now<H: Handler>(inner: &IdInner<H>) {
     }
     // SAFETY: The id is live; `rdma_destroy_id` waits for a running
     // callback, and none starts after it.  Then the CM no longer uses
-    // `context`, whose reference is released.
+    // `context` (an `Arc<IdInner<H>>`'s `into_foreign`), whose reference
+    // is released.
     unsafe {
         let context = (*raw).context;
         bindings::rdma_destroy_id(raw);
-        drop(Arc::from_raw(context.cast::<IdInner<H>>()));
+        drop(Arc::<IdInner<H>>::from_foreign(context));
     }
 }
 
@@ -675,7 +678,7 @@ impl<'a, H: Handler> ConnectRequest<'a, H> {
         // SAFETY: The new id is live and its handler mutex is held, so no
         // event reads `context` concurrently.  INVARIANT: `context` now owns
         // one reference to `inner`.
-        unsafe { (*self.raw.as_ptr()).context = Arc::into_raw(inner.clone()).cast_mut().cast() };
+        unsafe { (*self.raw.as_ptr()).context = inner.clone().into_foreign() };
         self.adopted.set(true);
         Ok(CmId { inner })
     }
@@ -694,9 +697,10 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
     raw_event: *mut bindings::rdma_cm_event,
 ) -> ffi::c_int {
     // SAFETY: `raw_id` is live during the callback; its context is an
-    // `IdInner<H>` (the listener's, for a connection request) kept alive by
-    // the reference the context pointer owns.
-    let inner = unsafe { &*(*raw_id).context.cast::<IdInner<H>>() };
+    // `Arc<IdInner<H>>`'s `into_foreign` (the listener's, for a connection
+    // request), whose reference the context keeps until the id's
+    // destruction, which waits for this callback.
+    let inner = unsafe { Arc::<IdInner<H>>::borrow((*raw_id).context) };
     // SAFETY: `raw_id` is live; its QP type and port space are fixed when
     // it is made.
     let (raw_qp_type, raw_ps) = unsafe { ((*raw_id).qp_type, (*raw_id).ps) };
@@ -778,8 +782,10 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
     };
     inner.handler.connect_request(request, &event);
     if adopted.get() {
-        // SAFETY: `adopt` replaced the context with the new id's own.
-        let new_inner = unsafe { &*(*raw_id).context.cast::<IdInner<H>>() };
+        // SAFETY: `adopt` replaced the context with the new id's own, an
+        // `Arc<IdInner<H>>`'s `into_foreign`, whose reference the context
+        // keeps until the new id's destruction (not before this returns).
+        let new_inner = unsafe { Arc::<IdInner<H>>::borrow((*raw_id).context) };
         // The callback is over: the new id's mutex is released on return.
         new_inner
             .handler_task

@@ -24,7 +24,6 @@ use kernel::{prelude::*, sync::Arc};
 /// device's, and exist only while the buffer is posted (a buffer comes
 /// back to the consumer through [`Buffer::handed_back`], which unmaps
 /// them).
-#[repr(C)]
 pub(super) struct Buffer {
     pub(super) cqe: bindings::ib_cqe,
     /// The PD whose local key `lkey` is (and, through it, the device).
@@ -269,8 +268,14 @@ impl Buffer {
     /// leaked by `KBox::into_raw` in this module.
     pub(super) unsafe fn from_wc(wc: *mut bindings::ib_wc) -> KBox<Self> {
         // SAFETY: By the safety requirements `wr_cqe` is the `cqe` field of
-        // a `Buffer`, its first field (`repr(C)`).
-        unsafe { KBox::from_raw((*wc).__bindgen_anon_1.wr_cqe.cast::<Buffer>()) }
+        // a `Buffer`, its `cqe` field.
+        unsafe {
+            KBox::from_raw(kernel::container_of!(
+                (*wc).__bindgen_anon_1.wr_cqe,
+                Buffer,
+                cqe
+            ))
+        }
     }
 }
 

@@ -35,7 +35,7 @@ impl WrQueue {
     }
 }
 
-/// The completion entry of a posted request, the first field of the
+/// The completion entry of a posted request, the `cqe` field of the
 /// [`Buffer`] or [`Work`] the request owns, and the queue it was posted on
 /// (whose CQ completes it).
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -153,7 +153,7 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
             let mut wc: bindings::ib_wc = pin_init::zeroed();
             wc.__bindgen_anon_1.wr_cqe = cqe;
             wc.status = bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR;
-            // `cqe` is the first field of the `Buffer` or `Work` a request
+            // `cqe` is the `cqe` field of the `Buffer` or `Work` a request
             // posted on this QP owns (`track`, under the QP's lock, only for
             // a request that was posted), whose completion did not run (it
             // would have removed the entry) and never will: the owner
@@ -187,7 +187,8 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
             // `park_rw` took out of the tracking (its completion returned
             // without handing it over): nothing else owns it.
             // SAFETY: By the above, the live object `KBox::into_raw` leaked.
-            let work = unsafe { KBox::from_raw(entry.0.as_ptr().cast::<RwWork>()) };
+            let work =
+                unsafe { KBox::from_raw(kernel::container_of!(entry.0.as_ptr(), RwWork, cqe)) };
             hand_back_rw(self.send_cq.handler(), work, Err(error));
         }
         // Every completion of the QP ran: the SRQ may give its address to

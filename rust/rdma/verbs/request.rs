@@ -187,7 +187,6 @@ pub(super) fn send_completed<C: CompletionHandler>(
 /// # Invariants
 ///
 /// `cqe` is the completion entry of the work request that owns this object.
-#[repr(C)]
 pub(super) struct Work {
     pub(super) cqe: bindings::ib_cqe,
     /// The range of the region to sync for the CPU on success.
@@ -206,8 +205,14 @@ impl Work {
     /// `KBox::into_raw` in this module.
     unsafe fn from_wc(wc: *mut bindings::ib_wc) -> KBox<Self> {
         // SAFETY: By the safety requirements `wr_cqe` is the `cqe` of a
-        // `Work`, its first field (`repr(C)`).
-        unsafe { KBox::from_raw((*wc).__bindgen_anon_1.wr_cqe.cast::<Work>()) }
+        // `Work`, its `cqe` field.
+        unsafe {
+            KBox::from_raw(kernel::container_of!(
+                (*wc).__bindgen_anon_1.wr_cqe,
+                Work,
+                cqe
+            ))
+        }
     }
 }
 
@@ -258,7 +263,6 @@ pub(super) fn work_completed<C: CompletionHandler>(handler: &C, work: KBox<Work>
 /// mapped (and, on devices that register, registrations of the QP's
 /// pool); the QP is live until `released` is set.  While `posting`, the
 /// driver may still read the requests inside `ctx`.
-#[repr(C)]
 pub(super) struct RwWork {
     pub(super) cqe: bindings::ib_cqe,
     pub(super) ctx: Opaque<bindings::rdma_rw_ctx>,
@@ -334,11 +338,11 @@ pub(super) unsafe extern "C" fn rw_done<C: CompletionHandler>(
     // SAFETY: `wc` is valid during the callback.
     let own = unsafe { (*wc).__bindgen_anon_1.wr_cqe };
     // By the safety requirements `own` is the `cqe` of an `RwWork` leaked
-    // by `KBox::into_raw`, its first field (`repr(C)`), whose completion
+    // by `KBox::into_raw`, its `cqe` field, whose completion
     // runs once.  A shutdown may reach it through the tracking until it
     // is untracked below: shared until then.
     // SAFETY: As above.
-    let work = unsafe { &*own.cast::<RwWork>() };
+    let work = unsafe { &*kernel::container_of!(own, RwWork, cqe) };
     // SAFETY: As in `recv_done`.
     let handler = unsafe { handler_of::<C>(cq) };
     // SAFETY: `wc` is valid during the callback.
@@ -379,7 +383,7 @@ pub(super) unsafe extern "C" fn rw_done<C: CompletionHandler>(
     work.release();
     // Untracked: nothing else reaches the object now.
     // SAFETY: As above; the only owner.
-    let work = unsafe { KBox::from_raw(own.cast::<RwWork>()) };
+    let work = unsafe { KBox::from_raw(kernel::container_of!(own, RwWork, cqe)) };
     hand_back_rw(handler, work, result);
 }
 
@@ -406,7 +410,6 @@ pub(super) fn hand_back_rw<C: CompletionHandler>(
 /// # Invariants
 ///
 /// `cqe` is the completion entry of the work request that owns this object.
-#[repr(C)]
 pub(super) struct DrainMarker {
     pub(super) cqe: bindings::ib_cqe,
     pub(super) credits: Arc<WorkLedger>,
@@ -424,9 +427,8 @@ pub(super) unsafe extern "C" fn marker_done<C: CompletionHandler>(
     // SAFETY: `wc` is valid during the callback.
     let own = unsafe { (*wc).__bindgen_anon_1.wr_cqe };
     // SAFETY: By the safety requirements `own` is the `cqe` of a
-    // `DrainMarker` leaked by `KBox::into_raw`, its first field
-    // (`repr(C)`); its completion runs once.
-    let marker = unsafe { KBox::from_raw(own.cast::<DrainMarker>()) };
+    // `DrainMarker` leaked by `KBox::into_raw`; its completion runs once.
+    let marker = unsafe { KBox::from_raw(kernel::container_of!(own, DrainMarker, cqe)) };
     // SAFETY: As in `recv_done`.
     let handler = unsafe { handler_of::<C>(cq) };
     if let Some(own) = NonNull::new(own) {
@@ -451,18 +453,22 @@ impl WorkLedger {
             // its own, a failed one's would have taken it out of the order
             // first, and a reclaim empties the order before it completes
             // anything.  Its kind says which object leaked it, the entry
-            // being that object's first field (`repr(C)`).
+            // being that object's `cqe` field.
             match done.signaling {
                 Signaling::UnsignaledSend => {
                     // SAFETY: By the above, the live `Buffer` that
                     // `post_send_to` or `register_then_send` leaked.
-                    let buf = unsafe { KBox::from_raw(done.cqe.0.as_ptr().cast::<Buffer>()) };
+                    let buf = unsafe {
+                        KBox::from_raw(kernel::container_of!(done.cqe.0.as_ptr(), Buffer, cqe))
+                    };
                     send_completed(handler, buf, Ok(()));
                 }
                 Signaling::UnsignaledWork => {
                     // SAFETY: By the above, the live `Work` that
                     // `register_then_send` leaked.
-                    let work = unsafe { KBox::from_raw(done.cqe.0.as_ptr().cast::<Work>()) };
+                    let work = unsafe {
+                        KBox::from_raw(kernel::container_of!(done.cqe.0.as_ptr(), Work, cqe))
+                    };
                     work_completed(handler, work, Ok(()));
                 }
                 // Not taken: `take_done_before` skips them.

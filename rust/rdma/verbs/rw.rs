@@ -277,10 +277,10 @@ impl<C: CompletionHandler> Qp<C> {
     pub(super) fn release_rw_transfers(&self) {
         self.credits.release_rw(|entry| {
             // A tracked entry of the R/W queue is the `cqe` of a live
-            // `RwWork` (first field, `repr(C)`): it is freed only after its
+            // `RwWork` (its `cqe` field): it is freed only after its
             // completion stopped tracking it, under the lock held here.
             // SAFETY: By the above.
-            let work = unsafe { &*entry.0.as_ptr().cast::<RwWork>() };
+            let work = unsafe { &*kernel::container_of!(entry.0.as_ptr(), RwWork, cqe) };
             work.release();
         });
     }

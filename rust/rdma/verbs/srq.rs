@@ -343,12 +343,12 @@ impl<C: CompletionHandler> PinnedDrop for Srq<C> {
         }
         while let Some(entry) = self.credits.pop_posted() {
             // `entry` is the `cqe` of a `Buffer` that `post_recv_buffer`
-            // leaked, its first field (`repr(C)`), whose completion never
+            // leaked, its `cqe` field, whose completion never
             // ran (it would have untracked it) and never will: the SRQ and
             // its QPs are destroyed and their CQs hold nothing of them.
             // Popping it made this its only owner.
             // SAFETY: By the above, the live object `KBox::into_raw` leaked.
-            drop(unsafe { KBox::from_raw(entry.0.as_ptr().cast::<Buffer>()) });
+            drop(unsafe { KBox::from_raw(kernel::container_of!(entry.0.as_ptr(), Buffer, cqe)) });
         }
         free_sink();
     }

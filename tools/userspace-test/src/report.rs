@@ -224,6 +224,14 @@ impl<W: io::Write> Ktap<W> {
         self.out.flush()
     }
 
+    /// The next test, not run: `ok N - name # SKIP why`.
+    pub fn skip(&mut self, name: &str, why: &str) -> io::Result<()> {
+        self.n += 1;
+        let name = name.replace('#', "_");
+        writeln!(self.out, "ok {} - {name} # SKIP {why}", self.n)?;
+        self.out.flush()
+    }
+
     #[cfg(test)]
     pub fn into_inner(self) -> W {
         self.out
@@ -311,16 +319,17 @@ mod tests {
 
     #[test]
     fn ktap_lines() {
-        let mut k = Ktap::new(Vec::new(), 2).unwrap();
+        let mut k = Ktap::new(Vec::new(), 3).unwrap();
         k.result("first", Ok(()), Duration::from_millis(5)).unwrap();
         k.result("second#x", Err("bad\nworse".into()), Duration::ZERO)
             .unwrap();
+        k.skip("third", "left out: why").unwrap();
         assert_eq!(k.failed, 1);
         let text = String::from_utf8(k.into_inner()).unwrap();
         assert_eq!(
             text,
-            "TAP version 13\n1..2\n# first: 5 ms\nok 1 - first\n# second_x: 0 ms\n\
-             # bad\n# worse\nnot ok 2 - second_x\n"
+            "TAP version 13\n1..3\n# first: 5 ms\nok 1 - first\n# second_x: 0 ms\n\
+             # bad\n# worse\nnot ok 2 - second_x\nok 3 - third # SKIP left out: why\n"
         );
     }
 }
