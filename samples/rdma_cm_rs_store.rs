@@ -48,10 +48,16 @@
 #![deny(unsafe_code)]
 
 // The abstraction layer: compiled in (out of tree), or the kernel's own
-// (`kernel::rdma`, in a kernel with RUST_INFINIBAND_ABSTRACTIONS).
+// (`kernel::rdma`, in a kernel with RUST_INFINIBAND_ABSTRACTIONS).  rustfmt
+// follows a `#[path]` even where the cfg drops the module (in tree, where
+// there is no such file): it skips this one, and checks the layer through
+// rust/rdma_cm_rs.rs instead.  (With the tool attribute rustc takes the
+// layer's `#[macro_export]` macros for macro-expanded ones, which
+// `crate::rdma_client_slot!` may not name: `rdma::client::` names it.)
 #[cfg(not(CONFIG_RUST_INFINIBAND_ABSTRACTIONS))]
 #[path = "../rust/rdma/mod.rs"]
 #[allow(dead_code, unsafe_code)]
+#[rustfmt::skip]
 pub mod rdma;
 #[cfg(CONFIG_RUST_INFINIBAND_ABSTRACTIONS)]
 pub use kernel::rdma;
@@ -387,7 +393,7 @@ struct StoreDevices {
     owner: Owner,
 }
 
-crate::rdma_client_slot!(StoreDevices);
+rdma::client::rdma_client_slot!(StoreDevices);
 
 impl Client for StoreDevices {
     type DeviceData = StoreDevice;

@@ -29,6 +29,8 @@
 //! registration is found through a slot of the client's type
 //! ([`HasClientSlot::slot`], implemented by [`rdma_client_slot!`]): one
 //! registration of a type at a time.
+//!
+//! [`rdma_client_slot!`]: crate::rdma_client_slot
 
 use super::{
     bindings,
@@ -51,6 +53,8 @@ use kernel::{
 
 /// Where the registration of a [`Client`] type is found while it is
 /// registered: a `static` of the type's own, made by [`rdma_client_slot!`].
+///
+/// [`rdma_client_slot!`]: crate::rdma_client_slot
 pub struct ClientSlot(AtomicPtr<core::ffi::c_void>);
 
 impl ClientSlot {
@@ -73,13 +77,17 @@ impl Default for ClientSlot {
 /// [`HasClientSlot::slot`] returns the same `static` on every call, and no
 /// other type's: the C callbacks find the registration there and read it
 /// as this type's.  Implement it with [`rdma_client_slot!`].
+///
+/// [`rdma_client_slot!`]: crate::rdma_client_slot
 pub unsafe trait HasClientSlot {
     /// The slot of this type's registration.
     fn slot() -> &'static ClientSlot;
 }
 
 /// Implements [`HasClientSlot`] for a [`Client`] type, with a `static`
-/// slot of the expansion's own.
+/// slot of the expansion's own.  Exported at the crate's root, and here:
+/// `rdma::client::rdma_client_slot!` names it whichever crate the layer is
+/// compiled into.
 ///
 /// # Examples
 ///
@@ -103,6 +111,7 @@ macro_rules! rdma_client_slot {
         }
     };
 }
+pub use rdma_client_slot;
 
 /// A ULP's presence on every RDMA device.
 pub trait Client: HasClientSlot + Send + Sync + Sized + 'static {
@@ -137,8 +146,8 @@ pub trait Client: HasClientSlot + Send + Sync + Sized + 'static {
 /// # Invariants
 ///
 /// While the registration lives, `raw` is an `ib_client` registered with
-/// the IB core whose callbacks are [`ClientRegistration::add_callback`] and
-/// [`ClientRegistration::remove_callback`] for `C`, and `C::slot()` points
+/// the IB core whose callbacks are `ClientRegistration::add_callback` and
+/// `ClientRegistration::remove_callback` for `C`, and `C::slot()` points
 /// to this registration.  `devices` holds, at the index of each device
 /// whose `add` succeeded and whose `remove` has not started, what `add`
 /// returned.
