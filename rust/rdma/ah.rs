@@ -9,7 +9,7 @@
 //! with the remote QP number and Q_Key.  There are two ways to get one,
 //! both checked against the PD's device: the CM's answer to a SIDR lookup
 //! (the CM layer builds it from the event's address vector), and a received
-//! datagram ([`Datagram::reply_dest`] on a [`super::verbs::Qp`]), which is
+//! datagram ([`super::verbs::Qp::reply_dest`]), which is
 //! how a UD service answers whoever sent.
 //!
 //! A posted UD send holds its destination, and so the address handle, until
@@ -187,7 +187,7 @@ struct GrhArea([u8; GRH_SIZE]);
 /// # Invariants
 ///
 /// `wc` holds no pointer (`qp` and `wr_cqe` are null), only the fields
-/// [`Datagram::new`] copies; the rest is zero.
+/// `Datagram::new` copies; the rest is zero.
 #[derive(Clone, Copy)]
 pub struct Datagram {
     wc: bindings::ib_wc,

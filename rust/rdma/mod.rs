@@ -37,9 +37,10 @@
 //! ...); the modules hold the rest (limits, views, flags).
 //!
 //! The directory is compiled into each module that uses it (`#[path]`), with
-//! its C shims; nothing in it refers to a consumer or holds per-module state
-//! (a module's identity comes in with its [`ModuleOwner`]), so it can move
-//! to `rust/kernel/rdma/` as it is.
+//! its C helpers (`rust/helpers/rdma.c`); nothing in it refers to a consumer
+//! or holds per-module state (a module's identity comes in with its
+//! [`ModuleOwner`]), so it moves to `rust/kernel/rdma/` as it is (`make
+//! intree` does, and builds and boots that kernel).
 //! See `Documentation/rdma_cm_rs/design.rst` for the object model.
 
 pub mod addr;

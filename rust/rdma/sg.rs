@@ -56,7 +56,7 @@ fn pieces(offset: usize, len: usize) -> impl Iterator<Item = (usize, usize, usiz
 /// it owns the buffer, and hands it back only once no registration a peer
 /// knows covers them and no placement through one can still be copying
 /// (see [`super::verbs::RwDone`] and
-/// [`super::device::Device::places_after_deregistration`]).
+/// `super::device::Device::places_after_deregistration`).
 pub struct SgBuffer {
     pages: KVec<Page>,
     len: usize,

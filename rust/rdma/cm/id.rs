@@ -440,8 +440,8 @@ impl<H: Handler> CmId<H> {
 
 /// Synchronous operation (`rdma_create_id(3)` without an event channel):
 /// each call starts an operation and blocks until the event that ends it,
-/// which it returns with its meaning ([`super::synchronous::SyncOutcome`]); a call no event
-/// ended fails with its errno ([`super::blocking`] has the rules: one call at a time,
+/// which it returns with its meaning ([`crate::rdma::SyncOutcome`]); a call no event
+/// ended fails with its errno ([`crate::rdma::synchronous`] has the rules: one call at a time,
 /// resumption after a signal or a timeout, DISCONNECTED kept, ENODEV on
 /// device removal).
 ///

@@ -654,7 +654,7 @@ impl<'a> LockedId<'a> {
     /// connect or accept that failed: the id can get a new one once this
     /// returned.  `ENOENT` if it has none, `EINVAL` on an id not adopted
     /// yet.  The teardown runs the QP's flushed completions; a handler of
-    /// a [`super::verbs::PollContext::Direct`] CQ runs in this task and
+    /// a [`crate::rdma::PollContext::Direct`] CQ runs in this task and
     /// may reach the id again (a nested [`CmId::with_lock`]): there a
     /// `create_qp` or a second `destroy_qp` fails with `EBUSY`.  From a
     /// completion handler that [`Cq::poll`] runs on one of the QP's CQs
@@ -678,6 +678,10 @@ impl<'a> LockedId<'a> {
     /// came, or drop the id, whose teardown destroys the QP without the
     /// mutex.  After a `DeviceRemoval` the CM reports neither: only the
     /// id's drop destroys the QP.
+    ///
+    /// [`CmId::with_lock`]: crate::rdma::CmId::with_lock
+    /// [`CmId::disconnect`]: crate::rdma::CmId::disconnect
+    /// [`CmId::listen`]: crate::rdma::CmId::listen
     pub fn destroy_qp(&self) -> Result {
         let slot = self.state.map(|o| o.qp_slot).ok_or(EINVAL)?;
         if in_completion_handler() {

@@ -438,6 +438,11 @@ impl RecvBuffer {
     /// buffer, then the pages.  The pages are mapped for the device from
     /// the post to the completion, which hands them back attached, with
     /// what arrived in them ([`Self::paged_len`]).
+    ///
+    /// [`QpCaps::max_recv_sge`]: crate::rdma::QpCaps::max_recv_sge
+    /// [`Srq`]: crate::rdma::Srq
+    /// [`SrqCaps::max_sge`]: crate::rdma::SrqCaps::max_sge
+    /// [`GRH_SIZE`]: crate::rdma::ah::GRH_SIZE
     pub fn attach_pages(&mut self, pages: SgBuffer) -> Option<SgBuffer> {
         self.0.paged_len = 0;
         self.0.pages.replace(pages)
@@ -469,6 +474,8 @@ impl RecvBuffer {
 
     /// How much one receive can take (on a UD QP, [`GRH_SIZE`] of it is
     /// the global route header).
+    ///
+    /// [`GRH_SIZE`]: crate::rdma::ah::GRH_SIZE
     pub fn capacity(&self) -> usize {
         self.0.data.len()
     }
@@ -482,6 +489,8 @@ impl RecvBuffer {
     /// last completion (SEND_WITH_INV, `IB_WC_WITH_INVALIDATE`): the region
     /// it was registered for is no longer registered ([`Mr::is_registered`]
     /// says so, and it may be registered again).
+    ///
+    /// [`Mr::is_registered`]: crate::rdma::Mr::is_registered
     pub fn invalidated_rkey(&self) -> Option<u32> {
         self.0.invalidate
     }
@@ -496,6 +505,8 @@ impl RecvBuffer {
     /// (how a ULP finds the connection a request came from; a QP created
     /// where a destroyed one was waits until that one's completions were
     /// delivered).  `None` before any completion.
+    ///
+    /// [`Srq`]: crate::rdma::Srq
     pub fn qp_num(&self) -> Option<u32> {
         self.0.qp_num
     }
@@ -533,6 +544,9 @@ impl SendBuffer {
     /// such a send is signaled even if [`Self::set_unsignaled`] asked
     /// otherwise: the device may send an unsignaled one from the pages, and
     /// TCP retransmit from them when a later request completes.
+    ///
+    /// [`QpCaps::max_send_sge`]: crate::rdma::QpCaps::max_send_sge
+    /// [`Qp::post_send_ud`]: crate::rdma::Qp::post_send_ud
     pub fn attach_pages(&mut self, pages: SgBuffer) -> Option<SgBuffer> {
         self.0.pages.replace(pages)
     }
@@ -581,6 +595,8 @@ impl SendBuffer {
     /// messages a DMA read.  The post refuses more bytes than the QP's
     /// [`QpCaps::max_inline_data`] (`EMSGSIZE`).  The buffer still comes
     /// back with the send's completion.
+    ///
+    /// [`QpCaps::max_inline_data`]: crate::rdma::QpCaps::max_inline_data
     pub fn set_inline(&mut self, inline: bool) {
         self.0.inline = inline;
     }
@@ -600,6 +616,11 @@ impl SendBuffer {
     /// ([`QpCaps::max_send_wr`]; two, the room of
     /// [`Qp::register_then_send`]).  RC only:
     /// [`Qp::post_send_ud`] refuses it (`EINVAL`).
+    ///
+    /// [`CompletionHandler::send_done`]: crate::rdma::CompletionHandler::send_done
+    /// [`QpCaps::max_send_wr`]: crate::rdma::QpCaps::max_send_wr
+    /// [`Qp::register_then_send`]: crate::rdma::Qp::register_then_send
+    /// [`Qp::post_send_ud`]: crate::rdma::Qp::post_send_ud
     pub fn set_unsignaled(&mut self, unsignaled: bool) {
         self.0.unsignaled = unsignaled;
     }

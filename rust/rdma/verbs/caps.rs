@@ -33,6 +33,8 @@ impl QpType {
 /// No port: a QP is made through its id (`rdma_create_qp`), on the port
 /// the id resolved or bound to, and the R/W API's transfers use that port
 /// too ([`Qp`] records it at creation).
+///
+/// [`Qp`]: crate::rdma::Qp
 #[derive(Clone, Copy, Default)]
 pub struct QpCaps {
     /// Send work requests in flight.
@@ -42,6 +44,8 @@ pub struct QpCaps {
     /// The most bytes a send may carry inline ([`SendBuffer::set_inline`]);
     /// 0 for none.  A device may refuse a QP that asks for more than it
     /// supports (the create fails, `EINVAL`).
+    ///
+    /// [`SendBuffer::set_inline`]: crate::rdma::SendBuffer::set_inline
     pub max_inline_data: u32,
     /// Scatter/gather entries one RDMA request of the R/W API
     /// ([`Qp::rdma_rw`]) may gather from or scatter to, at most the
@@ -49,11 +53,16 @@ pub struct QpCaps {
     /// More entries take fewer requests for a buffer of many pages.  A
     /// SEND takes one, or with pages attached
     /// ([`SendBuffer::attach_pages`]) one more for each of their entries.
+    ///
+    /// [`Qp::rdma_rw`]: crate::rdma::Qp::rdma_rw
+    /// [`SendBuffer::attach_pages`]: crate::rdma::SendBuffer::attach_pages
     pub max_send_sge: u32,
     /// Scatter entries one receive may fill: one for the buffer, and one
     /// for each entry of the pages attached to it
     /// ([`RecvBuffer::attach_pages`]); at most the device's
     /// `max_recv_sge` (the create fails otherwise); 0 means 1.
+    ///
+    /// [`RecvBuffer::attach_pages`]: crate::rdma::RecvBuffer::attach_pages
     pub max_recv_sge: u32,
     /// Transfers of the R/W API in flight, in the core's contexts: the
     /// layer counts [`RW_SLOTS_PER_CTX`] send-queue slots for each (a
@@ -80,7 +89,7 @@ impl QpCaps {
     }
 
     /// CQ entries a QP of these sizes needs on a CQ of its send queue's
-    /// completions alone (see [`Qp::prepare`]): every send, registration,
+    /// completions alone (see `Qp::prepare`): every send, registration,
     /// invalidation and RDMA request in flight, every slot of the R/W API
     /// (a flushed queue completes each request, signaled or not), plus one
     /// spare.

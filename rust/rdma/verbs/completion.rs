@@ -35,6 +35,9 @@ pub struct WorkDone {
 
 /// The direction of an RDMA transfer: of the R/W API ([`Qp::rdma_rw`]) or
 /// through one registered region ([`Qp::rdma`]).
+///
+/// [`Qp::rdma_rw`]: crate::rdma::Qp::rdma_rw
+/// [`Qp::rdma`]: crate::rdma::Qp::rdma
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RwOp {
     /// RDMA READ: the peer's memory into the buffer.
@@ -54,6 +57,8 @@ impl RwOp {
 
 /// A completed [`Qp::rdma_rw`] transfer, handed to
 /// [`CompletionHandler::rw_done`].
+///
+/// [`Qp::rdma_rw`]: crate::rdma::Qp::rdma_rw
 pub struct RwDone {
     /// What was posted.
     pub op: RwOp,
@@ -75,7 +80,7 @@ pub struct RwDone {
 ///
 /// Runs in process context: on the CQ's workqueue, or for a
 /// [`PollContext::Direct`] CQ in the task that polls it ([`Cq::poll`],
-/// a [`super::poller::BusyPoller`] loop, a QP's teardown), under whatever
+/// a [`crate::rdma::BusyPoller`] loop, a QP's teardown), under whatever
 /// that task holds: a poller that holds a lock its handler takes
 /// deadlocks.  Requests the driver never flushed are completed as flushed
 /// by the task that destroys their QP (see the module's Teardown), which
@@ -83,6 +88,9 @@ pub struct RwDone {
 /// `CmId::with_lock` on another id refuses.  A CM id dropped here is
 /// destroyed from a workqueue: its QP's shutdown could otherwise wait for
 /// this very context.
+///
+/// [`PollContext::Direct`]: crate::rdma::PollContext::Direct
+/// [`Cq::poll`]: crate::rdma::Cq::poll
 pub trait CompletionHandler: Send + Sync + 'static {
     /// A receive completed: `Ok(len)` bytes arrived (into the buffer, and
     /// past its capacity into its attached pages), or the error (ECANCELED
@@ -107,6 +115,8 @@ pub trait CompletionHandler: Send + Sync + 'static {
     /// A transfer of the R/W API ([`Qp::rdma_rw`]) completed, with the
     /// errors of [`Self::work_done`].  The default logs failures other
     /// than flushes and drops the buffer.
+    ///
+    /// [`Qp::rdma_rw`]: crate::rdma::Qp::rdma_rw
     fn rw_done(&self, done: RwDone, result: Result) {
         if let Err(e) = result {
             if e != ECANCELED {

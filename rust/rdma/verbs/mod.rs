@@ -6,9 +6,9 @@
 //! invalidation, RDMA READ/WRITE) over [`Mr`]s on reliable connected QPs.
 //!
 //! This level knows nothing of the connection manager: a [`Qp`] is
-//! prepared here ([`Qp::prepare`]), created by whoever owns the QP's
+//! prepared here (`Qp::prepare`), created by whoever owns the QP's
 //! connection (the CM's `rdma_create_qp`), recorded with
-//! [`Qp::set_created`], and shut down ([`QpShutdown`]) before its owner
+//! `Qp::set_created`, and shut down (`QpShutdown`) before its owner
 //! destroys it.
 //!
 //! # Ownership
@@ -63,7 +63,7 @@
 //! [`FLUSH_TIMEOUT`]: unlike `ib_drain_qp`, which waits for good, and does
 //! when a driver never flushes (`design.rst`, "Driver behaviour").
 //! Requests still outstanding then are completed as flushed
-//! ([`QpShutdown::reclaim`]) once the owner has destroyed the QP, so the
+//! (`QpShutdown::reclaim`) once the owner has destroyed the QP, so the
 //! device can no longer reach their memory, and the CQ's poll work has
 //! handed over whatever the driver had queued before.  Either way every
 //! buffer and region comes back to the [`CompletionHandler`] exactly once.

@@ -97,14 +97,14 @@ pub(crate) struct QpQueues<'a, C: CompletionHandler> {
 ///
 /// # Invariants
 ///
-/// * `raw` holds the live QP from [`Qp::set_created`] until
-///   [`QpShutdown::shutdown`] takes it; it was created on `pd` with
+/// * `raw` holds the live QP from `Qp::set_created` until
+///   `QpShutdown::shutdown` takes it; it was created on `pd` with
 ///   `send_cq` and `recv_cq` (which may be one CQ), of type `qp_type`.
 /// * The object owns a reservation of `send_room` entries on `send_cq` and
 ///   of `recv_room` on `recv_cq`.
 /// * With `srq`, the QP takes its receives from it (and has no receive
 ///   queue of its own), and the object holds one of the SRQ's attachments
-///   of `recv_cq` ([`Srq::attach_cq`]).
+///   of `recv_cq` (`Srq::attach_cq`).
 #[pin_data(PinnedDrop)]
 pub struct Qp<C: CompletionHandler> {
     #[pin]

@@ -41,6 +41,9 @@ impl<C: CompletionHandler> Qp<C> {
     /// registrations of the pool) do not fit beside those in flight,
     /// `EMSGSIZE` when they could never fit, `ENOTCONN` once the QP is
     /// shut down.
+    ///
+    /// [`QpCaps::max_send_sge`]: crate::rdma::QpCaps::max_send_sge
+    /// [`QpCaps::max_rdma_ctxs`]: crate::rdma::QpCaps::max_rdma_ctxs
     pub fn rdma_rw(
         &self,
         op: RwOp,

@@ -50,7 +50,7 @@ use kernel::{
 ///   reachable), `raw` is a live SRQ on `pd`, of at least `max_wr`
 ///   receives of at least `max_sge` scatter entries each, whose events'
 ///   context is `sink`, until the object is dropped.
-/// * `sink` is a live [`SrqEventSink`] leaked by the constructor, freed by
+/// * `sink` is a live `SrqEventSink` leaked by the constructor, freed by
 ///   the drop only once the SRQ is destroyed (one whose destruction failed
 ///   keeps it, and the module's code with its count of callback targets).
 /// * `credits` (shared) counts and tracks every buffer posted to it whose
@@ -124,7 +124,7 @@ unsafe impl<C: CompletionHandler> Sync for Srq<C> {}
 impl<C: CompletionHandler> Srq<C> {
     /// Creates an SRQ for `max_wr` receives in flight on `pd`.  `EINVAL`
     /// for 0 or more than the device's `max_srq_wr`
-    /// ([`super::device::DeviceCaps`]), `EOPNOTSUPP` on a device without
+    /// ([`crate::rdma::device::DeviceCaps`]), `EOPNOTSUPP` on a device without
     /// SRQs.
     pub fn new(pd: &Arc<Pd>, max_wr: u32) -> Result<Arc<Self>> {
         Self::with_caps(pd, SrqCaps { max_wr, max_sge: 1 }, None)
