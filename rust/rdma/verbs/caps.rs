@@ -69,7 +69,8 @@ pub struct QpCaps {
     /// registration, the RDMA request, an invalidation, as devices that
     /// register need), and the QP gets at least that many (the core's
     /// `rdma_rw_init_qp` adds one or three a context, the layer two), and
-    /// on devices that register a pool of as many registrations.  A transfer takes the slots of the requests it posts
+    /// on devices that register a pool of as many registrations.  A
+    /// transfer takes the slots of the requests it posts
     /// (more than one for a buffer of more entries than `max_send_sge`).
     /// 0: no R/W API on the QP.
     pub max_rdma_ctxs: u32,
