@@ -12,6 +12,10 @@
 #                 real clocksource; built once, make check never builds
 #                 it); table and plot in build/bench/DATE/, see
 #                 Documentation/rdma_cm_rs/benchmarks.rst
+#   make intree   the layer copied into a kernel tree as rust/kernel/rdma/,
+#                 that kernel built (doctests, the echo sample in tree),
+#                 linted and booted, the sample driven in the VM; not
+#                 part of make check (tools/intree.sh --help)
 #
 # KDIR=/path/to/a/Rust-enabled/kernel/build skips fetching and building the
 # test kernel.  Everything slow is cached under $(RDMA_CM_RS_CACHE)
@@ -30,12 +34,12 @@ ENV := source tools/lib/env.sh &&
 KMAKE = mapfile -t dirs < <(module_dirs) && \
 	$(MAKE) -C "$$(cat "$$out_dir/.kdir")" "$${dirs[@]}" LLVM=-19
 
-.PHONY: all setup kernel module tool check demo fuzz bench clean help
+.PHONY: all setup kernel module tool check demo fuzz bench intree clean help
 
 all: module tool
 
 help:
-	@sed -n '3,18p' Makefile
+	@sed -n '3,22p' Makefile
 
 setup:
 	@tools/setup.sh
@@ -71,6 +75,11 @@ fuzz: module tool
 # tools/bench.sh does it all (its --help says how).
 bench:
 	@tools/bench.sh
+
+# The layer in a kernel tree, proven there: tools/intree.sh (its --help says
+# what it does).  Its own kernel build, cached beside the test kernel's.
+intree: setup
+	@tools/intree.sh
 
 clean:
 	@$(ENV) if [ -f "$$out_dir/.kdir" ]; then $(KMAKE) clean; fi

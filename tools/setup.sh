@@ -31,6 +31,7 @@ packages=(
 	librdmacm-dev libibverbs-dev ibverbs-providers rdmacm-utils ibverbs-utils
 	iproute2 flex bison bc libelf-dev libssl-dev cpio kmod xz-utils
 	make gcc pkg-config patch
+	rsync
 )
 case "${1:-}" in
 --bench) packages+=(gnuplot-nox) ;;
