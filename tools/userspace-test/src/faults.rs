@@ -848,7 +848,11 @@ pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> 
     let l = dev.create_id(1)?;
     dev.bind(l, &local).context("bind")?;
     dev.listen(l, 4).context("listen")?;
-    let mut call = crate::agent::Call::start(&agent, &format!("hold addr={local}"))?;
+    // The peer's retry count becomes the module's QP's (the REQ carries
+    // it).  6, not librdmacm's usual 7: rxe (rxe_comp.c) treats 7 as
+    // "retry for ever", which the IBTA gives only the RNR retry count, and
+    // its sends to a dead machine would never fail.
+    let mut call = crate::agent::Call::start(&agent, &format!("hold addr={local} retry=6"))?;
     let r = expect_event(&dev, EventType::ConnectRequest)?;
     dev.accept(r.new_id, None)?;
     expect_event(&dev, EventType::Established)?;

@@ -1125,6 +1125,7 @@ mod tests {
                 addr,
                 data,
                 message,
+                ..
             }) => {
                 assert!(addr.is_ipv6());
                 assert_eq!(data.len(), 56);
