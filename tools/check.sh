@@ -353,6 +353,22 @@ no_skip_in() {
 	return $((n > 0))
 }
 
+# The manifest: what each VM run must report.  Every pass of the suite
+# prints a result for each scenario (those it leaves out as SKIPs); the
+# KUnit suites are those of rust/rdma/tests/, each with its cases.  A part,
+# a suite or a result missing fails, so a VM that dies mid-run costs every
+# result it swallowed (tools/lib/ktap_tree.py).
+scenarios=$("$tool" suite --list | wc -l)
+expect_suites=()
+for p in suite-rxe suite-rxe-sync suite-siw suite-siw-sync; do
+	expect_suites+=(--expect-part "$p=$scenarios")
+done
+expect_kunit=()
+for f in rust/rdma/tests/*.rs; do
+	kunit_suite=$(sed -n 's/.*#\[kunit_tests(\([a-z_0-9]*\))\].*/\1/p' "$f")
+	[ -z "$kunit_suite" ] || expect_kunit+=(--expect-kunit "$kunit_suite=$(grep -c '#\[test\]' "$f")")
+done
+
 # --- vm-one ------------------------------------------------------------------
 group_begin vm-one
 vm_one="$logs/vm-one"
@@ -361,10 +377,12 @@ watched vm-one "$logs/vm-one.log" \
 	--module "$out_dir/rdma_cm_rs.ko" -- \
 	"$part; bg_part suite-rxe-sync $tool suite --sync; bg_part suite-siw $tool suite --transport siw; bg_part suite-siw-sync $tool suite --sync --transport siw; part suite-rxe $tool suite; s=\$?; bg_show suite-rxe-sync || s=1; bg_show suite-siw || s=1; bg_show suite-siw-sync || s=1; part echo tools/echo-test.sh || s=1; part rping tools/rping-test.sh || s=1; bg_part bench-round $tool bench --quick --allow-coarse-clock --reps 1 --cycles 10 --round-trips 20 --rdma-ops 2 --only active,sync,passive,data,sample,store --out-dir /tmp/bench-round; part fuzz $tool fuzz --seed 2 --seconds 45 --shrink-secs 0 || s=1; bg_show bench-round || s=1; part faults tools/fault-test.sh || s=1; part removal tools/removal-test.sh || s=1; exit \$s"
 rc=$?
-kunit_args=(--kunit)
+kunit_args=(--kunit "${expect_kunit[@]}")
 [ ! -f "$vm_one/dmesg" ] || kunit_args+=(--dmesg "$vm_one/dmesg")
 vm_group "$logs/vm-one.log" "$rc" \
-	"the VM ran to its end: modules unloaded, dmesg and kmemleak clean" "${kunit_args[@]}"
+	"the VM ran to its end: modules unloaded, dmesg and kmemleak clean" "${kunit_args[@]}" \
+	"${expect_suites[@]}" --expect-part echo --expect-part rping --expect-part bench-round \
+	--expect-part fuzz --expect-part faults --expect-part removal
 printf '%s' "$glines" >"$logs/vm-one.ktap"
 note "vm-one $(part_times "$logs/vm-one.log")"
 no_skip_in "$logs/vm-one.ktap"
@@ -408,7 +426,7 @@ rc=$?
 sed -n 's/^VM A: //p' "$logs/vm-two.log" >"$logs/vm-two-a.log"
 vm_group "$logs/vm-two-a.log" "$rc" \
 	"both VMs ran to their end: dmesg and kmemleak clean (VM B killed on request)" \
-	--diag "$logs/vm-two.log"
+	--diag "$logs/vm-two.log" "${expect_suites[@]}" --expect-part peer-vm-killed
 note "vm-two, VM A $(part_times "$logs/vm-two-a.log")"
 grep -qxF "guest cwd: $copy" "$logs/vm-two-a.log"
 leaf $? "any checkout location: the VMs ran the copy under '$copy'" "$logs/vm-two.log"

@@ -764,11 +764,9 @@ impl CtlFile {
     fn set_option(&self, arg: usize) -> Result {
         let c: abi::SetOption = read_arg(arg)?;
         let id = self.get(c.id)?;
-        let flag = |v: u64| match v {
-            0 => Ok(false),
-            1 => Ok(true),
-            _ => Err(EINVAL),
-        };
+        // An `int` as `rdma_set_option(3)` takes it, any non-zero value
+        // meaning on (as `ucma.c` reads it); wider than an `int`: `EINVAL`.
+        let flag = |v: u64| u32::try_from(v).map(|v| v != 0).map_err(|_| EINVAL);
         let small = |v: u64, max: u8| u8::try_from(v).ok().filter(|&v| v <= max).ok_or(EINVAL);
         match c.option {
             abi::option::TOS => {

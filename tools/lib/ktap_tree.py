@@ -19,6 +19,13 @@ nested KTAP subtest each, as tools/testing/kunit/kunit.py parse reads it:
       is not 0, with the lines vm/run wrote of the run, from --diag FILE
       or LOG)
 
+The manifest of a VM run (--expect-part NAME[=N], --expect-kunit
+SUITE=N, each repeatable) says what it must report: a part that never
+began is a failed subtest; a part or a suite with fewer results than
+expected (N, or the plan line "1..N" a part printed) gets one failed leaf
+for each result missing, so that a VM that died mid-run costs every
+result it swallowed.
+
 Every result is printed at --depth (default 1) and below; the subtest's own
 result line ("ok N NAME") closes it one level up.  The counts of leaves go
 to the file named by --counts as "passed failed skipped".  Names lose any
@@ -187,12 +194,51 @@ def kunit_suites(dmesg):
     return suites
 
 
+def missing(what, got, want):
+    """A failed leaf for each result of `what` from `got` + 1 to `want`."""
+    return [Node(f'{what}: result {n} of {want} missing', ok=False,
+                 log=['the manifest (tools/check.sh) expects it; the output has no such result'])
+            for n in range(got + 1, want + 1)]
+
+
+def expectations(pairs):
+    """NAME[=N] pairs as {NAME: N or None}."""
+    out = {}
+    for pair in pairs or []:
+        name, _, n = pair.partition('=')
+        out[name] = int(n) if n else None
+    return out
+
+
+def plan_of(lines):
+    """The N of a flat part's own plan line "1..N", if it printed one."""
+    for line in lines:
+        m = re.match(r'^1\.\.([0-9]+)$', line)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def with_manifest_kunit(suites, want):
+    for node in suites:
+        n = want.pop(node.name, None)
+        if n is not None and len(node.children) < n:
+            node.children += missing(node.name, len(node.children), n)
+            node.ok = False
+    for name, n in want.items():
+        suites.append(Node.group(name, missing(name, 0, n or 1)))
+    return suites
+
+
 def vm(args):
     lines = open(args.log, errors='replace').read().splitlines()
     children = []
+    want_parts = expectations(args.expect_part)
+    want_kunit = expectations(args.expect_kunit)
     if args.kunit:
         if args.dmesg:
-            children.append(Node.group('kunit', kunit_suites(args.dmesg)))
+            suites = with_manifest_kunit(kunit_suites(args.dmesg), want_kunit)
+            children.append(Node.group('kunit', suites))
         else:
             children.append(Node('kunit', ok=False, log=['no dmesg saved']))
     part, body = None, []
@@ -204,21 +250,38 @@ def vm(args):
         m = re.match(r'^ktap-part-end (\S+) (-?[0-9]+)$', line)
         if m and part == m.group(1):
             leaves = with_status(flat_results(body), part, int(m.group(2)))
-            children.append(Node.group(part, leaves))
+            children.append(Node.group(part, part_in_full(part, body, leaves, want_parts)))
             part = None
             continue
         if part is not None:
             body.append(line)
     if part is not None:
-        leaves = flat_results(body)
+        leaves = part_in_full(part, body, flat_results(body), want_parts)
         leaves.append(Node(f'{part}: ran to its end', ok=False,
                            log=['the output stops inside this part']))
         children.append(Node.group(part, leaves))
+    for name, n in want_parts.items():
+        children.append(Node.group(name, [Node(f'{name}: began', ok=False,
+                                               log=['the output has no such part'])]
+                                   + missing(name, 0, n or 0)))
     log = [f'tools/vm/run exit status {args.status}']
     if args.status != 0:
         log += vm_run_diagnostics(args.diag or args.log)
     children.append(Node(args.status_name, ok=args.status == 0, log=log))
     return Node.group(args.name, children)
+
+
+def part_in_full(part, body, leaves, want_parts):
+    """`leaves` and a failed one for each result the part's manifest entry
+    (or its own plan) expects and it did not report; takes the part out of
+    `want_parts`."""
+    expected = want_parts.pop(part, None)
+    if expected is None:
+        expected = plan_of(body)
+    results = sum(1 for l in leaves if not l.name.startswith(f'{part}: exit status'))
+    if expected is not None and results < expected:
+        leaves = leaves + missing(part, results, expected)
+    return leaves
 
 
 # What a failed VM run says of itself, at most this many of its last lines.
@@ -254,6 +317,10 @@ def main():
     p.add_argument('--status-name', default='the VM run')
     p.add_argument('--dmesg')
     p.add_argument('--kunit', action='store_true')
+    p.add_argument('--expect-part', action='append', metavar='NAME[=N]',
+                   help='a part the VM run must report, with N results if given')
+    p.add_argument('--expect-kunit', action='append', metavar='SUITE=N',
+                   help='a KUnit suite the VM run must report, with N cases')
     p.add_argument('--diag', help='the log holding tools/vm/run\'s own lines '
                    '(default LOG), printed when --status is not 0')
     args = p.parse_args()

@@ -128,6 +128,17 @@ pub(super) fn with_qp<H: Handler>(id: &CmId<H>) -> Result {
     id.with_lock(|l| nop_qp(l, 2).map(drop))
 }
 
+/// A synchronous RC id of `world`, unresolved.
+pub(super) fn sync_client(world: &Arc<World>, ns: &NetNs) -> Result<CmId<Node>> {
+    CmId::new(
+        &world.owner,
+        Node::synchronous(world)?,
+        ns,
+        PortSpace::Tcp,
+        QpType::Rc,
+    )
+}
+
 /// A synchronous id with `handler` whose address and route to `addr` are
 /// resolved.
 pub(super) fn resolved_client<H: Handler>(
@@ -552,13 +563,7 @@ pub(super) fn connect_client_with(
         .responder_resources(read_depth);
     // Without reads, the server answers with the CM's defaults.
     let server_param = (read_depth > 0).then_some(param);
-    let client = CmId::new(
-        &world.owner,
-        Node::synchronous(world)?,
-        ns,
-        PortSpace::Tcp,
-        QpType::Rc,
-    )?;
+    let client = sync_client(world, ns)?;
     client.resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))?;
     client.resolve_route_sync(ms(2000), Some(ms(5000)))?;
     let client_seen = Arc::new(QpSeen::default(), GFP_KERNEL)?;

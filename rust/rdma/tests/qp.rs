@@ -359,13 +359,7 @@ mod qp_tests {
         action: Reentry,
     ) -> Result<ReentrantClient> {
         let ns = NetNs::init();
-        let id = CmId::new(
-            &world.owner,
-            Node::synchronous(world)?,
-            &ns,
-            PortSpace::Tcp,
-            QpType::Rc,
-        )?;
+        let id = sync_client(world, &ns)?;
         id.resolve_addr_sync(None, addr, ms(2000), Some(ms(5000)))?
             .into_event()?;
         id.resolve_route_sync(ms(2000), Some(ms(5000)))?
@@ -588,13 +582,7 @@ mod qp_tests {
             };
             let (on_x, on_y) = (state(&arrived)?, state(&arrived)?);
             // Any device of the test bed: the CQs need one before an id has.
-            let probe = CmId::new(
-                &owner,
-                Node::synchronous(&world)?,
-                &ns,
-                PortSpace::Tcp,
-                QpType::Rc,
-            )?;
+            let probe = sync_client(&world, &ns)?;
             probe
                 .resolve_addr_sync(None, &nobody, ms(2000), Some(ms(5000)))?
                 .into_event()?;

@@ -9,7 +9,6 @@ use crate::rdma::{
     net::NetNs,
     pd::Pd,
     verbs::{Cq, PollContext, QpCaps, RecvBuffer, Srq, SrqEvent, SrqEvents},
-    QpType,
 };
 use core::sync::atomic::{AtomicU32, Ordering};
 use kernel::{prelude::*, sync::Arc};
@@ -84,14 +83,7 @@ mod srq_tests {
         let cq = Cq::alloc(&owner, &dev, entries, Recording(server_seen.clone())).unwrap();
 
         // Refused on an id with a device and no QP yet.
-        let probe = CmId::new(
-            &owner,
-            Node::synchronous(&world).unwrap(),
-            &ns,
-            PortSpace::Tcp,
-            QpType::Rc,
-        )
-        .unwrap();
+        let probe = sync_client(&world, &ns).unwrap();
         let probe_resolved = probe
             .resolve_addr_sync(None, &addr, ms(2000), Some(ms(5000)))
             .is_ok();

@@ -5,7 +5,7 @@
 
 use super::fixture::*;
 use super::{take_out, wait_until, Checks};
-use crate::rdma::{cm::*, conn_param::ConnParam, event::*, net::NetNs, QpType};
+use crate::rdma::{conn_param::ConnParam, event::*, net::NetNs};
 use kernel::{prelude::*, types::ScopeGuard, workqueue};
 
 #[kunit_tests(rdma_cm_rs_synchronous_calls)]
@@ -41,14 +41,7 @@ mod synchronous_tests {
             Some(EINVAL),
         );
 
-        let client = CmId::new(
-            &owner,
-            Node::synchronous(&world).unwrap(),
-            &ns,
-            PortSpace::Tcp,
-            QpType::Rc,
-        )
-        .unwrap();
+        let client = sync_client(&world, &ns).unwrap();
         let nested =
             client.with_lock(|_| Ok(client.resolve_addr_sync(None, &addr, ms(2000), None).err()));
         c.eq(

@@ -12,7 +12,8 @@
 //!   multi addr=A count=N      N connections, 8 requests in flight at a
 //!                             time (then the suite sends "close")
 //!   burst addr=A count=N data=HEX   (then the suite sends "go"; see `burst`)
-//!   hold addr=A               connects, `ready` once established, then
+//!   hold addr=A [retry=N]     connects (RC retry count N, 7 by default),
+//!                             `ready` once established, then
 //!                             sends every 20 ms until it fails or the
 //!                             machine dies (see `hold`)
 //!   udserve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N]
@@ -477,7 +478,9 @@ fn hold(req: &Req, out: &mut TcpStream) -> Result<String> {
     let ch = Channel::new()?;
     let id = cm::resolve(&ch, &req.addr()?, Duration::from_secs(5))?;
     let mut conn = Conn::new(id)?;
-    let ev = conn.connect(&Param::with_data(b"hold"), &ch, T)?;
+    let mut param = Param::with_data(b"hold");
+    param.retry_count = req.num("retry", 7)? as u8;
+    let ev = conn.connect(&param, &ch, T)?;
     ev.must_be(EventType::Established)?;
     writeln!(out, "ready")?;
     let mut sent = 0u64;

@@ -848,7 +848,11 @@ pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> 
     let l = dev.create_id(1)?;
     dev.bind(l, &local).context("bind")?;
     dev.listen(l, 4).context("listen")?;
-    let mut call = crate::agent::Call::start(&agent, &format!("hold addr={local}"))?;
+    // The peer's retry count becomes the module's QP's (the REQ carries
+    // it).  6, not librdmacm's usual 7: rxe (rxe_comp.c) treats 7 as
+    // "retry for ever", which the IBTA gives only the RNR retry count, and
+    // its sends to a dead machine would never fail.
+    let mut call = crate::agent::Call::start(&agent, &format!("hold addr={local} retry=6"))?;
     let r = expect_event(&dev, EventType::ConnectRequest)?;
     dev.accept(r.new_id, None)?;
     expect_event(&dev, EventType::Established)?;
@@ -871,8 +875,12 @@ pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> 
     // Messages already in the module's receive queue are still read.
     while dev.recv(r.new_id, 4096, 0).is_ok() {}
     // A send to the dead machine: RC retries (7, with the CM's ACK timeout
-    // for RoCE) run out and the send fails.
-    let sent = dev.send(r.new_id, b"to a dead machine");
+    // for RoCE) run out and the send completes with IB_WC_RETRY_EXC_ERR,
+    // which the layer reports as EHOSTUNREACH.  The send may wait up to
+    // the bound, past its default 5 s, so that the module's own timeout
+    // (ETIMEDOUT) cannot pass for the transport's verdict.
+    let wait_ms = u32::try_from(bound.as_millis()).unwrap_or(u32::MAX);
+    let sent = dev.send_flags(r.new_id, b"to a dead machine", wait_ms, 0);
     let send_took = killed.elapsed();
     let mut ok = true;
     let mut k = 1;
@@ -881,10 +889,13 @@ pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> 
         println!("{} {k} - {what}", if pass { "ok" } else { "not ok" });
         k += 1;
     };
+    let retries_ran_out = sent
+        .as_ref()
+        .is_err_and(|e| e.raw_os_error() == Some(libc::EHOSTUNREACH));
     result(
-        sent.is_err() && send_took < bound,
+        retries_ran_out && send_took < bound,
         format!(
-            "peer VM killed mid-transfer: the module's next send failed ({}) after {} ms (bound {} ms)",
+            "peer VM killed mid-transfer: the module's next send failed with the transport's retries run out (EHOSTUNREACH: {}) after {} ms (bound {} ms)",
             sent.as_ref().map_or_else(|e| e.to_string(), |()| "it succeeded".into()),
             send_took.as_millis(),
             bound.as_millis()

@@ -187,6 +187,10 @@ enum Ctl {
         data: Bytes,
         #[arg(long, default_value = "", value_parser = parse_bytes)]
         message: Bytes,
+        /// Fail unless the reply is the message, byte for byte (an echo
+        /// service).
+        #[arg(long)]
+        expect_echo: bool,
     },
     /// rping's client through the module: registered regions, adverts,
     /// the server's RDMA READ and WRITE, and a check of every ping (rping's
@@ -474,7 +478,7 @@ fn module_connect(dev: &Device, addr: SocketAddr, data: &[u8]) -> Result<u32> {
     Ok(id)
 }
 
-fn ctl_connect(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
+fn ctl_connect(addr: SocketAddr, data: &[u8], message: &[u8], expect_echo: bool) -> Result<()> {
     let dev = Device::open()?;
     let id = module_connect(&dev, addr, data)?;
     if !message.is_empty() {
@@ -485,6 +489,18 @@ fn ctl_connect(addr: SocketAddr, data: &[u8], message: &[u8]) -> Result<()> {
         ));
         let reply = dev.recv(id, cm::MSG, WAIT_MS).context("recv")?;
         say(&format!("module: {}", show("reply", &reply)));
+        if expect_echo {
+            ensure!(
+                reply == message,
+                "the reply is not the message: {} bytes, the first difference at byte {:?}",
+                reply.len(),
+                reply.iter().zip(message).position(|(a, b)| a != b)
+            );
+            say(&format!(
+                "module: the reply is the message, {} bytes",
+                reply.len()
+            ));
+        }
     }
     dev.disconnect(id).context("disconnect")?;
     say(&format!("module: disconnect id={id}"));
@@ -831,7 +847,8 @@ fn main() -> Result<()> {
             addr,
             data,
             message,
-        }) => ctl_connect(addr, &data, &message)?,
+            expect_echo,
+        }) => ctl_connect(addr, &data, &message, expect_echo)?,
         Cmd::Ctl(Ctl::Rping {
             addr,
             count,
@@ -1108,6 +1125,7 @@ mod tests {
                 addr,
                 data,
                 message,
+                ..
             }) => {
                 assert!(addr.is_ipv6());
                 assert_eq!(data.len(), 56);

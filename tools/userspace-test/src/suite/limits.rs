@@ -320,9 +320,13 @@ pub(super) fn options(ctx: &mut Ctx) -> Result<()> {
         libc::EINVAL,
     )?;
     o(rdma_cm_rs_option_RDMA_CM_RS_OPT_MIN_RNR_TIMER, 12)?;
+    // REUSEADDR and AFONLY take an int, any non-zero value meaning on (as
+    // ucma reads them); a value wider than an int is refused.
+    o(rdma_cm_rs_option_RDMA_CM_RS_OPT_REUSEADDR, 2).context("REUSEADDR 2")?;
+    o(rdma_cm_rs_option_RDMA_CM_RS_OPT_REUSEADDR, 0).context("REUSEADDR 0")?;
     expect_errno(
-        "REUSEADDR 2",
-        o(rdma_cm_rs_option_RDMA_CM_RS_OPT_REUSEADDR, 2),
+        "REUSEADDR 2^32",
+        o(rdma_cm_rs_option_RDMA_CM_RS_OPT_REUSEADDR, 1 << 32),
         libc::EINVAL,
     )?;
     expect_errno("unknown option", o(99, 0), libc::EINVAL)?;
