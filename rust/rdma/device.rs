@@ -451,11 +451,11 @@ impl Device {
         if !self.ports().contains(&port) {
             return Err(EINVAL);
         }
-        // SAFETY: The device is valid and `port` is one of its ports, so
-        // `port_data[port]` exists (allocated for `rdma_start_port..=
-        // rdma_end_port` before registration); its immutable part is set by
-        // the driver's `get_port_immutable` before registration and never
-        // changed.
+        // `port_data` is allocated for `rdma_start_port..=rdma_end_port`, its
+        // immutable part set by `get_port_immutable`, both before
+        // registration, and never changed.
+        // SAFETY: The device is valid and `port` one of its ports (checked
+        // above), so `port_data[port]` exists and is not written.
         let flags = unsafe {
             (*(*self.as_ptr()).port_data.add(port as usize))
                 .immutable

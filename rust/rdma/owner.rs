@@ -193,11 +193,10 @@ impl Owner {
     /// Keeps the module loaded for good: for a leak that leaves its code
     /// reachable from the C side.
     pub(crate) fn pin_module(&self) {
-        // SAFETY: The module is live: its `ModuleOwner` cannot have
-        // returned from its drop while `self` counts one of its objects
-        // (every caller holds a `CallbackTarget` of this owner), and
-        // `__module_get` takes a reference on a live module (none, for code
-        // built into the kernel, whose pointer is null).
+        // Every caller holds a `CallbackTarget` of this owner, so its
+        // `ModuleOwner` has not returned from its drop.
+        // SAFETY: The module is therefore live; `__module_get` takes a
+        // reference on a live module (none for built-in code: null).
         unsafe { bindings::__module_get(self.state.module.as_ptr()) };
     }
 }

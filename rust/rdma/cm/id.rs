@@ -287,12 +287,12 @@ impl<H: Handler> CmId<H> {
             handler,
         )?;
         let context = inner.clone().into_foreign();
+        // The caller's name is the owner's, a static string of the module,
+        // which outlives the id: the module stays while the id's target
+        // counts.
         // SAFETY: `handler_trampoline::<H>` matches `rdma_cm_event_handler`
-        // and interprets `context` as the `IdInner<H>` it is.  `ns` is live,
-        // and `__rdma_create_kernel_id` takes its own reference on it; the
-        // caller's name is the owner's, a static string of the module,
-        // which outlives the id (the module stays while the id's target
-        // counts).
+        // and reads `context` as the `Arc<IdInner<H>>` it is; `ns` is live
+        // (the call takes its own reference); the name outlives the id.
         let raw = unsafe {
             bindings::__rdma_create_kernel_id(
                 ns.as_ptr(),
