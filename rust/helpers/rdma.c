@@ -208,44 +208,34 @@ __rust_helper int rust_helper_rdma_cm_rs_arm_srq_limit(struct ib_srq *srq,
 }
 
 /*
- * The completion of such a WRITE: the transfer's last request (or the SEND
- * after it) completes after it, in order, and reports the transfer.
- */
-static void rdma_cm_rs_signaled_write_done(struct ib_cq *cq, struct ib_wc *wc)
-{
-}
-
-static struct ib_cqe rdma_cm_rs_signaled_write_cqe = {
-	.done = rdma_cm_rs_signaled_write_done,
-};
-
-/*
  * rdma_rw_ctx_post(), with the request the driver refused in @bad; @chain,
  * if not NULL, follows the transfer and carries the completion.  With
- * @signal_writes (not NULL), every RDMA WRITE of the transfer is signaled,
- * its completion ignored, and counted there: siw sends an unsignaled
- * request of a page or more straight from its pages (MSG_SPLICE_PAGES) and
- * TCP may retransmit from them after the transfer completed, while a
- * signaled one is copied.  In C: it walks the chain rdma_rw_ctx_wrs()
- * built, and the ignored completions need a done callback of static
- * storage (a copy of this file in each module that compiles it in has its
- * own, which only its own requests point at).
+ * @write_cqe (not NULL), every RDMA WRITE of the transfer is signaled, its
+ * completion going to @write_cqe (whose done ignores it: the transfer's
+ * last request completes after it, in order), and counted in
+ * @signal_writes: siw sends an unsignaled request of a page or more
+ * straight from its pages (MSG_SPLICE_PAGES) and TCP may retransmit from
+ * them after the transfer completed, while a signaled one is copied.  In
+ * C: it walks the chain rdma_rw_ctx_wrs() built.  The entry comes from the
+ * caller: an inline function with external linkage, as a helper is in
+ * tree, may not refer to a static of its own.
  */
 __rust_helper int
 rust_helper_rdma_cm_rs_rw_ctx_post(struct rdma_rw_ctx *ctx, struct ib_qp *qp,
 				   u32 port_num, struct ib_cqe *cqe,
-				   struct ib_send_wr *chain, u32 *signal_writes,
+				   struct ib_send_wr *chain,
+				   struct ib_cqe *write_cqe, u32 *signal_writes,
 				   const struct ib_send_wr **first,
 				   const struct ib_send_wr **bad)
 {
 	struct ib_send_wr *wr, *head = rdma_rw_ctx_wrs(ctx, qp, port_num, cqe, chain);
 
-	for (wr = head; signal_writes && wr && wr != chain; wr = wr->next) {
+	for (wr = head; write_cqe && wr && wr != chain; wr = wr->next) {
 		if (wr->opcode != IB_WR_RDMA_WRITE ||
 		    (wr->send_flags & IB_SEND_SIGNALED))
 			continue;
 		wr->send_flags |= IB_SEND_SIGNALED;
-		wr->wr_cqe = &rdma_cm_rs_signaled_write_cqe;
+		wr->wr_cqe = write_cqe;
 		(*signal_writes)++;
 	}
 	*first = head;

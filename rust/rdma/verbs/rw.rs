@@ -19,6 +19,17 @@ use core::{
 };
 use kernel::{prelude::*, types::Opaque};
 
+/// The completion of a WRITE signaled only so that the device copies it
+/// (on iWARP, see [`Qp::rdma_rw`]): ignored, the transfer's last request
+/// completes after it, in order, and reports the transfer.
+extern "C" fn signaled_write_done(_cq: *mut bindings::ib_cq, _wc: *mut bindings::ib_wc) {}
+
+/// The CQ entry of those WRITEs, one for the layer: the core and the
+/// driver only read it (and call its `done`).
+static SIGNALED_WRITE_CQE: bindings::ib_cqe = bindings::ib_cqe {
+    done: Some(signaled_write_done),
+};
+
 impl<C: CompletionHandler> Qp<C> {
     /// The generic RDMA READ/WRITE API (`rdma_rw_ctx_init`/`_post`): moves
     /// the whole of `buf` from (READ) or to (WRITE) the peer's `remote`
@@ -222,19 +233,20 @@ impl<C: CompletionHandler> Qp<C> {
         // the unsignaled ones from the buffer's pages after the transfer
         // came back ([`Self::sends_unsignaled_from_pages`]); counted here.
         let mut signaled = 0u32;
-        let signal_writes = if self.sends_unsignaled_from_pages() {
-            &raw mut signaled
+        let write_cqe = if self.sends_unsignaled_from_pages() {
+            (&raw const SIGNALED_WRITE_CQE).cast_mut()
         } else {
             ptr::null_mut()
         };
         // `cqe` (its `done` set) lives until the completion, which does not
         // free it before `posting` is cleared; the core chains the requests
         // (then `chain`, alive across the call with the SGE it names).  The
-        // WRITEs signaled for iWARP complete on the helper's static entry,
-        // which ignores them; each has a slot's CQ entry reserved.
+        // WRITEs signaled for iWARP complete on `SIGNALED_WRITE_CQE`, which
+        // ignores them; each has a slot's CQ entry reserved.
         // SAFETY: `raw` is live under the lock, the context initialised on
-        // it just above, `cqe` as said; `signal_writes` is NULL or a live
-        // counter; both outputs are writable.
+        // it just above, `cqe` as said; `write_cqe` is NULL or the static
+        // entry, which the core and the driver only read; `signaled` is a
+        // live counter; both outputs are writable.
         let ret = unsafe {
             bindings::rdma_cm_rs_rw_ctx_post(
                 work.ctx.get(),
@@ -242,7 +254,8 @@ impl<C: CompletionHandler> Qp<C> {
                 work.port,
                 cqe,
                 chain,
-                signal_writes,
+                write_cqe,
+                &mut signaled,
                 &mut first,
                 &mut refused,
             )
