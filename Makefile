@@ -18,11 +18,14 @@
 #                 part of make check (tools/intree.sh --help)
 #
 # KDIR=/path/to/a/Rust-enabled/kernel/build skips fetching and building the
-# test kernel.  Everything slow is cached under $(RDMA_CM_RS_CACHE)
-# (default /var/cache/rdma-cm-rs), keyed by kernel version and fragment.
+# test kernel; KERNEL=stock builds and tests the same configuration without
+# tools/kernel-patches/ (the tests needing a fix are skipped).  Everything
+# slow is cached under $(RDMA_CM_RS_CACHE) (default /var/cache/rdma-cm-rs),
+# keyed by kernel version and fragment.
 
 SHELL := /bin/bash
 export RDMA_CM_RS_CACHE ?= /var/cache/rdma-cm-rs
+export RDMA_CM_RS_KERNEL := $(KERNEL)
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 
@@ -39,7 +42,7 @@ KMAKE = mapfile -t dirs < <(module_dirs) && \
 all: module tool
 
 help:
-	@sed -n '3,22p' Makefile
+	@sed -n '3,24p' Makefile
 
 setup:
 	@tools/setup.sh
@@ -47,7 +50,7 @@ setup:
 # Prints nothing; writes the kernel build directory to .kdir for later steps.
 kernel: setup
 	@$(ENV) if [ -n "$(KDIR)" ]; then echo "$(KDIR)" >"$$out_dir/.kdir"; \
-		else tools/kernel.sh >"$$out_dir/.kdir"; fi
+		else tools/kernel.sh $(if $(KERNEL),--$(KERNEL)) >"$$out_dir/.kdir"; fi
 
 module: kernel
 	@$(ENV) $(KMAKE) modules

@@ -232,13 +232,51 @@ echo "1..${#groups[@]}"
 # --- setup -------------------------------------------------------------------
 group_begin setup
 step_loud "setup (tools/setup.sh)" "$logs/setup.log" tools/setup.sh || finish "setup failed"
+# The kernel: the test kernel (tools/kernel-patches/ applied), with
+# RDMA_CM_RS_KERNEL=stock (`make check KERNEL=stock`) the same configuration
+# on the unpatched source, or a user's KDIR.
+variant=${RDMA_CM_RS_KERNEL:-}
+case "$variant" in
+"" | stock) ;;
+*) finish "RDMA_CM_RS_KERNEL=$variant: only stock is known" ;;
+esac
 if [ -n "${KDIR:-}" ]; then
 	kdir=$KDIR
-	leaf 0 "kernel: KDIR=$kdir"
+	# What the suite needs of a kernel: tools/vm/run says what is missing.
+	kernel_has() {
+		local f=$kdir/.config o missing=()
+		[ -f "$kdir/arch/x86/boot/bzImage" ] || missing+=(bzImage)
+		for o in CONFIG_RUST=y CONFIG_KUNIT=y CONFIG_INFINIBAND=m CONFIG_RDMA_RXE=m CONFIG_RDMA_SIW=m; do
+			grep -qxF "$o" "$f" 2>/dev/null || grep -qxF "${o%=m}=y" "$f" 2>/dev/null || missing+=("$o")
+		done
+		echo "KDIR=$kdir"
+		[ ${#missing[@]} -eq 0 ] || { echo "missing: ${missing[*]}"; return 1; }
+	}
+	step "kernel: KDIR has a bzImage, Rust, KUnit, rxe and siw" "$logs/kernel.log" kernel_has ||
+		finish "KDIR lacks what the suite needs"
 else
-	step_loud "kernel build (tools/kernel.sh, cached when unchanged)" "$logs/kernel.log" \
-		tools/kernel.sh || finish "no kernel"
+	step_loud "kernel build (tools/kernel.sh${variant:+ --$variant}, cached when unchanged)" \
+		"$logs/kernel.log" tools/kernel.sh ${variant:+"--$variant"} || finish "no kernel"
 	kdir=$(tail -n1 "$logs/kernel.log.out")
+fi
+# The fixes of tools/kernel-patches/ the kernel carries: the test kernel
+# must carry all, another kernel gets the tests that need an absent one
+# skipped ("# SKIP needs kernel fix NNNN (subject)").
+if [ -f "$kdir/.rdma-cm-rs-fixes" ]; then
+	cp "$kdir/.rdma-cm-rs-fixes" "$logs/kernel-fixes.log"
+else
+	tools/kernel-fixes.sh "$kdir" >"$logs/kernel-fixes.log" 2>&1
+fi
+fixes_total=$(grep -c . "$logs/kernel-fixes.log")
+fixes_absent=$(awk '$2 != "present" { printf "%s%s", sep, $1; sep = " " }' "$logs/kernel-fixes.log")
+if [ -z "$KDIR$variant" ]; then
+	[ -z "$fixes_absent" ]
+	leaf $? "kernel: carries the $fixes_total fixes of tools/kernel-patches/" "$logs/kernel-fixes.log"
+elif [ -z "$fixes_absent" ]; then
+	leaf 0 "kernel: carries the $fixes_total fixes of tools/kernel-patches/"
+else
+	leaf_skip "kernel: carries the $fixes_total fixes of tools/kernel-patches/" \
+		"lacks $fixes_absent: the tests that need them are skipped"
 fi
 group_end
 
@@ -343,11 +381,13 @@ vm_group() {
 	subtree vm "$log" --name "VM run" --status "$st" --status-name "$what" "$@"
 }
 # The skip rule: in our VMs every case's device is there.  A scenario the
-# pass leaves out by design says so ("# SKIP left out ...: why") and is
-# counted as skipped, not held against the run.
+# pass leaves out by design says so ("# SKIP left out ...: why"), one that
+# needs a fix the kernel lacks says which ("# SKIP needs kernel fix NNNN
+# (subject)"; the test kernel lacks none, the setup group checks it): both
+# are counted as skipped, not held against the run.
 no_skip_in() {
 	local n skips
-	skips=$(grep -E '^\s*ok [0-9]+ .*# SKIP' "$1" | grep -vE '# SKIP left out' || true)
+	skips=$(grep -E '^\s*ok [0-9]+ .*# SKIP' "$1" | grep -vE '# SKIP (left out|needs kernel fix)' || true)
 	n=$(grep -c . <<<"$skips" || true)
 	[ -z "$skips" ] || sed 's/^ */# skipped: /' <<<"$skips" >>"$logs/skips.log"
 	return $((n > 0))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: GPL-2.0
 #
-# tools/kernel.sh [--bench]
+# tools/kernel.sh [--bench | --stock]
 #
 # Configures and builds the test kernel (tinyconfig + .config.fragment, clang
 # 19) into a cache directory keyed by kernel version, fragment and toolchain,
@@ -13,6 +13,16 @@
 #             directory of its own ($RDMA_CM_RS_CACHE/kernel/VERSION-bench-KEY,
 #             the key covering both fragments); log kernel-bench-build.log.
 #             `make check` never builds it.
+#   --stock   the test kernel's configuration on the Debian source without
+#             tools/kernel-patches/ ($RDMA_CM_RS_CACHE/src/linux-source-7.3-stock,
+#             unpacked by RDMA_CM_RS_KERNEL=stock tools/setup.sh): the stock
+#             kernel a user brings, for `make check KERNEL=stock`; cached in
+#             $RDMA_CM_RS_CACHE/kernel/VERSION-stock-KEY, log
+#             kernel-stock-build.log.
+#
+# Beside the build it records in .rdma-cm-rs-fixes which of
+# tools/kernel-patches/ its source carries (tools/kernel-fixes.sh), for the
+# tests that need one of them.
 #
 # Progress goes to stderr: what is being built as it starts, then a heartbeat
 # every 60 s (objects compiled so far, the last line of the build log).  The
@@ -28,12 +38,15 @@ die() { printf 'kernel: error: %s\n' "$*" >&2; exit 1; }
 variant=
 case "${1:-}" in
 --bench) variant=bench ;;
+--stock) variant=stock ;;
 "") ;;
-*) die "unknown argument '$1' (tools/kernel.sh [--bench])" ;;
+*) die "unknown argument '$1' (tools/kernel.sh [--bench | --stock])" ;;
 esac
 mapfile -t fragments < <(kernel_fragments "$variant")
+kernel_src=$(kernel_source "$variant")
 
-[ -f "$kernel_src/Makefile" ] || die "no kernel source in $kernel_src: run tools/setup.sh"
+[ -f "$kernel_src/Makefile" ] ||
+	die "no kernel source in $kernel_src: run ${variant:+RDMA_CM_RS_KERNEL=$variant }tools/setup.sh"
 build=$(kernel_build_dir "$variant")
 if [ -f "$build/.rdma-cm-rs-built" ]; then
 	echo "$build"
@@ -110,6 +123,7 @@ if ! wait "$pid"; then
 	tail -n 30 "$build_log" >&2 || true
 	die "kernel build failed after $(($(date +%s) - start)) s (log $build_log)"
 fi
+"$(dirname "$0")/kernel-fixes.sh" "$build" >"$build/.rdma-cm-rs-fixes"
 touch "$build/.rdma-cm-rs-built"
 log "built in $(($(date +%s) - start)) s"
 echo "$build"

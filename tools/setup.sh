@@ -11,6 +11,8 @@
 # Environment:
 #   KDIR=...                  a Rust-enabled kernel build of the user's own: no
 #                             kernel source is fetched
+#   RDMA_CM_RS_KERNEL=stock   also the same source without tools/kernel-patches/
+#                             (`make check KERNEL=stock`)
 #   RDMA_CM_RS_CACHE=...      where downloads and builds are cached
 #                             (default /var/cache/rdma-cm-rs)
 set -euo pipefail
@@ -86,16 +88,23 @@ debian_mirror() {
 	printf '%s\n' "$uri"
 }
 
-# Fetches Debian's linux-source-$kernel_series from trixie-backports through a
-# private apt configuration: its own sources and lists, the system keyring;
-# unpacks it and applies tools/kernel-patches/ (fixes of kernel bugs the
-# suite found, each written for upstream).  The stamp holds the digest of
-# the patches applied: a changed set unpacks the source again.
+# fetch_kernel_source [stock]: fetches Debian's linux-source-$kernel_series
+# from trixie-backports through a private apt configuration: its own sources
+# and lists, the system keyring; unpacks it and applies tools/kernel-patches/
+# (fixes of kernel bugs the suite found, each written for upstream), or with
+# "stock" unpacks it as it is into $kernel_src_stock.  The stamp holds the
+# digest of the patches applied: a changed set unpacks the source again.
 fetch_kernel_source() {
-	local src_root="$cache/src" apt_root="$cache/apt" deb tarball dir digest
-	digest=$(kernel_patches_digest)
-	dir=$(ls -d "$src_root"/linux-source-"$kernel_series" 2>/dev/null || true)
-	if [ -n "$dir" ] && [ -f "$dir/.rdma-cm-rs-complete" ] &&
+	local src_root="$cache/src" apt_root="$cache/apt" deb tarball dir digest stock=${1:-}
+	local name=linux-source-$kernel_series
+	if [ -n "$stock" ]; then
+		digest=stock
+		dir=$kernel_src_stock
+	else
+		digest=$(kernel_patches_digest)
+		dir=$kernel_src
+	fi
+	if [ -f "$dir/.rdma-cm-rs-complete" ] &&
 		[ "$(cat "$dir/.rdma-cm-rs-complete")" = "$digest" ]; then
 		return 0
 	fi
@@ -126,11 +135,13 @@ fetch_kernel_source() {
 	rm -rf "$apt_root/unpack" && mkdir -p "$apt_root/unpack"
 	dpkg-deb -x "$deb" "$apt_root/unpack"
 	tarball=$(ls "$apt_root"/unpack/usr/src/linux-source-"$kernel_series".tar.* | head -n1)
-	rm -rf "$src_root/linux-source-$kernel_series"
-	tar -C "$src_root" -xf "$tarball"
+	rm -rf "$dir" "$src_root/unpack"
+	mkdir -p "$src_root/unpack"
+	tar -C "$src_root/unpack" -xf "$tarball"
 	rm -rf "$apt_root/unpack"
-	dir="$src_root/linux-source-$kernel_series"
-	[ -f "$dir/Makefile" ] || die "unexpected tarball layout in $deb"
+	[ -f "$src_root/unpack/$name/Makefile" ] || die "unexpected tarball layout in $deb"
+	mv "$src_root/unpack/$name" "$dir"
+	rmdir "$src_root/unpack"
 	local version
 	version=$(make -s -C "$dir" kernelversion)
 	case "$version" in
@@ -138,7 +149,7 @@ fetch_kernel_source() {
 	*) die "expected a $kernel_series.x kernel, got $version" ;;
 	esac
 	local p
-	for p in "$repo_root"/tools/kernel-patches/*.patch; do
+	[ -n "$stock" ] || for p in "$repo_root"/tools/kernel-patches/*.patch; do
 		[ -f "$p" ] || continue
 		log "applying $(basename "$p")"
 		patch -d "$dir" -p1 --forward --quiet <"$p" || die "$(basename "$p") does not apply to $version"
@@ -150,5 +161,6 @@ install_packages
 install_rust_parts
 if [ -z "${KDIR:-}" ]; then
 	fetch_kernel_source
+	[ "${RDMA_CM_RS_KERNEL:-}" != stock ] || fetch_kernel_source stock
 fi
 log "ready"

@@ -9,6 +9,9 @@ export LIBCLANG_PATH=/usr/lib/llvm-19/lib
 export LLVM=-19
 kernel_series=7.3
 kernel_src="$RDMA_CM_RS_CACHE/src/linux-source-$kernel_series"
+# The same Debian source without tools/kernel-patches/: the stock kernel a
+# user brings (`KERNEL=stock make check`, tools/kernel.sh --stock).
+kernel_src_stock="$RDMA_CM_RS_CACHE/src/linux-source-$kernel_series-stock"
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
 
 # Where builds go: the module and samples (Kbuild's objects and .ko files),
@@ -62,8 +65,13 @@ kernel_patches_digest() {
 		[ -f "$p" ] && cat "$p"
 	done | sha256sum | cut -c1-16
 }
-# A variant (the one argument of the three functions below) is "" for the
-# test kernel, "bench" for the bench kernel of `make bench`.
+# A variant (the one argument of the functions below) is "" for the test
+# kernel, "bench" for the bench kernel of `make bench`, "stock" for the test
+# kernel's configuration on the unpatched source.
+# kernel_source [VARIANT]: the source tree the variant is built from.
+kernel_source() {
+	if [ "${1:-}" = stock ]; then echo "$kernel_src_stock"; else echo "$kernel_src"; fi
+}
 # kernel_fragments [VARIANT]: the config fragments merged over tinyconfig,
 # one a line, in order: later ones override earlier ones.
 kernel_fragments() {
@@ -71,18 +79,19 @@ kernel_fragments() {
 	[ "${1:-}" != bench ] || echo "$repo_root/bench.config.fragment"
 }
 # kernel_cache_key [VARIANT]: the test kernel's key is VERSION-HASH, the
-# bench kernel's VERSION-bench-HASH, its hash over its fragment too.
+# bench kernel's VERSION-bench-HASH, its hash over its fragment too, the
+# stock kernel's VERSION-stock-HASH, its hash without the patches.
 kernel_cache_key() {
 	local version variant=${1:-}
 	version=$(kernel_version)
 	{
 		echo "$version"
 		cat "$repo_root/.config.fragment"
-		kernel_patches_digest
+		if [ "$variant" = stock ]; then echo stock; else kernel_patches_digest; fi
 		rustc --version
 		bindgen --version
 		clang-19 --version | head -n1
-		[ -z "$variant" ] || cat "$repo_root/$variant.config.fragment"
+		[ "$variant" != bench ] || cat "$repo_root/$variant.config.fragment"
 	} | sha256sum | cut -c1-16 | sed "s/^/$version-${variant:+$variant-}/"
 }
 kernel_build_dir() { echo "$RDMA_CM_RS_CACHE/kernel/$(kernel_cache_key "${1:-}")"; }

@@ -224,7 +224,7 @@ done
 [ -e /sys/class/infiniband/siw0 ] || setup_failed "siw0 did not appear in 30 s"
 log "siw0 is up on $siwnet"
 export RDMA_CM_RS_IN_VM=1 RDMA_CM_RS_NETDEV=$netdev RDMA_CM_RS_RDMA_DEV=rxe0
-export RDMA_CM_RS_OUT=$OUT
+export RDMA_CM_RS_OUT=$OUT RDMA_CM_RS_KERNEL_FIXES=$KERNEL_FIXES
 export RDMA_CM_RS_LOCAL_IP=$LOCAL_IP RDMA_CM_RS_PEER_IP=$PEER_IP
 export RDMA_CM_RS_LOCAL_IP6=$LOCAL_IP6 RDMA_CM_RS_PEER_IP6=$PEER_IP6
 export RDMA_CM_RS_SIW_NETDEV=$siwnet
