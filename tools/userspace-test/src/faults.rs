@@ -849,10 +849,19 @@ pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> 
     dev.bind(l, &local).context("bind")?;
     dev.listen(l, 4).context("listen")?;
     // The peer's retry count becomes the module's QP's (the REQ carries
-    // it).  6, not librdmacm's usual 7: rxe (rxe_comp.c) treats 7 as
-    // "retry for ever", which the IBTA gives only the RNR retry count, and
-    // its sends to a dead machine would never fail.
-    let mut call = crate::agent::Call::start(&agent, &format!("hold addr={local} retry=6"))?;
+    // it): librdmacm's usual 7, or 6 on a kernel without fix 0014, whose
+    // rxe treats 7 as "retry for ever" (the IBTA gives that meaning only
+    // to the RNR retry count) and would never fail a send to a dead
+    // machine.
+    let fixes = crate::kernel_fixes::Present::from_env();
+    let retry = if fixes.has("0014") { 7 } else { 6 };
+    if retry < 7 {
+        println!(
+            "# retry count 6, not 7: {}",
+            fixes.lacking(&["0014"]).unwrap_or_default()
+        );
+    }
+    let mut call = crate::agent::Call::start(&agent, &format!("hold addr={local} retry={retry}"))?;
     let r = expect_event(&dev, EventType::ConnectRequest)?;
     dev.accept(r.new_id, None)?;
     expect_event(&dev, EventType::Established)?;
@@ -874,8 +883,8 @@ pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> 
     let killed = Instant::now();
     // Messages already in the module's receive queue are still read.
     while dev.recv(r.new_id, 4096, 0).is_ok() {}
-    // A send to the dead machine: RC retries (7, with the CM's ACK timeout
-    // for RoCE) run out and the send completes with IB_WC_RETRY_EXC_ERR,
+    // A send to the dead machine: RC retries (`retry`, with the CM's ACK
+    // timeout for RoCE) run out and the send completes with IB_WC_RETRY_EXC_ERR,
     // which the layer reports as EHOSTUNREACH.  The send may wait up to
     // the bound, past its default 5 s, so that the module's own timeout
     // (ETIMEDOUT) cannot pass for the transport's verdict.

@@ -16,6 +16,7 @@ mod cm;
 mod diag;
 mod faults;
 mod fuzz;
+mod kernel_fixes;
 mod payload;
 mod report;
 mod rping;

@@ -18,6 +18,7 @@ use self::{conn::*, data::*, faults::*, lifecycle::*, limits::*, rdma::*};
 
 use crate::agent::{Call, SEED_PEER_REGION, SEED_PEER_WRITES};
 use crate::diag;
+use crate::kernel_fixes::Present;
 use crate::payload::{advert, fnv64, hex, parse_advert, pattern, unhex, verify, verify_padded};
 use crate::report::Ktap;
 use crate::uapi::*;
@@ -56,6 +57,8 @@ pub struct Ctx {
     pub peer6: IpAddr,
     /// The agent serving the librdmacm side.
     pub agent: SocketAddr,
+    /// The fixes of tools/kernel-patches/ the kernel carries.
+    pub fixes: Present,
     next_port: u16,
 }
 
@@ -75,6 +78,7 @@ impl Ctx {
             local6,
             peer6,
             agent,
+            fixes: Present::from_env(),
             // Passes run at once (rxe and siw, each asynchronous and
             // synchronous) never meet each other's ports, nor the ports
             // the CM picks for ids that connect unbound: those come from
@@ -93,6 +97,11 @@ impl Ctx {
     /// Whether the pass runs on iWARP.
     pub fn iwarp(&self) -> bool {
         self.transport == Transport::Siw
+    }
+
+    /// Whether the librdmacm peer is on another machine.
+    pub fn two_machines(&self) -> bool {
+        self.local4 != self.peer4
     }
 
     /// Whether a librdmacm peer's `event` says its connect was refused: by
@@ -271,6 +280,109 @@ const NOT_SYNCHRONOUS_ON_IWARP: &[(&str, &str)] = &[];
 /// Scenarios only a pass on iWARP runs.
 const ONLY_ON_IWARP: &[&str] = &["iwarp_"];
 
+/// Where a kernel bug of `tools/kernel-patches/` meets a scenario.
+struct NeedsFix {
+    /// The scenarios, by name prefix ("" for all).
+    prefix: &'static str,
+    /// Only on this transport.
+    transport: Transport,
+    /// Only with the peer on another machine.
+    two_machines: bool,
+    /// The fixes, in the order the skip names the first one absent.
+    fixes: &'static [&'static str],
+}
+
+const fn needs(
+    prefix: &'static str,
+    transport: Transport,
+    two_machines: bool,
+    fixes: &'static [&'static str],
+) -> NeedsFix {
+    NeedsFix {
+        prefix,
+        transport,
+        two_machines,
+        fixes,
+    }
+}
+
+/// The scenarios a kernel without a fix runs into its bug (a VM panic, a
+/// KASAN, lockdep or kmemleak report, a lost message), as testing.rst's
+/// "The test VMs" tells them.  The private data limits need no entry: the
+/// module allows what the running siw carries (0003).
+const NEEDS_FIX: &[NeedsFix] = &[
+    // The active side's first message, sent as it sees ESTABLISHED,
+    // stays unread in the passive side's socket (0002, which needs 0001),
+    // or is lost when the peer's FIN comes with it (0009).
+    needs(
+        "first_message_right_after_established",
+        Transport::Siw,
+        false,
+        &["0001", "0002", "0009"],
+    ),
+    needs(
+        "module_listens_librdmacm_connects",
+        Transport::Siw,
+        false,
+        &["0001", "0002"],
+    ),
+    needs(
+        "failed_connect_leaves_id_usable",
+        Transport::Siw,
+        false,
+        &["0009"],
+    ),
+    // Requests dropped with their listener leak (kmemleak); a burst's
+    // lost takeover frees a listener still listed (KASAN).
+    needs(
+        "destroy_listener_with_requests_pending",
+        Transport::Siw,
+        false,
+        &["0004"],
+    ),
+    needs(
+        "backlog_overflow_burst",
+        Transport::Siw,
+        false,
+        &["0004", "0006"],
+    ),
+    // The 37th user CQ's mmap key is the one libsiw takes for "invalid".
+    needs("hundred_connections", Transport::Siw, false, &["0005"]),
+    // Across two machines: the CM's state_change under siw's TX thread
+    // (lockdep, 0001), a CEP freed under its waker (KASAN, 0007), a
+    // reject's reply lost with the FIN (0010 to 0012).
+    needs("", Transport::Siw, true, &["0001", "0007"]),
+    needs(
+        "reject_with_reason_and_private_data",
+        Transport::Siw,
+        true,
+        &["0010", "0011", "0012"],
+    ),
+    // Page pool pages returned with interrupts disabled (lockdep, a WARN:
+    // a panic under panic_on_warn).
+    needs(
+        "disconnect_under_incoming_sends",
+        Transport::Rxe,
+        true,
+        &["0008"],
+    ),
+];
+
+/// Why the kernel keeps this pass from running `name`, if it does: the
+/// first fix it lacks of those the scenario needs here.
+fn needs_fix_because(ctx: &Ctx, name: &str) -> Option<String> {
+    let fixes: Vec<&str> = NEEDS_FIX
+        .iter()
+        .filter(|n| {
+            name.starts_with(n.prefix)
+                && n.transport == ctx.transport
+                && (!n.two_machines || ctx.two_machines())
+        })
+        .flat_map(|n| n.fixes.iter().copied())
+        .collect();
+    ctx.fixes.lacking(&fixes)
+}
+
 pub fn names() -> impl Iterator<Item = &'static str> {
     TESTS.iter().map(|(n, _)| *n)
 }
@@ -316,7 +428,10 @@ pub fn run(ctx: &mut Ctx, filter: Option<&str>, left_out: bool) -> Result<bool> 
     let tests: Vec<_> = TESTS
         .iter()
         .filter(|(name, _)| filter.is_none_or(|f| name.contains(f)))
-        .map(|(name, test)| (*name, *test, left_out_because(name, sync, iwarp)))
+        .map(|(name, test)| {
+            let why = left_out_because(name, sync, iwarp).or_else(|| needs_fix_because(ctx, name));
+            (*name, *test, why)
+        })
         .filter(|(_, _, why)| !left_out || why.is_some())
         .collect();
     let mut ktap = Ktap::new(io::stdout(), tests.len())?;
@@ -468,6 +583,49 @@ mod tests {
                 "{prefix} names no scenario"
             );
         }
+    }
+
+    /// Every entry of NEEDS_FIX names a scenario and fixes of the series.
+    #[test]
+    fn needed_fixes_name_scenarios_and_fixes() {
+        for need in NEEDS_FIX {
+            assert!(
+                TESTS.iter().any(|(n, _)| n.starts_with(need.prefix)),
+                "{} names no scenario",
+                need.prefix
+            );
+            for f in need.fixes {
+                assert!(
+                    crate::kernel_fixes::FIXES.iter().any(|k| k.number == *f),
+                    "{f} is no fix"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_lacking_fix_skips_where_it_bites() {
+        let ip = |n| IpAddr::from([192, 0, 2, n]);
+        let agent: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let mut one = Ctx::new(Transport::Siw, ip(1), ip(1), ip(1), ip(1), agent);
+        one.fixes = Present::parse("0001,0002,0003,0004,0005,0006,0007,0008,0010,0011,0012");
+        assert_eq!(
+            needs_fix_because(&one, "first_message_right_after_established").as_deref(),
+            Some(
+                "needs kernel fix 0009 (RDMA/siw: receive the data that came with the peer's FIN)"
+            )
+        );
+        assert_eq!(needs_fix_because(&one, "hundred_connections"), None);
+        let mut two = Ctx::new(Transport::Siw, ip(1), ip(2), ip(1), ip(2), agent);
+        two.fixes = Present::parse("0001,0009");
+        assert!(needs_fix_because(&two, "info_reports_abi")
+            .is_some_and(|w| w.starts_with("needs kernel fix 0007 ")));
+        let mut rxe = Ctx::new(Transport::Rxe, ip(1), ip(1), ip(1), ip(1), agent);
+        rxe.fixes = Present::parse("");
+        assert_eq!(
+            needs_fix_because(&rxe, "disconnect_under_incoming_sends"),
+            None
+        );
     }
 
     #[test]
