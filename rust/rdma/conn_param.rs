@@ -24,7 +24,8 @@
 //! over TCP, with its exact length.  `cma.c` adds no header there, but MPA
 //! v2 (RFC 6581) puts its 4-byte IRD/ORD header in the same field, whose
 //! ceiling is `RDMA_MAX_PRIVATE_DATA` (256).  So every use is limited to
-//! 252 bytes; UD does not exist on iWARP.
+//! 252 bytes, 251 on a device that [`Device::truncates_mpa_private_data`];
+//! UD does not exist on iWARP.
 //!
 //! | use                   | IB/RoCE | iWARP                   |
 //! |-----------------------|---------|-------------------------|
@@ -63,6 +64,10 @@ pub const MPA_MAX_PRIVATE_DATA: usize = bindings::RDMA_MAX_PRIVATE_DATA as usize
 pub const MPA_V2_HEADER_SIZE: usize = 4;
 /// Private data of any iWARP use.
 pub const MAX_PRIVATE_DATA_IWARP: usize = MPA_MAX_PRIVATE_DATA - MPA_V2_HEADER_SIZE;
+/// Private data of any use on a device that
+/// [`Device::truncates_mpa_private_data`]: the length and the MPA v2 header
+/// must fit in 8 bits.
+pub const MAX_PRIVATE_DATA_MPA_TRUNCATED: usize = u8::MAX as usize - MPA_V2_HEADER_SIZE;
 /// Room for any private data a CM message can carry (RTU: 224).
 pub const PRIVATE_DATA_CAPACITY: usize = 256;
 /// Largest 3-bit retry count (`rnr_retry_count` 7 means "retry for ever").
@@ -100,6 +105,18 @@ impl PrivateDataUse {
             }
             (Transport::Iwarp, Self::ConnectUd | Self::AcceptUd) => Err(EPROTONOSUPPORT),
         }
+    }
+
+    /// The largest private data this use allows on `dev`: [`Self::limit`]
+    /// on its transport, [`MAX_PRIVATE_DATA_MPA_TRUNCATED`] at most on a
+    /// device that [`Device::truncates_mpa_private_data`].
+    pub fn limit_on(self, dev: &Device) -> Result<usize> {
+        let limit = self.limit(dev.transport())?;
+        Ok(if dev.truncates_mpa_private_data() {
+            limit.min(MAX_PRIVATE_DATA_MPA_TRUNCATED)
+        } else {
+            limit
+        })
     }
 }
 
@@ -146,9 +163,9 @@ impl PrivateData {
         self.len == 0
     }
 
-    /// Checks the length against the limit of `usage` on `transport`.
-    pub fn check(&self, usage: PrivateDataUse, transport: Transport) -> Result {
-        if self.len() > usage.limit(transport)? {
+    /// Checks the length against `limit` (a [`PrivateDataUse::limit_on`]).
+    pub fn check(&self, limit: usize) -> Result {
+        if self.len() > limit {
             Err(EINVAL)
         } else {
             Ok(())
@@ -277,14 +294,14 @@ impl ConnParam {
         &self.private_data
     }
 
-    /// Checks the private data's length for `usage` on the device's
-    /// transport, and the RDMA read depths against the device's limits
-    /// (`max_qp_rd_atom` for responder resources, `max_qp_init_rd_atom` for
-    /// the initiator depth; on iWARP they travel as IRD and ORD).
+    /// Checks the private data's length for `usage` on the device
+    /// ([`PrivateDataUse::limit_on`]), and the RDMA read depths against the
+    /// device's limits (`max_qp_rd_atom` for responder resources,
+    /// `max_qp_init_rd_atom` for the initiator depth; on iWARP they travel
+    /// as IRD and ORD).
     pub fn check(&self, usage: PrivateDataUse, dev: &Device) -> Result {
         self.check_against(
-            usage,
-            dev.transport(),
+            usage.limit_on(dev)?,
             dev.max_qp_rd_atom(),
             dev.max_qp_init_rd_atom(),
         )
@@ -293,12 +310,11 @@ impl ConnParam {
     /// [`Self::check`] against given limits.
     pub fn check_against(
         &self,
-        usage: PrivateDataUse,
-        transport: Transport,
+        private_data_limit: usize,
         max_rd_atom: u32,
         max_init_rd_atom: u32,
     ) -> Result {
-        self.private_data.check(usage, transport)?;
+        self.private_data.check(private_data_limit)?;
         if u32::from(self.responder_resources) > max_rd_atom
             || u32::from(self.initiator_depth) > max_init_rd_atom
         {

@@ -376,6 +376,19 @@ impl Device {
     /// rxe's deregistration waits for its responders (`rxe_cleanup`), as
     /// the verbs expect of every driver.
     pub(crate) fn places_after_deregistration(&self) -> bool {
+        self.is_siw()
+    }
+
+    /// Whether the driver sends MPA private data of
+    /// [`MAX_PRIVATE_DATA_IWARP`](super::conn_param::MAX_PRIVATE_DATA_IWARP)
+    /// bytes announcing none: siw, where the running kernel lacks the fix
+    /// or the build could not tell (the cfg `siw_truncates_private_data`,
+    /// set by the out-of-tree build).
+    pub fn truncates_mpa_private_data(&self) -> bool {
+        cfg!(siw_truncates_private_data) && self.is_siw()
+    }
+
+    fn is_siw(&self) -> bool {
         // SAFETY: The device is valid (type invariants); drivers set their
         // ops before registering and never change them.
         let driver = unsafe { (*self.as_ptr()).ops.driver_id };

@@ -355,9 +355,10 @@ impl<'a> LockedId<'a> {
         }
         if self.qp_type == QpType::Ud {
             let param = param.copied().unwrap_or_default();
+            let dev = self.device().map_err(|_| EINVAL)?;
             param
                 .data()
-                .check(PrivateDataUse::AcceptUd, self.transport()?)?;
+                .check(PrivateDataUse::AcceptUd.limit_on(&dev)?)?;
             let mut raw = param.as_raw();
             // A zero `qkey` answers with the port space's default Q_Key,
             // the one the QP was created with.
@@ -409,7 +410,8 @@ impl<'a> LockedId<'a> {
     /// Rejects a connection request (`rdma_reject`) with an IB CM reason
     /// (0 means consumer defined, 28) and up to 148 bytes of private data,
     /// 136 on a UD id (a SIDR reply carries the rejection, with no reason:
-    /// the CM does not send it).  On iWARP up to 252 bytes travel in an MPA
+    /// the CM does not send it).  On iWARP up to 252 bytes
+    /// ([`PrivateDataUse::limit_on`]) travel in an MPA
     /// reply with the reject bit, and no reason (the peer sees
     /// `ECONNREFUSED`).  `EINVAL` as [`Self::accept`] when there is no
     /// request to answer.
@@ -420,7 +422,7 @@ impl<'a> LockedId<'a> {
             QpType::Rc => PrivateDataUse::Reject,
             QpType::Ud => PrivateDataUse::AcceptUd,
         };
-        let limit = usage.limit(self.transport()?)?;
+        let limit = usage.limit_on(&*self.device().map_err(|_| EINVAL)?)?;
         if data.len() > limit {
             return Err(EINVAL);
         }

@@ -31,24 +31,19 @@ mod conn_param_tests {
             (Transport::Iwarp, PrivateDataUse::AcceptRc, 252),
             (Transport::Iwarp, PrivateDataUse::Reject, 252),
         ] {
+            assert_eq!(usage.limit(transport), Ok(limit));
             assert!(PrivateData::new(&data[..limit])
                 .unwrap()
-                .check(usage, transport)
+                .check(limit)
                 .is_ok());
             assert_eq!(
-                PrivateData::new(&data[..limit + 1])
-                    .unwrap()
-                    .check(usage, transport),
+                PrivateData::new(&data[..limit + 1]).unwrap().check(limit),
                 Err(EINVAL)
             );
         }
         // No UD on iWARP, whatever the length.
         for usage in [PrivateDataUse::ConnectUd, PrivateDataUse::AcceptUd] {
             assert_eq!(usage.limit(Transport::Iwarp), Err(EPROTONOSUPPORT));
-            assert_eq!(
-                PrivateData::default().check(usage, Transport::Iwarp),
-                Err(EPROTONOSUPPORT)
-            );
         }
         assert!(PrivateData::new(&[0u8; 257]).is_err());
     }
@@ -75,7 +70,8 @@ mod conn_param_tests {
     fn rd_atom_bounded_by_device() {
         let p = ConnParam::new().responder_resources(4).initiator_depth(2);
         for transport in [Transport::Ib, Transport::Iwarp] {
-            let check = |rd, init| p.check_against(PrivateDataUse::ConnectRc, transport, rd, init);
+            let limit = PrivateDataUse::ConnectRc.limit(transport).unwrap();
+            let check = |rd, init| p.check_against(limit, rd, init);
             assert!(check(4, 2).is_ok());
             assert!(check(3, 2).is_err());
             assert!(check(4, 1).is_err());
