@@ -269,7 +269,7 @@ else
 fi
 fixes_total=$(grep -c . "$logs/kernel-fixes.log")
 fixes_absent=$(awk '$2 != "present" { printf "%s%s", sep, $1; sep = " " }' "$logs/kernel-fixes.log")
-if [ -z "$KDIR$variant" ]; then
+if [ -z "${KDIR:-}$variant" ]; then
 	[ -z "$fixes_absent" ]
 	leaf $? "kernel: carries the $fixes_total fixes of tools/kernel-patches/" "$logs/kernel-fixes.log"
 elif [ -z "$fixes_absent" ]; then
