@@ -368,7 +368,7 @@ impl Device {
     /// valid flag and return).  Each chunk's check and copy run in
     /// `siw_qp_llp_data_ready` under the socket's callback lock taken for
     /// reading (`read_lock`; `read_lock_bh` with the test kernel's patch
-    /// 0003), that is with preemption or bottom halves disabled: an RCU
+    /// 0001), that is with preemption or bottom halves disabled: an RCU
     /// read-side critical section.  A grace period after the key went
     /// invalid therefore waits for every chunk under way, and later chunks
     /// see the key invalid.  (The test kernel's patch 0009 also receives
