@@ -184,7 +184,7 @@ pub struct Ktap<W: io::Write> {
 
 impl<W: io::Write> Ktap<W> {
     pub fn new(mut out: W, tests: usize) -> io::Result<Self> {
-        writeln!(out, "TAP version 13")?;
+        writeln!(out, "KTAP version 1")?;
         writeln!(out, "1..{tests}")?;
         out.flush()?;
         Ok(Self {
@@ -328,7 +328,7 @@ mod tests {
         let text = String::from_utf8(k.into_inner()).unwrap();
         assert_eq!(
             text,
-            "TAP version 13\n1..3\n# first: 5 ms\nok 1 - first\n# second_x: 0 ms\n\
+            "KTAP version 1\n1..3\n# first: 5 ms\nok 1 - first\n# second_x: 0 ms\n\
              # bad\n# worse\nnot ok 2 - second_x\nok 3 - third # SKIP left out: why\n"
         );
     }
