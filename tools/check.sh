@@ -339,6 +339,27 @@ unsafe_outside() {
 		grep -vE 'deny\(unsafe_code\)|forbid\(unsafe_code\)|allow\(dead_code, unsafe_code\)|unsafe_code` is denied|no `unsafe`|owns no `unsafe`'
 }
 step "no unsafe in rust/ctl and samples" "$logs/unsafe.log" unsafe_outside
+# The kernel fixes as a maintainer takes them: each a mail `git am` reads
+# (an author with an address, a subject, a Fixes: tag), checkpatch --strict
+# clean in the kernel tree but for the Signed-off-by its sender adds.
+kernel_patches_form() {
+	local p info rc=0
+	for p in tools/kernel-patches/*.patch; do
+		info=$(git mailinfo /dev/null /dev/null <"$p")
+		grep -q '^Email: .*@' <<<"$info" || { echo "$p: no author address"; rc=1; }
+		grep -q '^Fixes: [0-9a-f]\{12\} ("' "$p" || { echo "$p: no Fixes: tag"; rc=1; }
+	done
+	(cd "$kernel_src" && scripts/checkpatch.pl --strict --quiet \
+		--ignore MISSING_SIGN_OFF,UNKNOWN_COMMIT_ID "$OLDPWD"/tools/kernel-patches/*.patch) || rc=1
+	return "$rc"
+}
+if [ -f "$kernel_src/scripts/checkpatch.pl" ]; then
+	step "kernel fixes: git am's form, a Fixes: tag each, checkpatch --strict clean" \
+		"$logs/kernel-patches.log" kernel_patches_form
+else
+	leaf_skip "kernel fixes: git am's form, a Fixes: tag each, checkpatch --strict clean" \
+		"no kernel source at $kernel_src (KDIR=): checkpatch.pl is the kernel's"
+fi
 step "ioctl-abi.rst and the uapi header name the same commands and structures" \
 	"$logs/abi-doc.log" tools/abi-doc-check.sh
 group_end
