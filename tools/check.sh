@@ -20,7 +20,8 @@
 #                    with synchronous ids (four passes at once),
 #                    the sample echo module, the sample rping server
 #                    against unmodified rping and the module's own rping
-#                    client, a 45 s round of the seeded ioctl fuzzer
+#                    client, the kernel's NVMe host against its C target
+#                    over rxe and siw (tools/nvme-test.sh), a 45 s round of the seeded ioctl fuzzer
 #                    (seed 2, whose path found the ib_cm use after free
 #                    and the siw teardown hang) and beside it a short
 #                    functional round of
@@ -436,13 +437,13 @@ vm_one="$logs/vm-one"
 watched vm-one "$logs/vm-one.log" \
 	tools/vm/run --kernel "$kdir" --timeout 1500 --keep-logs "$vm_one" --stream \
 	--module "$out_dir/rdma_cm_rs.ko" -- \
-	"$part; bg_part suite-rxe-sync $tool suite --sync; bg_part suite-siw $tool suite --transport siw; bg_part suite-siw-sync $tool suite --sync --transport siw; part suite-rxe $tool suite; s=\$?; bg_show suite-rxe-sync || s=1; bg_show suite-siw || s=1; bg_show suite-siw-sync || s=1; part echo tools/echo-test.sh || s=1; part rping tools/rping-test.sh || s=1; bg_part bench-round $tool bench --quick --allow-coarse-clock --reps 1 --cycles 10 --round-trips 20 --rdma-ops 2 --only active,sync,passive,data,sample,store --out-dir /tmp/bench-round; part fuzz $tool fuzz --seed 2 --seconds 45 --shrink-secs 0 || s=1; bg_show bench-round || s=1; part faults tools/fault-test.sh || s=1; part removal tools/removal-test.sh || s=1; exit \$s"
+	"$part; bg_part suite-rxe-sync $tool suite --sync; bg_part suite-siw $tool suite --transport siw; bg_part suite-siw-sync $tool suite --sync --transport siw; part suite-rxe $tool suite; s=\$?; bg_show suite-rxe-sync || s=1; bg_show suite-siw || s=1; bg_show suite-siw-sync || s=1; part echo tools/echo-test.sh || s=1; part rping tools/rping-test.sh || s=1; part nvme tools/nvme-test.sh || s=1; bg_part bench-round $tool bench --quick --allow-coarse-clock --reps 1 --cycles 10 --round-trips 20 --rdma-ops 2 --only active,sync,passive,data,sample,store --out-dir /tmp/bench-round; part fuzz $tool fuzz --seed 2 --seconds 45 --shrink-secs 0 || s=1; bg_show bench-round || s=1; part faults tools/fault-test.sh || s=1; part removal tools/removal-test.sh || s=1; exit \$s"
 rc=$?
 kunit_args=(--kunit "${expect_kunit[@]}")
 [ ! -f "$vm_one/dmesg" ] || kunit_args+=(--dmesg "$vm_one/dmesg")
 vm_group "$logs/vm-one.log" "$rc" \
 	"the VM ran to its end: modules unloaded, dmesg and kmemleak clean" "${kunit_args[@]}" \
-	"${expect_suites[@]}" --expect-part echo --expect-part rping --expect-part bench-round \
+	"${expect_suites[@]}" --expect-part echo --expect-part rping --expect-part nvme --expect-part bench-round \
 	--expect-part fuzz --expect-part faults --expect-part removal
 printf '%s' "$glines" >"$logs/vm-one.ktap"
 note "vm-one $(part_times "$logs/vm-one.log")"

@@ -34,6 +34,7 @@ packages=(
 	iproute2 flex bison bc libelf-dev libssl-dev cpio kmod xz-utils
 	make gcc pkg-config patch
 	rsync
+	nvme-cli fio
 )
 case "${1:-}" in
 --bench) packages+=(gnuplot-nox) ;;

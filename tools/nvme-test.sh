@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# NVMe over Fabrics in the test VM, on rxe0 and on siw0: the kernel's own
+# NVMe host (nvme-rdma, driven by nvme-cli) against the kernel's C target
+# (nvmet-rdma, configured through configfs, a brd RAM disk as its
+# namespace).  It proves what the Rust target (issue 14/16) will stand on
+# and be compared with: the kernel's options, nvme-cli, fio, configfs and
+# brd in the guest.  Per transport: `nvme discover` lists the subsystem,
+# `nvme connect` gives a block device of the namespace's size, fio writes
+# and verifies (crc32c, 4 KiB to 64 KiB, queue depth 8, two jobs, so two
+# I/O queues), `nvme disconnect` removes it.  Then every module it loaded
+# is unloaded.  Prints KTAP; exits non-zero on failure.
+#
+# Environment: RDMA_CM_RS_NVME_MODULES (tools/vm/run: the modules in load
+# order), RDMA_CM_RS_LOCAL_IP and RDMA_CM_RS_SIW_IP.
+set -uo pipefail
+. "$(dirname "$0")/lib/help.sh"
+cd "$(dirname "$0")/.."
+. tools/lib/ktap.sh
+
+transports="rxe=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1} siw=${RDMA_CM_RS_SIW_IP:-203.0.113.1}"
+port=4421
+nqn=nqn.2026-11.org.rdma-cm-rs:c-target
+hostid=8f6c2f14-7e1b-4b43-9a37-0c3f3b0c0001
+hostnqn=nqn.2014-08.org.nvmexpress:uuid:$hostid
+size_mib=64
+cfg=/sys/kernel/config/nvmet
+
+read -ra modules <<<"${RDMA_CM_RS_NVME_MODULES:-}"
+if [ ${#modules[@]} -eq 0 ]; then
+	echo "# no nvme-rdma, nvmet-rdma or brd in this kernel (RDMA_CM_RS_NVME_MODULES is empty)"
+	result 1 "nvme: the kernel has the NVMe over Fabrics modules"
+	ktap_end
+	exit
+fi
+loaded=()
+ok=0
+for m in "${modules[@]}"; do
+	name=$(basename "$m" .ko)
+	name=${name//-/_}
+	if grep -q "^$name " /proc/modules; then
+		continue
+	fi
+	if [ "$name" = brd ]; then
+		insmod "$m" rd_nr=1 rd_size=$((size_mib * 1024)) || ok=1
+	else
+		insmod "$m" || ok=1
+	fi
+	loaded+=("$name")
+done
+result $ok "nvme: insmod ${loaded[*]}"
+grep -q " /sys/kernel/config " /proc/mounts || mount -t configfs none /sys/kernel/config
+
+# The C target: one subsystem on /dev/ram0, any host, one port a transport.
+c_target() {
+	mkdir "$cfg/subsystems/$nqn" &&
+		echo 1 >"$cfg/subsystems/$nqn/attr_allow_any_host" &&
+		mkdir "$cfg/subsystems/$nqn/namespaces/1" &&
+		echo /dev/ram0 >"$cfg/subsystems/$nqn/namespaces/1/device_path" &&
+		echo 1 >"$cfg/subsystems/$nqn/namespaces/1/enable" || return 1
+	local i=1 t
+	for t in $transports; do
+		mkdir "$cfg/ports/$i" &&
+			echo rdma >"$cfg/ports/$i/addr_trtype" &&
+			echo ipv4 >"$cfg/ports/$i/addr_adrfam" &&
+			echo "${t#*=}" >"$cfg/ports/$i/addr_traddr" &&
+			echo $port >"$cfg/ports/$i/addr_trsvcid" &&
+			ln -s "$cfg/subsystems/$nqn" "$cfg/ports/$i/subsystems/$nqn" || return 1
+		i=$((i + 1))
+	done
+}
+c_target_gone() {
+	local p
+	for p in "$cfg"/ports/*/; do
+		[ -d "$p" ] || continue
+		rm -f "$p/subsystems/$nqn"
+		rmdir "$p"
+	done
+	[ ! -d "$cfg/subsystems/$nqn" ] || {
+		echo 0 >"$cfg/subsystems/$nqn/namespaces/1/enable"
+		rmdir "$cfg/subsystems/$nqn/namespaces/1" "$cfg/subsystems/$nqn"
+	}
+}
+c_target
+result $? "nvme: C target (nvmet-rdma) configured: $nqn on /dev/ram0 ($size_mib MiB), port $port on rxe0 and siw0"
+
+# The controller nvme-cli made for $nqn, once its namespace is there.
+namespace_of() {
+	local c n
+	for c in /sys/class/nvme/nvme*; do
+		[ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$nqn" ] || continue
+		for n in "$c"/nvme*n1; do
+			[ -e "$n" ] && [ -b "/dev/$(basename "$n")" ] && echo "/dev/$(basename "$n")" && return 0
+		done
+	done
+	return 1
+}
+
+for t in $transports; do
+	name=${t%%=*} ip=${t#*=}
+	out=$(nvme discover -t rdma -a "$ip" -s $port --hostnqn="$hostnqn" --hostid="$hostid" 2>&1)
+	rc=$?
+	echo "$out" | sed 's/^/# /' | grep -E 'subnqn|trsvcid|traddr|rror' | head -n 8
+	[ $rc -eq 0 ] && grep -q "subnqn: *$nqn" <<<"$out"
+	result $? "nvme: $name: nvme discover lists $nqn"
+	out=$(nvme connect -t rdma -a "$ip" -s $port -n "$nqn" --hostnqn="$hostnqn" \
+		--hostid="$hostid" -i 2 2>&1)
+	rc=$?
+	echo "$out" | sed 's/^/# /' | head -n 4
+	dev=
+	if [ $rc -eq 0 ]; then
+		for _ in $(seq 100); do
+			dev=$(namespace_of) && break
+			sleep 0.1
+		done
+	fi
+	bytes=$([ -n "$dev" ] && blockdev --getsize64 "$dev" 2>/dev/null)
+	[ "${bytes:-0}" = $((size_mib << 20)) ]
+	result $? "nvme: $name: nvme connect: ${dev:-no block device}, ${bytes:-0} bytes"
+	if [ -n "$dev" ]; then
+		out=$(fio --name="nvme-$name" --filename="$dev" --direct=1 --ioengine=libaio \
+			--rw=randwrite --bsrange=4k-64k --iodepth=8 --numjobs=2 --size=8m \
+			--offset_increment=16m --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
+			--group_reporting --thread 2>&1)
+		rc=$?
+		echo "$out" | grep -E 'WRITE:|READ:|err=|verify' | sed 's/^ */# /' | head -n 6
+	else
+		rc=1
+	fi
+	result $rc "nvme: $name: fio writes 2 x 8 MiB at random, 4-64 KiB at queue depth 8, and verifies them"
+	out=$(nvme disconnect -n "$nqn" 2>&1)
+	rc=$?
+	echo "$out" | sed 's/^/# /' | head -n 2
+	[ $rc -eq 0 ] && ! namespace_of >/dev/null
+	result $? "nvme: $name: nvme disconnect"
+done
+
+c_target_gone
+result $? "nvme: C target torn down"
+ok=0
+for ((i = ${#loaded[@]} - 1; i >= 0; i--)); do
+	rmmod "${loaded[i]}" || ok=1
+done
+result $ok "nvme: rmmod ${loaded[*]}"
+ktap_end
