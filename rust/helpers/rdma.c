@@ -12,6 +12,7 @@
 
 #include <linux/cpumask.h>
 #include <linux/dma-direction.h>
+#include <linux/highmem.h>
 #include <linux/nsproxy.h>
 #include <linux/scatterlist.h>
 #include <linux/sched.h>
@@ -351,6 +352,14 @@ rust_helper_rdma_cm_rs_create_ah(struct ib_pd *pd,
 	struct rdma_ah_attr copy = *ah_attr;
 
 	return rdma_create_ah(pd, &copy, RDMA_CREATE_AH_SLEEPABLE);
+}
+
+/* A copy between two pages, each mapped for it (a static inline in C). */
+__rust_helper void rust_helper_memcpy_page(struct page *dst_page, size_t dst_off,
+					   struct page *src_page, size_t src_off,
+					   size_t len)
+{
+	memcpy_page(dst_page, dst_off, src_page, src_off, len);
 }
 
 /*

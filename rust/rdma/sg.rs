@@ -160,6 +160,55 @@ impl SgBuffer {
         Ok(())
     }
 
+    /// Copies `len` bytes of `src` from `src_offset` in at `offset`, page
+    /// to page, with no bounce buffer (`EINVAL` beyond either end).
+    pub fn copy_from(
+        &mut self,
+        offset: usize,
+        src: &SgBuffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result {
+        check_range(offset, len, self.len)?;
+        check_range(src_offset, len, src.len)?;
+        let mut done = 0;
+        while done < len {
+            let (to, from) = (offset + done, src_offset + done);
+            let n = (PAGE_SIZE - to % PAGE_SIZE)
+                .min(PAGE_SIZE - from % PAGE_SIZE)
+                .min(len - done);
+            // SAFETY: Both pages are live (owned by the buffers) and the
+            // ranges lie within them (`n` stops at either page's end);
+            // `&mut self` excludes every other access to the destination,
+            // and the source is only read (writers need `&mut`); no device
+            // reaches either (type invariants).  `memcpy_page` maps both
+            // pages for the copy.
+            unsafe {
+                bindings::memcpy_page(
+                    self.pages[to / PAGE_SIZE].as_ptr(),
+                    to % PAGE_SIZE,
+                    src.pages[from / PAGE_SIZE].as_ptr(),
+                    from % PAGE_SIZE,
+                    n,
+                )
+            };
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Zeroes `len` bytes at `offset` (`EINVAL` beyond the end).
+    pub fn zero(&mut self, offset: usize, len: usize) -> Result {
+        check_range(offset, len, self.len)?;
+        for (page, in_page, n, _) in pieces(offset, len) {
+            // SAFETY: The range lies within the page; `&mut self` excludes
+            // every other access to it, and no device can reach it (type
+            // invariants).
+            unsafe { self.pages[page].fill_zero_raw(in_page, n)? };
+        }
+        Ok(())
+    }
+
     /// The scatterlist and its entry count, for the R/W API to map.
     pub(crate) fn sgl(&self) -> (*mut bindings::scatterlist, u32) {
         // SAFETY: The table is live (type invariants); only read.

@@ -33,6 +33,58 @@ mod rdma_tests {
     /// flight are bounded (`ENOSPC`: the slots on rxe, the pool's
     /// registrations on siw), and those still in flight at the teardown
     /// come back, each once.
+    /// A buffer copies from another page to page, whatever the two
+    /// offsets (the pieces end at either page's boundary), and zeroes a
+    /// range across pages; the bytes around both stay, and a range past
+    /// either end is refused (`EINVAL`).
+    #[test]
+    fn sg_buffers_copy_and_zero_across_pages() {
+        const LEN: usize = 3 * 4096 + 100;
+        let pattern = |i: usize| (i * 7 + 3) as u8;
+        let mut src = SgBuffer::new(LEN).unwrap();
+        let mut bytes = KVec::with_capacity(LEN, GFP_KERNEL).unwrap();
+        for i in 0..LEN {
+            bytes.push(pattern(i), GFP_KERNEL).unwrap();
+        }
+        src.write(0, &bytes).unwrap();
+        let mut dst = SgBuffer::new(LEN).unwrap();
+        // Offsets 5 and 1000: the copy crosses the pages at different
+        // places in each buffer.
+        let (to, from, len) = (5, 1000, 2 * 4096 + 777);
+        dst.copy_from(to, &src, from, len).unwrap();
+        let mut out = KVec::from_elem(0u8, LEN, GFP_KERNEL).unwrap();
+        dst.read(0, &mut out).unwrap();
+        let copied = (0..LEN).all(|i| {
+            let want = if (to..to + len).contains(&i) {
+                pattern(i - to + from)
+            } else {
+                0
+            };
+            out[i] == want
+        });
+        src.zero(4000, 5000).unwrap();
+        src.read(0, &mut out).unwrap();
+        let zeroed = (0..LEN).all(|i| {
+            out[i]
+                == if (4000..9000).contains(&i) {
+                    0
+                } else {
+                    pattern(i)
+                }
+        });
+        let refused = [
+            dst.copy_from(LEN - 10, &src, 0, 11),
+            dst.copy_from(0, &src, LEN - 10, 11),
+            dst.copy_from(0, &src, 0, 0),
+            dst.zero(LEN, 1),
+        ];
+        assert!(copied);
+        assert!(zeroed);
+        for r in refused {
+            assert_eq!(r, Err(EINVAL));
+        }
+    }
+
     #[test]
     fn rw_api_moves_pages_both_ways() {
         rw_moves_pages(RXE_IP, 7199);
