@@ -44,6 +44,24 @@ fn pieces(offset: usize, len: usize) -> impl Iterator<Item = (usize, usize, usiz
     })
 }
 
+/// A new table over the first `len` bytes of `pages` (`EINVAL` for 0 or
+/// more than they hold), which must outlive it.
+fn table_over(pages: &[Page], len: usize) -> Result<NonNull<bindings::sg_table>> {
+    if len == 0 || len > pages.len().saturating_mul(PAGE_SIZE) {
+        return Err(EINVAL);
+    }
+    let count = len.div_ceil(PAGE_SIZE);
+    let n = u32::try_from(count).map_err(|_| EINVAL)?;
+    let mut raw = KVec::with_capacity(count, GFP_KERNEL)?;
+    for page in &pages[..count] {
+        raw.push(page.as_ptr(), GFP_KERNEL)?;
+    }
+    // SAFETY: `raw` holds `n` live pages (the caller keeps them with the
+    // table); `len` fits in them; the function copies the array.
+    let table = unsafe { bindings::rdma_cm_rs_sg_table_from_pages(raw.as_mut_ptr(), n, len) };
+    NonNull::new(kernel::error::from_err_ptr(table)?).ok_or(ENOMEM)
+}
+
 /// Bytes of whole pages and the scatterlist describing them.
 ///
 /// # Invariants
@@ -92,21 +110,26 @@ impl SgBuffer {
     /// (`EINVAL` for 0 or more than the pages hold).  The pages are the
     /// buffer's until [`Self::into_pages`].
     pub fn from_pages(pages: KVec<Page>, len: usize) -> Result<Self> {
-        if len == 0 || len > pages.len().saturating_mul(PAGE_SIZE) {
-            return Err(EINVAL);
-        }
-        let count = len.div_ceil(PAGE_SIZE);
-        let n = u32::try_from(count).map_err(|_| EINVAL)?;
-        let mut raw = KVec::with_capacity(count, GFP_KERNEL)?;
-        for page in &pages[..count] {
-            raw.push(page.as_ptr(), GFP_KERNEL)?;
-        }
-        // SAFETY: `raw` holds `n` live pages (owned by `pages`, kept with
-        // the table); `len` fits in them; the function copies the array.
-        let table = unsafe { bindings::rdma_cm_rs_sg_table_from_pages(raw.as_mut_ptr(), n, len) };
-        let table = NonNull::new(kernel::error::from_err_ptr(table)?).ok_or(ENOMEM)?;
+        let table = table_over(&pages, len)?;
         // INVARIANT: Built just above over the first `len` bytes.
         Ok(Self { pages, len, table })
+    }
+
+    /// Makes the buffer the first `len` bytes of its pages (`EINVAL` for 0
+    /// or more than they hold), so that one allocation serves transfers of
+    /// any length up to its pages': the R/W API moves exactly
+    /// [`Self::len`] bytes.  The bytes keep their values; those past the
+    /// old length are what the pages held.  On an error the buffer is
+    /// unchanged.
+    pub fn set_len(&mut self, len: usize) -> Result {
+        let table = table_over(&self.pages, len)?;
+        // SAFETY: The old table is owned and not mapped (type invariants:
+        // `&mut self`); it is freed once, here, and replaced at once.
+        unsafe { bindings::rdma_cm_rs_sg_table_free(self.table.as_ptr()) };
+        // INVARIANT: The new table covers the first `len` bytes of `pages`.
+        self.table = table;
+        self.len = len;
+        Ok(())
     }
 
     /// Gives the pages back (all of them, the ones past `len` included).

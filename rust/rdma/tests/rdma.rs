@@ -36,7 +36,8 @@ mod rdma_tests {
     /// A buffer copies from another page to page, whatever the two
     /// offsets (the pieces end at either page's boundary), and zeroes a
     /// range across pages; the bytes around both stay, and a range past
-    /// either end is refused (`EINVAL`).
+    /// either end is refused (`EINVAL`).  `set_len` cuts a buffer and
+    /// grows it back within its pages, its bytes kept.
     #[test]
     fn sg_buffers_copy_and_zero_across_pages() {
         const LEN: usize = 3 * 4096 + 100;
@@ -72,6 +73,18 @@ mod rdma_tests {
                     pattern(i)
                 }
         });
+        // Cut to a page and back: the bytes stay, beyond the cut is refused,
+        // and a length the pages cannot hold leaves the buffer as it was.
+        let mut first = [0u8; 8];
+        let resized = [
+            dst.set_len(4096),
+            dst.read(4090, &mut first[..7]),
+            dst.set_len(4 * 4096 + 1),
+            dst.set_len(0),
+        ];
+        let cut_len = dst.len();
+        let regrown = dst.set_len(LEN).and_then(|()| dst.read(to, &mut first));
+        let kept = (0..8).all(|i| first[i] == pattern(from + i));
         let refused = [
             dst.copy_from(LEN - 10, &src, 0, 11),
             dst.copy_from(0, &src, LEN - 10, 11),
@@ -80,6 +93,10 @@ mod rdma_tests {
         ];
         assert!(copied);
         assert!(zeroed);
+        assert_eq!(resized, [Ok(()), Err(EINVAL), Err(EINVAL), Err(EINVAL)]);
+        assert_eq!(cut_len, 4096);
+        assert_eq!(regrown, Ok(()));
+        assert!(kept);
         for r in refused {
             assert_eq!(r, Err(EINVAL));
         }
@@ -134,9 +151,11 @@ mod rdma_tests {
         let mut landed = KVec::new();
         landed.resize(LEN, 0u8, GFP_KERNEL).unwrap();
         region.read(100, &mut landed).unwrap();
-        let read = pair
-            .client_qp
-            .rdma_rw(RwOp::Read, SgBuffer::new(LEN).unwrap(), target, 3);
+        // The READ's sink is a buffer of five pages cut to LEN bytes
+        // (`set_len`): exactly LEN bytes move.
+        let mut sink = SgBuffer::new(5 * PAGE).unwrap();
+        let cut = sink.set_len(LEN);
+        let read = pair.client_qp.rdma_rw(RwOp::Read, sink, target, 3);
         let read = read.map_err(Error::from);
         let read_done = poll_until(&|| pair.client_seen.rw_ok.load(Ordering::Acquire) == 2);
         let read_digest = pair.client_seen.rw_digest.load(Ordering::Acquire);
@@ -206,6 +225,7 @@ mod rdma_tests {
         assert_eq!(short, Some((EINVAL, LEN - 1)));
         assert!(written && write_done);
         assert!(landed == pattern);
+        assert_eq!(cut, Ok(()));
         assert_eq!(read, Ok(()));
         assert!(read_done);
         assert_eq!(read_digest, digest(&pattern));
