@@ -200,12 +200,10 @@ impl SgBuffer {
             let n = (PAGE_SIZE - to % PAGE_SIZE)
                 .min(PAGE_SIZE - from % PAGE_SIZE)
                 .min(len - done);
-            // SAFETY: Both pages are live (owned by the buffers) and the
-            // ranges lie within them (`n` stops at either page's end);
-            // `&mut self` excludes every other access to the destination,
-            // and the source is only read (writers need `&mut`); no device
-            // reaches either (type invariants).  `memcpy_page` maps both
-            // pages for the copy.
+            // SAFETY: `memcpy_page` maps both (owned, live) pages; `n` ends
+            // at either page's end; `&mut self` excludes other access to the
+            // destination, the source is only read (writers need `&mut`),
+            // and no device reaches either (type invariants).
             unsafe {
                 bindings::memcpy_page(
                     self.pages[to / PAGE_SIZE].as_ptr(),

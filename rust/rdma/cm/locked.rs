@@ -262,6 +262,12 @@ impl<'a> LockedId<'a> {
         param.check(usage, &dev)
     }
 
+    /// The private data `usage` allows on the bound device
+    /// ([`PrivateDataUse::limit_on`]); `EINVAL` before the id has one.
+    fn private_data_limit(&self, usage: PrivateDataUse) -> Result<usize> {
+        usage.limit_on(&*self.device().map_err(|_| EINVAL)?)
+    }
+
     /// The transport of the bound device; `EINVAL` before the id has one.
     pub fn transport(&self) -> Result<Transport> {
         Ok(self.device().map_err(|_| EINVAL)?.transport())
@@ -355,10 +361,9 @@ impl<'a> LockedId<'a> {
         }
         if self.qp_type == QpType::Ud {
             let param = param.copied().unwrap_or_default();
-            let dev = self.device().map_err(|_| EINVAL)?;
             param
                 .data()
-                .check(PrivateDataUse::AcceptUd.limit_on(&dev)?)?;
+                .check(self.private_data_limit(PrivateDataUse::AcceptUd)?)?;
             let mut raw = param.as_raw();
             // A zero `qkey` answers with the port space's default Q_Key,
             // the one the QP was created with.
@@ -422,7 +427,7 @@ impl<'a> LockedId<'a> {
             QpType::Rc => PrivateDataUse::Reject,
             QpType::Ud => PrivateDataUse::AcceptUd,
         };
-        let limit = usage.limit_on(&*self.device().map_err(|_| EINVAL)?)?;
+        let limit = self.private_data_limit(usage)?;
         if data.len() > limit {
             return Err(EINVAL);
         }
