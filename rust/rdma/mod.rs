@@ -26,7 +26,9 @@
 //!   parameters with the man pages' limits, typed events.
 //! * [`synchronous`]: synchronous operation, the event that ends a blocking call.
 //! * [`owner`]: the module that owns a set of objects, which its unload
-//!   waits for; [`deferred`]: their destructions deferred to its queue;
+//!   waits for; [`queue`]: its counted workqueues; [`deferred`]: their
+//!   destructions deferred to one; [`work`]: the module's own work in
+//!   process context, on the other;
 //!   [`poller`]: busy-polling loops over CQs, on a queue of their own;
 //!   [`cq_pool`]: a device's CQs shared by many QPs over its completion
 //!   vectors, polled from a workqueue or by such loops.
@@ -60,9 +62,11 @@ pub mod net;
 pub mod owner;
 pub mod pd;
 pub mod poller;
+pub mod queue;
 pub mod sg;
 pub mod synchronous;
 pub mod verbs;
+pub mod work;
 
 pub use self::{
     addr::SocketAddr,

@@ -14,7 +14,8 @@
 use super::{
     bindings,
     callback::in_any_callback,
-    deferred::{DeferredDestroy, DestroyQueue},
+    deferred::{defer_destroy, DeferredDestroy},
+    queue::OwnerQueue,
 };
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use kernel::{module::ModuleMetadata, prelude::*, str::CStr, sync::Arc, ThisModule};
@@ -23,7 +24,11 @@ use kernel::{module::ModuleMetadata, prelude::*, str::CStr, sync::Arc, ThisModul
 struct OwnerState {
     name: &'static CStr,
     module: &'static ThisModule,
-    destroys: DestroyQueue,
+    /// Deferred destructions (unbound: they sleep in `rdma_destroy_id`).
+    destroys: OwnerQueue,
+    /// The module's own work ([`Owner::spawn`]), apart: a work item may
+    /// drop an id, whose destruction a flush of `destroys` waits for.
+    work: OwnerQueue,
     /// Objects alive that the C side can call into the module through
     /// ([`CallbackTarget`]).
     targets: AtomicUsize,
@@ -83,12 +88,14 @@ impl ModuleOwner {
     /// The owner of the objects module `M` makes (`LocalModule` in a
     /// module).  `ENOMEM` if its queue cannot be allocated.
     pub fn new<M: ModuleMetadata>() -> Result<Self> {
-        let destroys = DestroyQueue::new(M::NAME)?;
+        let destroys = OwnerQueue::new(c"%s_destroy", M::NAME)?;
+        let work = OwnerQueue::new(c"%s_work", M::NAME)?;
         let state = Arc::new(
             OwnerState {
                 name: M::NAME,
                 module: kernel::module::this_module::<M>(),
                 destroys,
+                work,
                 targets: AtomicUsize::new(0),
                 closed: AtomicBool::new(false),
             },
@@ -124,6 +131,9 @@ impl Drop for ModuleOwner {
         // No object the C side can call back is made from now on: the wait
         // below is for those that exist.
         state.closed.store(true, Ordering::SeqCst);
+        // The module's work queued before (none is queued after): it may
+        // defer destructions, which the flush below waits for.
+        state.work.flush_until_idle();
         // A destruction that defers another one (dropping the last
         // reference to an id's owner) queues it here meanwhile, and the
         // flush waits for it too.
@@ -146,8 +156,10 @@ impl Drop for ModuleOwner {
             }
             kernel::time::delay::fsleep(kernel::time::Delta::from_millis(10));
             waited_ms = waited_ms.saturating_add(10);
+            state.work.flush_until_idle();
             state.destroys.flush_until_idle();
         }
+        state.work.close();
         state.destroys.close();
     }
 }
@@ -187,7 +199,12 @@ impl Owner {
         &self,
         victim: Arc<dyn DeferredDestroy>,
     ) -> core::result::Result<(), Arc<dyn DeferredDestroy>> {
-        self.state.destroys.spawn(victim)
+        defer_destroy(&self.state.destroys, victim)
+    }
+
+    /// The queue of the module's own work ([`Owner::spawn`]).
+    pub(crate) fn work_queue(&self) -> &OwnerQueue {
+        &self.state.work
     }
 
     /// Keeps the module loaded for good: for a leak that leaves its code
