@@ -4,9 +4,8 @@
 # NVMe over Fabrics in the test VM, on rxe0 and on siw0: the kernel's own
 # NVMe host (nvme-rdma, driven by nvme-cli) against the kernel's C target
 # (nvmet-rdma, configured through configfs, a brd RAM disk as its
-# namespace).  It proves what the Rust target (issue 14/16) will stand on
-# and be compared with: the kernel's options, nvme-cli, fio, configfs and
-# brd in the guest.  Per transport: `nvme discover` lists the subsystem,
+# namespace), then against the Rust target (rdma_cm_rs_nvmet.ko, a RAM
+# namespace of the same size).  Per target and transport: `nvme discover` lists the subsystem,
 # `nvme connect` gives a block device of the namespace's size, fio writes
 # and verifies (crc32c, 4 KiB to 64 KiB, queue depth 8, two jobs, so two
 # I/O queues), `nvme disconnect` removes it.  The C target stays up (see
@@ -73,11 +72,11 @@ c_target() {
 c_target
 result $? "nvme: C target (nvmet-rdma) configured: $nqn on /dev/ram0 ($size_mib MiB), port $port on rxe0 and siw0"
 
-# The controller nvme-cli made for $nqn, once its namespace is there.
+# The controller nvme-cli made for subsystem $1, once its namespace is there.
 namespace_of() {
 	local c n
 	for c in /sys/class/nvme/nvme*; do
-		[ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$nqn" ] || continue
+		[ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] || continue
 		for n in "$c"/nvme*n1; do
 			[ -e "$n" ] && [ -b "/dev/$(basename "$n")" ] && echo "/dev/$(basename "$n")" && return 0
 		done
@@ -85,44 +84,60 @@ namespace_of() {
 	return 1
 }
 
-for t in $transports; do
-	name=${t%%=*} ip=${t#*=}
-	out=$(nvme discover -t rdma -a "$ip" -s $port --hostnqn="$hostnqn" --hostid="$hostid" 2>&1)
-	rc=$?
-	echo "$out" | sed 's/^/# /' | grep -E 'subnqn|trsvcid|traddr|rror' | head -n 8
-	[ $rc -eq 0 ] && grep -q "subnqn: *$nqn" <<<"$out"
-	result $? "nvme: $name: nvme discover lists $nqn"
-	out=$(nvme connect -t rdma -a "$ip" -s $port -n "$nqn" --hostnqn="$hostnqn" \
-		--hostid="$hostid" -i 2 2>&1)
-	rc=$?
-	echo "$out" | sed 's/^/# /' | head -n 4
-	dev=
-	if [ $rc -eq 0 ]; then
-		for _ in $(seq 100); do
-			dev=$(namespace_of) && break
-			sleep 0.1
-		done
-	fi
-	bytes=$([ -n "$dev" ] && blockdev --getsize64 "$dev" 2>/dev/null)
-	[ "${bytes:-0}" = $((size_mib << 20)) ]
-	result $? "nvme: $name: nvme connect: ${dev:-no block device}, ${bytes:-0} bytes"
-	if [ -n "$dev" ]; then
-		out=$(fio --name="nvme-$name" --filename="$dev" --direct=1 --ioengine=libaio \
-			--rw=randwrite --bsrange=4k-64k --iodepth=8 --numjobs=2 --size=8m \
-			--offset_increment=16m --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
-			--group_reporting --thread 2>&1)
+# Discover, connect, fio with verify, disconnect: $1 names the target in
+# the results, $2 its subsystem, $3 its port, on each transport.
+exercise() {
+	local who=$1 nqn=$2 port=$3 t name ip out rc dev bytes
+	for t in $transports; do
+		name=${t%%=*} ip=${t#*=}
+		out=$(nvme discover -t rdma -a "$ip" -s "$port" --hostnqn="$hostnqn" --hostid="$hostid" 2>&1)
 		rc=$?
-		echo "$out" | grep -E 'WRITE:|READ:|err=|verify' | sed 's/^ */# /' | head -n 6
-	else
-		rc=1
-	fi
-	result $rc "nvme: $name: fio writes 2 x 8 MiB at random, 4-64 KiB at queue depth 8, and verifies them"
-	out=$(nvme disconnect -n "$nqn" 2>&1)
-	rc=$?
-	echo "$out" | sed 's/^/# /' | head -n 2
-	[ $rc -eq 0 ] && ! namespace_of >/dev/null
-	result $? "nvme: $name: nvme disconnect"
-done
+		echo "$out" | sed 's/^/# /' | grep -E 'subnqn|trsvcid|traddr|rror' | head -n 8
+		[ $rc -eq 0 ] && grep -q "subnqn: *$nqn" <<<"$out"
+		result $? "nvme: $who: $name: nvme discover lists $nqn"
+		out=$(nvme connect -t rdma -a "$ip" -s "$port" -n "$nqn" --hostnqn="$hostnqn" \
+			--hostid="$hostid" -i 2 2>&1)
+		rc=$?
+		echo "$out" | sed 's/^/# /' | head -n 4
+		dev=
+		if [ $rc -eq 0 ]; then
+			for _ in $(seq 100); do
+				dev=$(namespace_of "$nqn") && break
+				sleep 0.1
+			done
+		fi
+		bytes=$([ -n "$dev" ] && blockdev --getsize64 "$dev" 2>/dev/null)
+		[ "${bytes:-0}" = $((size_mib << 20)) ]
+		result $? "nvme: $who: $name: nvme connect: ${dev:-no block device}, ${bytes:-0} bytes"
+		if [ -n "$dev" ]; then
+			out=$(fio --name="nvme-$name" --filename="$dev" --direct=1 --ioengine=libaio \
+				--rw=randwrite --bsrange=4k-64k --iodepth=8 --numjobs=2 --size=8m \
+				--offset_increment=16m --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
+				--group_reporting --thread 2>&1)
+			rc=$?
+			echo "$out" | grep -E 'WRITE:|READ:|err=|verify' | sed 's/^ */# /' | head -n 6
+		else
+			rc=1
+		fi
+		result $rc "nvme: $who: $name: fio writes 2 x 8 MiB at random, 4-64 KiB at queue depth 8, and verifies them"
+		out=$(nvme disconnect -n "$nqn" 2>&1)
+		rc=$?
+		echo "$out" | sed 's/^/# /' | head -n 2
+		[ $rc -eq 0 ] && ! namespace_of "$nqn" >/dev/null
+		result $? "nvme: $who: $name: nvme disconnect"
+	done
+}
+
+exercise "C target" "$nqn" $port
+
+# The Rust target (samples/rdma_cm_rs_nvmet.rs) on the wildcard address,
+# port 4420, a RAM namespace of the same size.
+rust_nqn=nqn.2026-11.org.rdma-cm-rs:nvmet
+insmod "${RDMA_CM_RS_OUT:-.}/rdma_cm_rs_nvmet.ko" ns_mib=$size_mib
+result $? "nvme: insmod rdma_cm_rs_nvmet ns_mib=$size_mib"
+exercise "Rust target" "$rust_nqn" 4420
+rmmod rdma_cm_rs_nvmet
+result $? "nvme: rmmod rdma_cm_rs_nvmet"
 
 # Not torn down: disabling the port (the configfs unlink) destroys its
 # listening id with nvmet_config_sem held, and a queue's Connect run from
