@@ -43,7 +43,10 @@ mod queue;
 mod wire;
 
 use kernel::{prelude::*, sync::Arc, time::Delta};
-use rdma::{addr::AF_INET, CmId, ModuleOwner, NetNs, PortSpace, QpType, SocketAddr};
+use rdma::{
+    getaddrinfo::{getaddrinfo, Hints, RAI_PASSIVE},
+    CmId, ModuleOwner, NetNs, PortSpace, QpType,
+};
 
 module! {
     type: NvmetModule,
@@ -103,8 +106,7 @@ fn sweep(transport: Arc<queue::Transport>) {
 
 impl kernel::Module for NvmetModule {
     fn init(_module: &'static ThisModule) -> Result<Self> {
-        let p = |v| v;
-        let ns_mib = p(module_parameters::ns_mib.value());
+        let ns_mib = module_parameters::ns_mib.value();
         let nr_io_queues = module_parameters::nr_io_queues.value();
         let queue_size = module_parameters::queue_size.value();
         let inline_size = module_parameters::inline_data_size.value();
@@ -144,7 +146,15 @@ impl kernel::Module for NvmetModule {
             PortSpace::Tcp,
             QpType::Rc,
         )?;
-        let addr = SocketAddr::any(AF_INET, port)?;
+        // The passive address of the port, as rdma_getaddrinfo(3) gives it
+        // to a server with no node: every address of every device.
+        let mut service = [0u8; 5];
+        let hints = Hints {
+            flags: RAI_PASSIVE,
+            ..Default::default()
+        };
+        let info = getaddrinfo(None, Some(wire::decimal(port, &mut service)), &hints)?;
+        let addr = info.src.ok_or(EINVAL)?;
         listener.with_lock(|l| l.bind(&addr))?;
         listener.listen(128)?;
         let swept = transport.clone();

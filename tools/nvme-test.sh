@@ -17,6 +17,7 @@ set -uo pipefail
 . "$(dirname "$0")/lib/help.sh"
 cd "$(dirname "$0")/.."
 . tools/lib/ktap.sh
+. tools/lib/nvme.sh
 
 transports="rxe=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1} siw=${RDMA_CM_RS_SIW_IP:-203.0.113.1}"
 port=4421
@@ -24,65 +25,21 @@ nqn=nqn.2026-11.org.rdma-cm-rs:c-target
 hostid=8f6c2f14-7e1b-4b43-9a37-0c3f3b0c0001
 hostnqn=nqn.2014-08.org.nvmexpress:uuid:$hostid
 size_mib=64
-cfg=/sys/kernel/config/nvmet
 
-read -ra modules <<<"${RDMA_CM_RS_NVME_MODULES:-}"
-if [ ${#modules[@]} -eq 0 ]; then
+if [ -z "${RDMA_CM_RS_NVME_MODULES:-}" ]; then
 	echo "# no nvme-rdma, nvmet-rdma or brd in this kernel (RDMA_CM_RS_NVME_MODULES is empty)"
 	result 1 "nvme: the kernel has the NVMe over Fabrics modules"
 	ktap_end
 	exit
 fi
-loaded=()
-ok=0
-for m in "${modules[@]}"; do
-	name=$(basename "$m" .ko)
-	name=${name//-/_}
-	if grep -q "^$name " /proc/modules; then
-		continue
-	fi
-	if [ "$name" = brd ]; then
-		insmod "$m" rd_nr=1 rd_size=$((size_mib * 1024)) || ok=1
-	else
-		insmod "$m" || ok=1
-	fi
-	loaded+=("$name")
-done
-result $ok "nvme: insmod ${loaded[*]}"
-grep -q " /sys/kernel/config " /proc/mounts || mount -t configfs none /sys/kernel/config
+load_nvme_modules $size_mib
+result $? "nvme: insmod ${nvme_loaded[*]}"
+loaded=("${nvme_loaded[@]}")
 
-# The C target: one subsystem on /dev/ram0, any host, one port a transport.
-c_target() {
-	mkdir "$cfg/subsystems/$nqn" &&
-		echo 1 >"$cfg/subsystems/$nqn/attr_allow_any_host" &&
-		mkdir "$cfg/subsystems/$nqn/namespaces/1" &&
-		echo /dev/ram0 >"$cfg/subsystems/$nqn/namespaces/1/device_path" &&
-		echo 1 >"$cfg/subsystems/$nqn/namespaces/1/enable" || return 1
-	local i=1 t
-	for t in $transports; do
-		mkdir "$cfg/ports/$i" &&
-			echo rdma >"$cfg/ports/$i/addr_trtype" &&
-			echo ipv4 >"$cfg/ports/$i/addr_adrfam" &&
-			echo "${t#*=}" >"$cfg/ports/$i/addr_traddr" &&
-			echo $port >"$cfg/ports/$i/addr_trsvcid" &&
-			ln -s "$cfg/subsystems/$nqn" "$cfg/ports/$i/subsystems/$nqn" || return 1
-		i=$((i + 1))
-	done
-}
-c_target
+ips=()
+for t in $transports; do ips+=("${t#*=}"); done
+c_target "$nqn" $port "${ips[@]}"
 result $? "nvme: C target (nvmet-rdma) configured: $nqn on /dev/ram0 ($size_mib MiB), port $port on rxe0 and siw0"
-
-# The controller nvme-cli made for subsystem $1, once its namespace is there.
-namespace_of() {
-	local c n
-	for c in /sys/class/nvme/nvme*; do
-		[ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] || continue
-		for n in "$c"/nvme*n1; do
-			[ -e "$n" ] && [ -b "/dev/$(basename "$n")" ] && echo "/dev/$(basename "$n")" && return 0
-		done
-	done
-	return 1
-}
 
 # Discover, connect, fio with verify, disconnect: $1 names the target in
 # the results, $2 its subsystem, $3 its port, on each transport.
@@ -95,31 +52,13 @@ exercise() {
 		echo "$out" | sed 's/^/# /' | grep -E 'subnqn|trsvcid|traddr|rror' | head -n 8
 		[ $rc -eq 0 ] && grep -q "subnqn: *$nqn" <<<"$out"
 		result $? "nvme: $who: $name: nvme discover lists $nqn"
-		out=$(nvme connect -t rdma -a "$ip" -s "$port" -n "$nqn" --hostnqn="$hostnqn" \
-			--hostid="$hostid" -i 2 2>&1)
-		rc=$?
-		echo "$out" | sed 's/^/# /' | head -n 4
-		dev=
-		if [ $rc -eq 0 ]; then
-			for _ in $(seq 100); do
-				dev=$(namespace_of "$nqn") && break
-				sleep 0.1
-			done
-		fi
+		dev=$(connect_dev "$nqn" "$ip" "$port" 2)
 		bytes=$([ -n "$dev" ] && blockdev --getsize64 "$dev" 2>/dev/null)
 		[ "${bytes:-0}" = $((size_mib << 20)) ]
 		result $? "nvme: $who: $name: nvme connect: ${dev:-no block device}, ${bytes:-0} bytes"
-		if [ -n "$dev" ]; then
-			out=$(fio --name="nvme-$name" --filename="$dev" --direct=1 --ioengine=libaio \
-				--rw=randwrite --bsrange=4k-64k --iodepth=8 --numjobs=2 --size=8m \
-				--offset_increment=16m --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
-				--group_reporting --thread 2>&1)
-			rc=$?
-			echo "$out" | grep -E 'WRITE:|READ:|err=|verify' | sed 's/^ */# /' | head -n 6
-		else
-			rc=1
-		fi
-		result $rc "nvme: $who: $name: fio writes 2 x 8 MiB at random, 4-64 KiB at queue depth 8, and verifies them"
+		fio_on "${dev:-/nonexistent}" --name="nvme-$name" --rw=randwrite --bsrange=4k-64k \
+			--iodepth=8 --numjobs=2 --size=8m --offset_increment=16m
+		result $? "nvme: $who: $name: fio writes 2 x 8 MiB at random, 4-64 KiB at queue depth 8, and verifies them"
 		out=$(nvme disconnect -n "$nqn" 2>&1)
 		rc=$?
 		echo "$out" | sed 's/^/# /' | head -n 2
@@ -136,8 +75,45 @@ rust_nqn=nqn.2026-11.org.rdma-cm-rs:nvmet
 insmod "${RDMA_CM_RS_OUT:-.}/rdma_cm_rs_nvmet.ko" ns_mib=$size_mib
 result $? "nvme: insmod rdma_cm_rs_nvmet ns_mib=$size_mib"
 exercise "Rust target" "$rust_nqn" 4420
+
+# The Rust target, beyond the common exercise: the verify matrix (random
+# and sequential, 512 B to 1 MiB, queue depth 1 to 32, two jobs so two
+# I/O queues), data that outlives a disconnect, and rmmod under a host.
+for t in $transports; do
+	name=${t%%=*} ip=${t#*=}
+	dev=$(connect_dev "$rust_nqn" "$ip" 4420 2)
+	result $? "nvme: Rust target: $name: connect with 2 I/O queues: ${dev:-none}"
+	[ -n "$dev" ] || continue
+	fio_on "$dev" --name=rand --rw=randrw --bsrange=512-1m --iodepth=32 --numjobs=2 \
+		--size=8m --offset_increment=16m
+	result $? "nvme: Rust target: $name: fio randrw 512 B-1 MiB, queue depth 32, 2 jobs, verified"
+	fio_on "$dev" --name=seq --rw=write --bs=1m --iodepth=1 --numjobs=2 --size=8m \
+		--offset_increment=16m
+	result $? "nvme: Rust target: $name: fio sequential 1 MiB writes, queue depth 1, 2 jobs, verified"
+	fio_on "$dev" --name=keep --rw=write --bs=64k --iodepth=4 --size=16m --offset=32m \
+		--do_verify=0
+	result $? "nvme: Rust target: $name: fio writes 16 MiB to keep"
+	nvme disconnect -n "$rust_nqn" >/dev/null 2>&1
+	dev=$(connect_dev "$rust_nqn" "$ip" 4420 2)
+	fio_on "${dev:-/nonexistent}" --name=keep --rw=write --bs=64k --iodepth=4 --size=16m \
+		--offset=32m --verify_only
+	result $? "nvme: Rust target: $name: disconnected, reconnected: the 16 MiB read back unchanged"
+	nvme disconnect -n "$rust_nqn" >/dev/null 2>&1
+done
+
+# rmmod with a host connected: the target disconnects its queues (as
+# nvmet-rdma's port removal does) and unloads; the host's controller goes
+# to reconnecting until it is deleted.
+dev=$(connect_dev "$rust_nqn" "${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}" 4420 2)
+start=$(date +%s%N)
 rmmod rdma_cm_rs_nvmet
-result $? "nvme: rmmod rdma_cm_rs_nvmet"
+rc=$?
+ms=$((($(date +%s%N) - start) / 1000000))
+[ -n "$dev" ] && [ $rc -eq 0 ]
+result $? "nvme: rmmod rdma_cm_rs_nvmet with a host connected (${dev:-no device}): $ms ms"
+nvme disconnect -n "$rust_nqn" >/dev/null 2>&1
+! namespace_of "$rust_nqn" >/dev/null
+result $? "nvme: the host's controller deleted after the target went"
 
 # Not torn down: disabling the port (the configfs unlink) destroys its
 # listening id with nvmet_config_sem held, and a queue's Connect run from

@@ -531,13 +531,14 @@ impl Subsystem {
         let mut page = KVec::new();
         let built = match (ctrl.discovery, lid) {
             (true, log::DISCOVERY) => {
-                let port = self.port_text();
+                let mut digits = [0u8; 5];
+                let port = wire::decimal(self.config.port, &mut digits);
                 let entries = [
                     wire::DiscoveryEntry {
                         ipv6: q.ipv6,
                         subtype: 3,
                         portid: 1,
-                        trsvcid: port.as_bytes(),
+                        trsvcid: port,
                         subnqn: wire::DISCOVERY_NQN,
                         traddr: q.traddr,
                     },
@@ -545,7 +546,7 @@ impl Subsystem {
                         ipv6: q.ipv6,
                         subtype: 2,
                         portid: 1,
-                        trsvcid: port.as_bytes(),
+                        trsvcid: port,
                         subnqn: self.config.nqn,
                         traddr: q.traddr,
                     },
@@ -588,36 +589,6 @@ impl Subsystem {
             Ok(()) => Outcome::ok(0),
             Err(_) => Outcome::fail(status::INTERNAL),
         }
-    }
-
-    /// The port as text (`trsvcid`).
-    fn port_text(&self) -> PortText {
-        let mut text = PortText([0u8; 5], 0);
-        let mut port = self.config.port;
-        let mut digits = [0u8; 5];
-        let mut n = 0;
-        loop {
-            digits[n] = b'0' + (port % 10) as u8;
-            n += 1;
-            port /= 10;
-            if port == 0 {
-                break;
-            }
-        }
-        for i in 0..n {
-            text.0[i] = digits[n - 1 - i];
-        }
-        text.1 = n;
-        text
-    }
-}
-
-/// A port number's decimal digits.
-struct PortText([u8; 5], usize);
-
-impl PortText {
-    fn as_bytes(&self) -> &[u8] {
-        &self.0[..self.1]
     }
 }
 

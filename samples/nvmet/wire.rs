@@ -167,6 +167,19 @@ pub fn put_padded(dst: &mut [u8], src: &[u8], pad: u8) {
     dst[n..].fill(pad);
 }
 
+/// `value`'s decimal digits (a port's `trsvcid`), written into `buf`.
+pub fn decimal(mut value: u16, buf: &mut [u8; 5]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
 /// An NQN field's string: up to its first NUL, at most 255 bytes (the
 /// target forces the last byte to NUL, as nvmet does).
 pub fn nqn(field: &[u8]) -> &[u8] {
