@@ -127,6 +127,12 @@ in_vm() {
 		say "guest:   $(cut -f1 "$dir/.time") s"
 	done
 	rm -f "$dir/.time"
+
+	# NVMe over Fabrics: the Rust target against the C target.
+	say "guest: tools/nvme-bench.sh (the Rust NVMe target and the C one, $runs repetitions)"
+	st=0
+	tools/nvme-bench.sh "$dir" "$mods" "$runs" 2>&1 | tee "$dir/nvme.log" || st=$?
+	[ "$st" = 0 ] || { say "guest: error: tools/nvme-bench.sh exited with status $st (nvme.log)" >&2; [ "$rc" != 0 ] || rc=1; }
 	# The watchdog may have changed the clocksource during the run.
 	echo "at the end: $(cat "$sys/current_clocksource")" >>"$dir/clocksource.txt"
 	return "$rc"
@@ -189,7 +195,7 @@ if ! make -C "$kdir" M="$mod_out/src" MO="$mod_out" LLVM=-19 modules >"$logs/ben
 	tail -n 30 "$logs/bench-module.log" >&2
 	die "the module did not build against the bench kernel (log $logs/bench-module.log)"
 fi
-for m in rdma_cm_rs rdma_cm_rs_echo rdma_cm_rs_rping rdma_cm_rs_store; do
+for m in rdma_cm_rs rdma_cm_rs_echo rdma_cm_rs_rping rdma_cm_rs_store rdma_cm_rs_nvmet; do
 	[ -f "$mod_out/$m.ko" ] || die "no $mod_out/$m.ko after the build"
 done
 
@@ -293,7 +299,44 @@ EOF
 	fi
 fi
 
+# The NVMe targets: Rust / C per metric.
+if [ "$(tail -n +2 "$results/nvme-plot.tsv" 2>/dev/null | grep -c .)" -gt 0 ]; then
+	rows=$(tail -n +2 "$results/nvme-plot.tsv" | grep -c .)
+	cat >"$results/nvme.gp" <<EOF
+# Made by tools/bench.sh from nvme-plot.tsv: Rust target / C target.
+set terminal pngcairo size $((300 + 40 * rows)),900 noenhanced font 'sans,9'
+set output '$results/nvme.png'
+set datafile separator "\t"
+set title "rdma-cm-rs: NVMe over RDMA, Rust target / C nvmet-rdma target, kernel host over rxe ($(basename "$results"))"
+set ylabel 'Rust / C (log scale)'
+set logscale y 2
+set format y '%g'
+set xtics rotate by -60 left nomirror
+set bmargin 24
+set rmargin 24
+set grid ytics
+set xrange [-0.6:$rows - 0.4]
+set key top left
+ratio(r, c) = (r > 0 && c > 0) ? r / c : NaN
+plot '$results/nvme-plot.tsv' skip 1 using 0:(ratio(\$2, \$3)):(\$0 - 0.4):(\$0 + 0.4):(1):(ratio(\$2, \$3)):xtic(sprintf('%s (%s)', strcol(1), strcol(4))) \\
+	with boxxyerror fill solid 0.8 border -1 lc rgb '#cc0000' title 'Rust / C', \\
+	1 with lines dt 2 lw 2 lc rgb '#000000' title '1.0: equal'
+EOF
+	if gnuplot "$results/nvme.gp" 2>"$logs/bench-gnuplot-nvme.log"; then
+		say "plot: $results/nvme.png"
+	else
+		cat "$logs/bench-gnuplot-nvme.log" >&2
+		say "error: gnuplot failed on $results/nvme-plot.tsv" >&2
+		plot_rc=1
+	fi
+else
+	say "plot: no nvme-plot.tsv in $results (tools/nvme-bench.sh did not finish): no NVMe plot" >&2
+	plot_rc=1
+fi
+
 [ ! -s "$results/table.md" ] || { echo; cat "$results/table.md"; echo; }
+[ ! -s "$results/nvme.md" ] || { echo "NVMe over RDMA, Rust target / C target:"; cat "$results/nvme.md"; echo; }
+
 if [ -s "$results/references.tsv" ]; then
 	say "references (seconds per run):"
 	column -t -s $'\t' "$results/references.tsv" | sed 's/^/bench:   /'
