@@ -101,10 +101,38 @@ for t in $transports; do
 	nvme disconnect -n "$rust_nqn" >/dev/null 2>&1
 done
 
+# Two hosts at once (two host NQNs, so two controllers of the subsystem,
+# each with its I/O queues), fio on both together, then both disconnected.
+ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
+host2id=8f6c2f14-7e1b-4b43-9a37-0c3f3b0c0003
+host2nqn=nqn.2014-08.org.nvmexpress:uuid:$host2id
+dev1=$(connect_dev "$rust_nqn" "$ip" 4420 2)
+dev2=$(hostnqn=$host2nqn hostid=$host2id connect_dev "$rust_nqn" "$ip" 4420 2)
+[ -n "$dev1" ] && [ -n "$dev2" ] && [ "$dev1" != "$dev2" ]
+result $? "nvme: Rust target: two hosts connected at once: ${dev1:-none} and ${dev2:-none}"
+if [ -n "$dev1" ] && [ -n "$dev2" ]; then
+	fio_on "$dev1" --name=host1 --rw=randwrite --bsrange=4k-64k --iodepth=8 --size=8m \
+		--offset=0 >/tmp/nvme-host1.log 2>&1 &
+	pid=$!
+	fio_on "$dev2" --name=host2 --rw=randwrite --bsrange=4k-64k --iodepth=8 --size=8m \
+		--offset=16m
+	rc2=$?
+	wait $pid
+	rc1=$?
+	cat /tmp/nvme-host1.log
+	[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]
+	result $? "nvme: Rust target: both hosts write 8 MiB at random at once, each verified"
+else
+	result 1 "nvme: Rust target: both hosts write 8 MiB at random at once, each verified"
+fi
+nvme disconnect -n "$rust_nqn" >/dev/null 2>&1
+! namespace_of "$rust_nqn" >/dev/null && ! hostnqn=$host2nqn namespace_of "$rust_nqn" >/dev/null
+result $? "nvme: Rust target: both hosts disconnected"
+
 # rmmod with a host connected: the target disconnects its queues (as
 # nvmet-rdma's port removal does) and unloads; the host's controller goes
 # to reconnecting until it is deleted.
-dev=$(connect_dev "$rust_nqn" "${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}" 4420 2)
+dev=$(connect_dev "$rust_nqn" "$ip" 4420 2)
 start=$(date +%s%N)
 rmmod rdma_cm_rs_nvmet
 rc=$?

@@ -54,11 +54,12 @@ c_target() {
 }
 
 # namespace_of NQN: the block device of namespace 1 of the controller the
-# host has for NQN, once it is there.
+# host ($hostnqn) has for NQN, once it is there.
 namespace_of() {
 	local c n
 	for c in /sys/class/nvme/nvme*; do
 		[ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] || continue
+		[ "$(cat "$c/hostnqn" 2>/dev/null)" = "$hostnqn" ] || continue
 		for n in "$c"/nvme*n1; do
 			[ -e "$n" ] && [ -b "/dev/$(basename "$n")" ] && echo "/dev/$(basename "$n")" && return 0
 		done
