@@ -616,3 +616,231 @@ pub fn supported_logs(out: &mut [u8], lids: &[u8]) {
         put32(out, 4 * usize::from(lid), 1);
     }
 }
+
+/// Offsets asserted against the table of `nvmet-plan.md` (computed by
+/// compiling the 7.3 headers), not against this file: run by the
+/// userspace tool's `cargo test`, which compiles this file.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cm_private_data_offsets() {
+        let req = CmReq {
+            qid: 3,
+            hrqsize: 128,
+            hsqsize: 127,
+            cntlid: 0x1234,
+        };
+        let b = req.encode(0);
+        assert_eq!(get16(&b, 2), 3);
+        assert_eq!(get16(&b, 4), 128);
+        assert_eq!(get16(&b, 6), 127);
+        assert_eq!(get16(&b, 8), 0x1234);
+        assert_eq!(CmReq::parse(&b), Ok(req));
+        assert_eq!(CmReq::parse(&b[..31]), Err(cm_status::INVALID_LEN));
+        assert_eq!(CmReq::parse(&req.encode(1)), Err(cm_status::INVALID_RECFMT));
+        // RoCE pads to 56 bytes: the request is the first 32.
+        let mut padded = [0u8; 56];
+        padded[..32].copy_from_slice(&b);
+        assert_eq!(CmReq::parse(&padded), Ok(req));
+        assert_eq!(get16(&cm_rep(32), 2), 32);
+        assert_eq!(cm_rej(cm_status::INVALID_CNTLID), [0, 0, 9, 0]);
+    }
+
+    #[test]
+    fn sgl_descriptors_by_type() {
+        let mut sqe = Sqe::new(opcode::READ, 7, 1);
+        sqe.set_keyed(0x1122_3344_5566_7788, 0x0abcde, 0xdead_beef, true);
+        assert_eq!(sqe.0[39], 0x4f);
+        assert_eq!(&sqe.0[32..35], &[0xde, 0xbc, 0x0a]);
+        assert_eq!(get32(&sqe.0, 35), 0xdead_beef);
+        assert_eq!(
+            sqe.data_desc(),
+            Ok(DataDesc::Keyed {
+                addr: 0x1122_3344_5566_7788,
+                len: 0x0abcde,
+                key: 0xdead_beef,
+                invalidate: true
+            })
+        );
+        let with_type = |t: u8| {
+            let mut s = sqe;
+            s.0[39] = t;
+            s.data_desc()
+        };
+        assert!(matches!(
+            with_type(0x40),
+            Ok(DataDesc::Keyed {
+                invalidate: false,
+                ..
+            })
+        ));
+        assert_eq!(with_type(0x4a), Err(status::INVALID_FIELD | status::DNR));
+        assert_eq!(with_type(0x00), Err(status::INVALID_FIELD | status::DNR));
+        for t in [0x20, 0x30, 0x50, 0xff] {
+            assert_eq!(
+                with_type(t),
+                Err(status::SGL_INVALID_TYPE | status::DNR),
+                "type {t:#x}"
+            );
+        }
+        let mut inline = Sqe::new(opcode::WRITE, 1, 1);
+        inline.set_in_capsule(0, 4096);
+        assert_eq!(inline.0[39], 0x01);
+        assert_eq!(
+            inline.data_desc(),
+            Ok(DataDesc::InCapsule {
+                offset: 0,
+                len: 4096
+            })
+        );
+        // The host's null descriptor: keyed, length 0.
+        assert_eq!(
+            Sqe::new(opcode::FLUSH, 1, 1).data_desc(),
+            Ok(DataDesc::None)
+        );
+    }
+
+    #[test]
+    fn flags_fuse_and_psdt() {
+        let sqe = Sqe::new(opcode::READ, 1, 1);
+        assert_eq!(sqe.check_flags(), Ok(()));
+        let mut fused = sqe;
+        fused.0[1] |= 1;
+        assert_eq!(
+            fused.check_flags(),
+            Err(status::INVALID_FIELD | status::DNR)
+        );
+        let mut prp = sqe;
+        prp.0[1] = 0;
+        assert_eq!(prp.check_flags(), Err(status::INVALID_FIELD | status::DNR));
+        assert_eq!(sqe.cid(), 1);
+        assert_eq!(Sqe::new(0, 0xbeef, 9).nsid(), 9);
+    }
+
+    #[test]
+    fn completion_layout() {
+        let b = cqe(0x1_0000_0002, 5, 1, 0x4321, status::LBA_RANGE | status::DNR);
+        assert_eq!(get64(&b, 0), 0x1_0000_0002);
+        assert_eq!(get16(&b, 8), 5);
+        assert_eq!(get16(&b, 10), 1);
+        assert_eq!(get16(&b, 12), 0x4321);
+        // Shifted past the phase bit.
+        assert_eq!(get16(&b, 14), 0x4080 << 1);
+        assert_eq!(parse_cqe(&b), Some((0x1_0000_0002, 5, 1, 0x4321, 0x4080)));
+    }
+
+    #[test]
+    fn connect_data_layout() {
+        let d = connect_data(&[7; 16], 0xffff, b"nqn.sub", b"nqn.host");
+        assert_eq!(get16(&d, 16), 0xffff);
+        assert_eq!(&d[256..263], b"nqn.sub");
+        assert_eq!(&d[512..520], b"nqn.host");
+        let c = ConnectData(&d);
+        assert_eq!(c.subsysnqn(), b"nqn.sub");
+        assert_eq!(c.hostnqn(), b"nqn.host");
+        assert_eq!(c.hostid(), [7; 16]);
+        // An NQN of 256 bytes without NUL is cut at 255.
+        let mut long = [b'a'; 1024];
+        long[..16].fill(0);
+        assert_eq!(ConnectData(&long).subsysnqn().len(), 255);
+    }
+
+    #[test]
+    fn identify_controller_offsets() {
+        let mut out = [0u8; IDENTIFY_LEN];
+        identify_ctrl(
+            &mut out,
+            &CtrlIdentity {
+                cntlid: 0x42,
+                discovery: false,
+                serial: b"serial",
+                model: b"model",
+                firmware: b"fw",
+                subnqn: b"nqn.x",
+                mdts: 8,
+                maxcmd: 128,
+                nn: 1,
+                ioccsz: (64 + 4096) / 16,
+            },
+        );
+        assert_eq!(&out[4..10], b"serial");
+        assert_eq!(out[10], b' ');
+        assert_eq!(out[77], 8);
+        assert_eq!(get16(&out, 78), 0x42);
+        assert_eq!(get32(&out, 80), VERSION);
+        assert_eq!(out[111], 1);
+        assert_eq!(get16(&out, 320), 10);
+        assert_eq!(out[512], 0x66);
+        assert_eq!(out[513], 0x44);
+        assert_eq!(get16(&out, 514), 128);
+        assert_eq!(get32(&out, 516), 1);
+        assert_eq!(get32(&out, 536) & 1 << 2, 1 << 2);
+        assert_eq!(&out[768..773], b"nqn.x");
+        assert_eq!(get32(&out, 1792), 260);
+        assert_eq!(get32(&out, 1796), 1);
+        assert_eq!(get16(&out, 1800), 0);
+    }
+
+    #[test]
+    fn identify_namespace_offsets() {
+        let ns = NsIdentity {
+            blocks: 131072,
+            nguid: [1; 16],
+            eui64: [2; 8],
+            uuid: [3; 16],
+        };
+        let mut out = [0u8; IDENTIFY_LEN];
+        identify_ns(&mut out, &ns);
+        assert_eq!(get64(&out, 0), 131072);
+        assert_eq!(get64(&out, 8), 131072);
+        assert_eq!(out[30], 1);
+        assert_eq!(&out[104..120], &[1; 16]);
+        assert_eq!(&out[120..128], &[2; 8]);
+        assert_eq!(out[130], 9);
+        identify_ns_descs(&mut out, &ns);
+        assert_eq!(&out[..4], &[2, 16, 0, 0]);
+        assert_eq!(&out[4..20], &[1; 16]);
+        assert_eq!(&out[20..24], &[3, 16, 0, 0]);
+        assert_eq!(&out[40..45], &[4, 1, 0, 0, 0]);
+        identify_ns_cs_indep(&mut out);
+        assert_eq!(out[14], 1);
+        identify_active_list(&mut out, &[1], 0);
+        assert_eq!(get32(&out, 0), 1);
+        identify_active_list(&mut out, &[1], 1);
+        assert_eq!(get32(&out, 0), 0);
+    }
+
+    #[test]
+    fn discovery_log_offsets() {
+        let mut out = [0u8; 3 * DISCOVERY_ENTRY_LEN];
+        let entry = |subtype, subnqn| DiscoveryEntry {
+            ipv6: false,
+            subtype,
+            portid: 1,
+            trsvcid: b"4420",
+            subnqn,
+            traddr: b"192.0.2.1",
+        };
+        discovery_log(&mut out, 9, &[entry(3, DISCOVERY_NQN), entry(2, b"nqn.x")]);
+        assert_eq!(get64(&out, 0), 9);
+        assert_eq!(get64(&out, 8), 2);
+        let e = &out[2 * DISCOVERY_ENTRY_LEN..];
+        assert_eq!(&e[..4], &[1, 1, 2, 0]);
+        assert_eq!(get16(e, 6), 0xffff);
+        assert_eq!(get16(e, 8), 32);
+        assert_eq!(&e[32..37], b"4420\0");
+        assert_eq!(&e[256..262], b"nqn.x\0");
+        assert_eq!(&e[512..521], b"192.0.2.1");
+        assert_eq!(&e[768..771], &[1, 1, 1]);
+    }
+
+    #[test]
+    fn decimal_ports() {
+        let mut b = [0u8; 5];
+        assert_eq!(decimal(4420, &mut b), b"4420");
+        assert_eq!(decimal(0, &mut b), b"0");
+        assert_eq!(decimal(65535, &mut b), b"65535");
+    }
+}
