@@ -146,6 +146,11 @@ impl SgBuffer {
         self.len
     }
 
+    /// The bytes its pages hold: the most [`Self::set_len`] takes.
+    pub fn capacity(&self) -> usize {
+        self.pages.len() * PAGE_SIZE
+    }
+
     /// The entries of the buffer's scatterlist: one for each run of
     /// physically adjacent pages.  A send or receive with the buffer
     /// attached takes one gather or scatter entry for each.

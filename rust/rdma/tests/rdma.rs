@@ -37,7 +37,7 @@ mod rdma_tests {
     /// offsets (the pieces end at either page's boundary), and zeroes a
     /// range across pages; the bytes around both stay, and a range past
     /// either end is refused (`EINVAL`).  `set_len` cuts a buffer and
-    /// grows it back within its pages, its bytes kept.
+    /// grows it back within its pages (its `capacity`), its bytes kept.
     #[test]
     fn sg_buffers_copy_and_zero_across_pages() {
         const LEN: usize = 3 * 4096 + 100;
@@ -82,7 +82,7 @@ mod rdma_tests {
             dst.set_len(4 * 4096 + 1),
             dst.set_len(0),
         ];
-        let cut_len = dst.len();
+        let (cut_len, capacity) = (dst.len(), dst.capacity());
         let regrown = dst.set_len(LEN).and_then(|()| dst.read(to, &mut first));
         let kept = (0..8).all(|i| first[i] == pattern(from + i));
         let refused = [
@@ -95,6 +95,7 @@ mod rdma_tests {
         assert!(zeroed);
         assert_eq!(resized, [Ok(()), Err(EINVAL), Err(EINVAL), Err(EINVAL)]);
         assert_eq!(cut_len, 4096);
+        assert_eq!(capacity, 4 * 4096);
         assert_eq!(regrown, Ok(()));
         assert!(kept);
         for r in refused {
