@@ -150,3 +150,4 @@ mod regions;
 mod srq;
 mod synchronous_calls;
 mod ud;
+mod work;
