@@ -26,11 +26,14 @@
 #            each BENCH_REFERENCE_RUNS times (default 3), timed: cmtime
 #            (server `cmtime -b IP -p PORT`, client `cmtime -s IP -b IP -c
 #            100 -p PORT`) and `rping -c -a IP -p PORT -C 1000 -S 64`
-#            against `rping -s -a IP -p PORT`
+#            against `rping -s -a IP -p PORT`; then tools/nvme-bench.sh:
+#            the Rust NVMe target against the C nvmet-rdma target, the
+#            same fio jobs (nvme.tsv, nvme.md, nvme-plot.tsv)
 #   plot     plot.png from plot.tsv with gnuplot, on the host: the ratio
 #            kernel / user-space of each metric as a bar, a line at 1.0;
 #            scale.png from scale.tsv: setup time and memory per
-#            connection against the connections open at once
+#            connection against the connections open at once; nvme.png
+#            from nvme-plot.tsv: Rust target / C target per metric
 #
 # Results: build/bench/DATE/ of the build directory (tools/lib/env.sh),
 # build/bench/latest pointing to the newest: clocksource.txt, bench.log
@@ -227,43 +230,51 @@ tools/vm/run --kernel "$kdir" --timeout "$timeout" --share-rw "$results" --kerne
 	"$(printf '%q ' tools/bench.sh --in-vm "$results" "$tool_bin" "$mod_out")" || vm_rc=$?
 say "vm: $(($(date +%s) - t0)) s, exit status $vm_rc"
 
-step "plot: plot.png from plot.tsv (gnuplot)"
+step "plot: plot.png from plot.tsv, nvme.png from nvme-plot.tsv (gnuplot)"
 plot_rc=0
-if [ -s "$results/plot.tsv" ]; then
-	rows=$(tail -n +2 "$results/plot.tsv" | grep -c . || true)
-	cat >"$results/plot.gp" <<EOF
-# Made by tools/bench.sh from plot.tsv: kernel / user-space per metric, as a
-# bar from 1.0 (equal) up or down, on a log scale so that 2x and 0.5x are
-# bars of one length.
-set terminal pngcairo size $((300 + 32 * rows)),1000 noenhanced font 'sans,9'
-set output '$results/plot.png'
+# ratio_plot NAME TITLE LABEL COLOUR BMARGIN: NAME.png from NAME's TSV
+# (plot.tsv for "plot", else NAME-plot.tsv: metric, a, b, unit) as the
+# ratio a / b per metric, a bar from 1.0 (equal) up or down, on a log
+# scale so that 2x and 0.5x are bars of one length.
+ratio_plot() {
+	local name=$1 title=$2 label=$3 colour=$4 bmargin=$5 tsv rows
+	tsv=$results/$name-plot.tsv
+	[ "$name" != plot ] || tsv=$results/plot.tsv
+	rows=$(tail -n +2 "$tsv" 2>/dev/null | grep -c . || true)
+	if [ "${rows:-0}" -eq 0 ]; then
+		say "plot: no $(basename "$tsv") in $results: no $name.png" >&2
+		return 1
+	fi
+	cat >"$results/$name.gp" <<EOF
+# Made by tools/bench.sh from $(basename "$tsv"): $label per metric.
+set terminal pngcairo size $((300 + 36 * rows)),1000 noenhanced font 'sans,9'
+set output '$results/$name.png'
 set datafile separator "\t"
-set title "rdma-cm-rs: kernel-side peer / user-space librdmacm peer ($(basename "$results"), $(grep '^current' "$results/clocksource.txt" 2>/dev/null | cut -d' ' -f2) clocksource)"
-set ylabel 'kernel / user-space (log scale)'
+set title "rdma-cm-rs: $title ($(basename "$results"), $(grep '^current' "$results/clocksource.txt" 2>/dev/null | cut -d' ' -f2) clocksource)"
+set ylabel '$label (log scale)'
 set logscale y 2
 set format y '%g'
 set xtics rotate by -60 left nomirror
-set bmargin 28
+set bmargin $bmargin
 set rmargin 24
 set grid ytics
 set xrange [-0.6:$rows - 0.4]
 set key top left
-ratio(k, u) = (k > 0 && u > 0) ? k / u : NaN
-plot '$results/plot.tsv' skip 1 using 0:(ratio(\$2, \$3)):(\$0 - 0.4):(\$0 + 0.4):(1):(ratio(\$2, \$3)):xtic(sprintf('%s (%s)', strcol(1), strcol(4))) \\
-	with boxxyerror fill solid 0.8 border -1 lc rgb '#3465a4' title 'kernel / user-space', \\
+ratio(a, b) = (a > 0 && b > 0) ? a / b : NaN
+plot '$tsv' skip 1 using 0:(ratio(\$2, \$3)):(\$0 - 0.4):(\$0 + 0.4):(1):(ratio(\$2, \$3)):xtic(sprintf('%s (%s)', strcol(1), strcol(4))) \\
+	with boxxyerror fill solid 0.8 border -1 lc rgb '$colour' title '$label', \\
 	1 with lines dt 2 lw 2 lc rgb '#000000' title '1.0: equal'
 EOF
-	if [ "$rows" -gt 0 ] && gnuplot "$results/plot.gp" 2>"$logs/bench-gnuplot.log"; then
-		say "plot: $results/plot.png ($rows metrics)"
+	if gnuplot "$results/$name.gp" 2>"$logs/bench-gnuplot-$name.log"; then
+		say "plot: $results/$name.png ($rows metrics)"
 	else
-		cat "$logs/bench-gnuplot.log" >&2
-		say "error: gnuplot failed on $results/plot.tsv ($rows metrics)" >&2
-		plot_rc=1
+		cat "$logs/bench-gnuplot-$name.log" >&2
+		say "error: gnuplot failed on $tsv ($rows metrics)" >&2
+		return 1
 	fi
-else
-	say "plot: no plot.tsv in $results (the tool did not write one): no plot" >&2
+}
+ratio_plot plot "kernel-side peer / user-space librdmacm peer" 'kernel / user-space' '#3465a4' 28 ||
 	plot_rc=1
-fi
 
 # The scaling curve: setup time and memory per connection against the
 # number of connections open at once, both sides, log-log.
@@ -300,39 +311,8 @@ EOF
 fi
 
 # The NVMe targets: Rust / C per metric.
-if [ "$(tail -n +2 "$results/nvme-plot.tsv" 2>/dev/null | grep -c .)" -gt 0 ]; then
-	rows=$(tail -n +2 "$results/nvme-plot.tsv" | grep -c .)
-	cat >"$results/nvme.gp" <<EOF
-# Made by tools/bench.sh from nvme-plot.tsv: Rust target / C target.
-set terminal pngcairo size $((300 + 40 * rows)),900 noenhanced font 'sans,9'
-set output '$results/nvme.png'
-set datafile separator "\t"
-set title "rdma-cm-rs: NVMe over RDMA, Rust target / C nvmet-rdma target, kernel host over rxe ($(basename "$results"))"
-set ylabel 'Rust / C (log scale)'
-set logscale y 2
-set format y '%g'
-set xtics rotate by -60 left nomirror
-set bmargin 24
-set rmargin 24
-set grid ytics
-set xrange [-0.6:$rows - 0.4]
-set key top left
-ratio(r, c) = (r > 0 && c > 0) ? r / c : NaN
-plot '$results/nvme-plot.tsv' skip 1 using 0:(ratio(\$2, \$3)):(\$0 - 0.4):(\$0 + 0.4):(1):(ratio(\$2, \$3)):xtic(sprintf('%s (%s)', strcol(1), strcol(4))) \\
-	with boxxyerror fill solid 0.8 border -1 lc rgb '#cc0000' title 'Rust / C', \\
-	1 with lines dt 2 lw 2 lc rgb '#000000' title '1.0: equal'
-EOF
-	if gnuplot "$results/nvme.gp" 2>"$logs/bench-gnuplot-nvme.log"; then
-		say "plot: $results/nvme.png"
-	else
-		cat "$logs/bench-gnuplot-nvme.log" >&2
-		say "error: gnuplot failed on $results/nvme-plot.tsv" >&2
-		plot_rc=1
-	fi
-else
-	say "plot: no nvme-plot.tsv in $results (tools/nvme-bench.sh did not finish): no NVMe plot" >&2
-	plot_rc=1
-fi
+ratio_plot nvme "NVMe over RDMA, Rust target / C nvmet-rdma target, kernel host over rxe" \
+	'Rust / C' '#cc0000' 24 || plot_rc=1
 
 [ ! -s "$results/table.md" ] || { echo; cat "$results/table.md"; echo; }
 [ ! -s "$results/nvme.md" ] || { echo "NVMe over RDMA, Rust target / C target:"; cat "$results/nvme.md"; echo; }

@@ -23,6 +23,11 @@ use kernel::{
 /// the buffer.  READ tags count up from 0.
 const WRITE_TAG: u64 = 1 << 63;
 
+/// Transfer buffers an I/O queue keeps for reuse, by capacity: a 4 KiB
+/// block, and up to 128 KiB.  Larger transfers get a buffer of their own.
+const SMALL_BUF: usize = 4096;
+const LARGE_BUF: usize = 128 * 1024;
+
 /// What every queue shares: the subsystem, the owner objects are made
 /// for, and the queues alive.
 #[pin_data]
@@ -140,6 +145,11 @@ pub(crate) struct Queue {
     reads: Mutex<KVec<Reading>>,
     #[pin]
     waiting: SpinLock<KVec<Waiting>>,
+    /// Transfer buffers for reuse ([`SMALL_BUF`], [`LARGE_BUF`]).
+    #[pin]
+    small_bufs: SpinLock<KVec<SgBuffer>>,
+    #[pin]
+    large_bufs: SpinLock<KVec<SgBuffer>>,
     next_tag: AtomicU64,
     sq_head: AtomicU32,
     ended: AtomicBool,
@@ -255,6 +265,8 @@ impl Queue {
                 sends <- new_spinlock!(KVec::new()),
                 reads <- new_mutex!(KVec::new()),
                 waiting <- new_spinlock!(KVec::new()),
+                small_bufs <- new_spinlock!(KVec::new()),
+                large_bufs <- new_spinlock!(KVec::new()),
                 next_tag: AtomicU64::new(0),
                 sq_head: AtomicU32::new(0),
                 ended: AtomicBool::new(false),
@@ -365,7 +377,9 @@ impl Queue {
         let waiting = core::mem::take(&mut *self.waiting.lock());
         let reads = core::mem::take(&mut *self.reads.lock());
         let sends = core::mem::take(&mut *self.sends.lock());
-        drop((qp, pd, waiting, reads, sends));
+        let small = core::mem::take(&mut *self.small_bufs.lock());
+        let large = core::mem::take(&mut *self.large_bufs.lock());
+        drop((qp, pd, waiting, reads, sends, small, large));
         let me = {
             let mut queues = transport.queues.lock();
             let at = queues.iter().position(|q| Arc::ptr_eq(q, self));
@@ -507,11 +521,58 @@ impl Queue {
         Ok(())
     }
 
+    /// A buffer of `len` bytes for a command's data.  On I/O queues it is
+    /// reused, and holds a former transfer's bytes: Read and Write fill
+    /// every byte of it (the namespace's, or the host's by the RDMA READ)
+    /// before it goes to the host or the namespace.  The admin queue's
+    /// structures fill only part of theirs, which must be zeroes: fresh.
+    fn buffer(&self, len: usize) -> Result<SgBuffer> {
+        let pool = if self.qid == 0 || len > LARGE_BUF {
+            None
+        } else if len <= SMALL_BUF {
+            Some((&self.small_bufs, SMALL_BUF))
+        } else {
+            Some((&self.large_bufs, LARGE_BUF))
+        };
+        let Some((pool, capacity)) = pool else {
+            return SgBuffer::new(len);
+        };
+        let reused = pool.lock().pop();
+        let mut buf = match reused {
+            Some(buf) => buf,
+            None => SgBuffer::new(capacity)?,
+        };
+        buf.set_len(len)?;
+        Ok(buf)
+    }
+
+    /// Keeps `buf` for reuse when it is of a pooled capacity and the pool
+    /// has room (one for each entry of the queue).
+    fn recycle(&self, buf: SgBuffer) {
+        let pool = match buf.capacity() {
+            SMALL_BUF => &self.small_bufs,
+            LARGE_BUF => &self.large_bufs,
+            _ => return,
+        };
+        if self.ended.load(Ordering::Acquire) {
+            return;
+        }
+        let refused = {
+            let mut pool = pool.lock();
+            if pool.len() < usize::from(self.size) {
+                push_or_give_back(&mut pool, buf)
+            } else {
+                Some(buf)
+            }
+        };
+        drop(refused);
+    }
+
     /// Moves a command's data from the host (RDMA READ); the command runs
     /// when it has arrived.
     fn read_data(&self, qp: &Qp<QueueCq>, sqe: Sqe, remote: RemoteRegion, invalidate: Option<u32>) {
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed) & !WRITE_TAG;
-        let started = SgBuffer::new(remote.len as usize).and_then(|buf| {
+        let started = self.buffer(remote.len as usize).and_then(|buf| {
             self.reads.lock().push(
                 Reading {
                     tag,
@@ -542,7 +603,7 @@ impl Queue {
         remote: RemoteRegion,
         invalidate: Option<u32>,
     ) {
-        let mut buf = match SgBuffer::new(remote.len as usize) {
+        let mut buf = match self.buffer(remote.len as usize) {
             Ok(buf) => buf,
             Err(_) => {
                 self.respond(qp, sqe.cid(), status::INTERNAL, 0, invalidate);
@@ -703,16 +764,18 @@ impl QueueHandle for Queue {
 /// Pushes `value` onto `list`; without room, drops it after the lock
 /// (buffers are unmapped and freed outside a spinlock) and returns false.
 fn push_unlocked_drop<T>(list: &SpinLock<KVec<T>>, value: T) -> bool {
-    let refused = {
-        let mut list = list.lock();
-        match list.reserve(1, GFP_ATOMIC) {
-            Ok(()) => list.push_within_capacity(value).err().map(|e| e.0),
-            Err(_) => Some(value),
-        }
-    };
+    let refused = push_or_give_back(&mut list.lock(), value);
     let pushed = refused.is_none();
     drop(refused);
     pushed
+}
+
+/// Pushes `value` onto `list`, or gives it back without the memory.
+fn push_or_give_back<T>(list: &mut KVec<T>, value: T) -> Option<T> {
+    match list.reserve(1, GFP_ATOMIC) {
+        Ok(()) => list.push_within_capacity(value).err().map(|e| e.0),
+        Err(_) => Some(value),
+    }
 }
 
 /// The completion handler of a queue's CQ.
@@ -755,6 +818,7 @@ impl CompletionHandler for QueueCq {
         let Some(qp) = queue.qp() else { return };
         if done.tag & WRITE_TAG != 0 {
             // The response went with it; its completion reports both.
+            queue.recycle(done.buf);
             queue.post_waiting(&qp);
             return;
         }
@@ -775,6 +839,7 @@ impl CompletionHandler for QueueCq {
             .transport
             .subsys
             .execute(&q, &reading.sqe, Data::In(&done.buf, 0));
+        queue.recycle(done.buf);
         queue.finish(&qp, &reading.sqe, outcome, reading.invalidate);
         queue.post_waiting(&qp);
     }
