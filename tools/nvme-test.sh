@@ -102,14 +102,17 @@ for t in $transports; do
 done
 
 # Two hosts at once (two host NQNs, so two controllers of the subsystem,
-# each with its I/O queues), fio on both together, then both disconnected.
+# each with its I/O queues; one over rxe, one over siw: nvme-cli refuses a
+# second connection to one address and port), fio on both together, then
+# both disconnected.
 ip=${RDMA_CM_RS_LOCAL_IP:-192.0.2.1}
+siw_ip=${RDMA_CM_RS_SIW_IP:-203.0.113.1}
 host2id=8f6c2f14-7e1b-4b43-9a37-0c3f3b0c0003
 host2nqn=nqn.2014-08.org.nvmexpress:uuid:$host2id
 dev1=$(connect_dev "$rust_nqn" "$ip" 4420 2)
-dev2=$(hostnqn=$host2nqn hostid=$host2id connect_dev "$rust_nqn" "$ip" 4420 2)
+dev2=$(hostnqn=$host2nqn hostid=$host2id connect_dev "$rust_nqn" "$siw_ip" 4420 2)
 [ -n "$dev1" ] && [ -n "$dev2" ] && [ "$dev1" != "$dev2" ]
-result $? "nvme: Rust target: two hosts connected at once: ${dev1:-none} and ${dev2:-none}"
+result $? "nvme: Rust target: two hosts connected at once: ${dev1:-none} over rxe, ${dev2:-none} over siw"
 if [ -n "$dev1" ] && [ -n "$dev2" ]; then
 	fio_on "$dev1" --name=host1 --rw=randwrite --bsrange=4k-64k --iodepth=8 --size=8m \
 		--offset=0 >/tmp/nvme-host1.log 2>&1 &
