@@ -467,7 +467,8 @@ tool_rel=tools/userspace-test/target/release/userspace-test
 mkdir -p "$copy/$(dirname "$tool_rel")"
 cp "$tool" "$copy/$tool_rel"
 # The sample servers too: the suite loads them for their server roles.
-cp "$out_dir/rdma_cm_rs.ko" "$out_dir/rdma_cm_rs_rping.ko" "$out_dir/rdma_cm_rs_store.ko" "$copy/"
+cp "$out_dir/rdma_cm_rs.ko" "$out_dir/rdma_cm_rs_rping.ko" "$out_dir/rdma_cm_rs_store.ko" \
+	"$out_dir/rdma_cm_rs_nvmet.ko" "$copy/"
 read_only=no
 if mount --bind "$copy" "$copy" 2>"$logs/ro-mount.log" &&
 	mount -o remount,bind,ro "$copy" 2>>"$logs/ro-mount.log" && ! touch "$copy/.w" 2>/dev/null; then

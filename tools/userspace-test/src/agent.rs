@@ -19,6 +19,11 @@
 //!   udserve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N]
 //!   udconnect addr=A data=HEX [qps=K] [msgs=N] [sizes=S,S,...] [replies=N]
 //!                             UD over RDMA_PS_UDP (SIDR), see `ud`
+//!   store addr=A conns=N rounds=N size=N
+//!                             the store sample's client, see `store`
+//!   nvmet addr=A part=cm|capsules iwarp=0|1
+//!                             a host of the NVMe-oF target sample that
+//!                             speaks the protocol badly, see `nvmet`
 //!   run tool=NAME args=HEX [wait_ms=N | ready=output] [timeout_s=N]
 //!                             an unmodified rdmacm-utils tool (rping,
 //!                             ucmatose, udaddy) as the peer: `ready`
@@ -131,6 +136,11 @@ fn handle(stream: TcpStream) -> Result<()> {
             req.num("rounds", 1)? as usize,
             req.num("size", 0)?.into(),
         ),
+        "nvmet" => match req.get("part") {
+            Some("cm") => crate::nvmet::bad_cm_requests(req.addr()?, req.num("iwarp", 0)? != 0),
+            Some("capsules") => crate::nvmet::bad_capsules(req.addr()?, req.num("iwarp", 0)? != 0),
+            other => Err(anyhow!("nvmet: unknown part {other:?}")),
+        },
         _ => Err(anyhow!("unknown request {verb:?}")),
     };
     match result {

@@ -1054,6 +1054,36 @@ impl<'ch> Conn<'ch> {
             .map(|(answer, _)| answer)
     }
 
+    /// [`Self::send_then_recv`] of the first `len` bytes of region `i`
+    /// (made with [`Self::add_region`]): a message larger than the send
+    /// buffer's [`MSG`], such as an NVMe command capsule with 4 KiB of
+    /// in-capsule data behind its 64 bytes.
+    pub fn send_region_then_recv(
+        &mut self,
+        i: usize,
+        len: usize,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        let (buf, mr) = &self.regions[i];
+        ensure!(
+            len <= buf.len(),
+            "{len} bytes are more than region {i}'s {}",
+            buf.len()
+        );
+        let addr = buf.as_ptr() as u64;
+        // SAFETY: The region's MR is live until drop.
+        let lkey = unsafe { (**mr).lkey };
+        // SAFETY: The range lies in region `i`, registered as `lkey` on this
+        // connection's PD, allocated and registered while the QP lives;
+        // `&mut self` keeps it unwritten until the send's completion is
+        // reaped below.
+        unsafe { self.post_send_raw(addr, len, lkey, 1) }?;
+        let wc = Self::poll(self.recv_cq, timeout).context("receive completion")?;
+        let answer = self.take_received(wc)?;
+        self.send_succeeded()?;
+        Ok(answer)
+    }
+
     /// [`Self::send_then_recv`], with the remote key of ours the answer
     /// invalidated (a SEND_WITH_INV), if it did.
     pub fn send_then_recv_inv(

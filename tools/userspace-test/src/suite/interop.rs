@@ -424,6 +424,101 @@ pub(super) fn store_module_server(ctx: &mut Ctx) -> Result<()> {
     })
 }
 
+/// The NVMe over Fabrics target sample `rdma_cm_rs_nvmet.ko`, loaded here
+/// for the scenario, against the tool's bad-input host on the agent's
+/// machine ([`crate::nvmet::bad_cm_requests`]): each malformed connect
+/// request (record format 1, admin hsqsize 40 and 0, an I/O qid beyond the
+/// four offered, hrqsize below hsqsize + 1, an I/O queue of no live
+/// controller) REJECTED with its `nvme_rdma_cm_rej.sts`; 8 bytes of
+/// private data INVALID_LEN on iWARP, where they arrive as sent, and
+/// INVALID_HSQSIZE on RoCE, whose CM pads them to 56 with zeroes; a good
+/// admin request accepted with crqsize = hsqsize + 1.  The sample unloads
+/// afterwards (a queue or controller left would hold it), and the VM's
+/// dmesg gate and kmemleak scan see what it did.
+pub(super) fn nvmet_bad_cm_requests(ctx: &mut Ctx) -> Result<()> {
+    let port = ctx.port();
+    let iwarp = ctx.iwarp();
+    crate::sample_module::with_loaded(crate::nvmet::MODULE, port, crate::nvmet::PARAMS, || {
+        let addr = SocketAddr::new(ctx.local4, port);
+        let call = Call::start(
+            &ctx.agent,
+            &format!("nvmet addr={addr} part=cm iwarp={}", u8::from(iwarp)),
+        )?;
+        let r = call.result().context("the NVMe host's CM requests")?;
+        let cases: usize = field(&r, "cases")?.parse()?;
+        ensure!(
+            cases == crate::nvmet::CM_CASES,
+            "{cases} CM request cases passed, expected {}: {r:?}",
+            crate::nvmet::CM_CASES
+        );
+        note(&format!(
+            "nvmet: {cases} CM request cases: {}",
+            field(&r, "names")?
+        ));
+        Ok(())
+    })
+}
+
+/// The NVMe over Fabrics target sample against the tool's bad-input host
+/// ([`crate::nvmet::bad_capsules`]): malformed command capsules on the
+/// admin queue and an I/O queue (commands before Connect and before
+/// CC.EN, Connects with a wrong NQN or controller id, unknown opcodes and
+/// fabrics types, FUSE and PSDT, SGL types and subtypes, transfer lengths
+/// against the command's, MDTS, LBAs beyond the namespace, a wrong nsid,
+/// in-capsule data where none may be or past the in-capsule size, a fifth
+/// asynchronous event request, I/O opcodes on the admin queue) each
+/// completed with its NVMe status while the queue keeps working; good
+/// Writes (in the capsule and keyed) read back, on rxe once more through
+/// a memory window whose key the response invalidates; then a Read to an
+/// rkey the host never registered.  On rxe the target's RDMA WRITE fails
+/// and it ends the controller (both queues DISCONNECTED, and it logs the
+/// failure once); on siw the host's TERMINATE ends the I/O queue's
+/// connection alone, which the target cannot tell from a disconnect (it
+/// logs no controller failure), and the controller serves on.  Either way
+/// a new controller connects afterwards.
+pub(super) fn nvmet_bad_capsules(ctx: &mut Ctx) -> Result<()> {
+    let port = ctx.port();
+    let iwarp = ctx.iwarp();
+    crate::sample_module::with_loaded(crate::nvmet::MODULE, port, crate::nvmet::PARAMS, || {
+        let addr = SocketAddr::new(ctx.local4, port);
+        // Earlier loads logged the same line.
+        let ctrl_failed = |l: &str| {
+            l.contains("rdma_cm_rs_nvmet: controller ")
+                && l.ends_with(" failed: disconnecting its queues")
+        };
+        let failed_before = dmesg_count(ctrl_failed);
+        let mut call = Call::start(
+            &ctx.agent,
+            &format!("nvmet addr={addr} part=capsules iwarp={}", u8::from(iwarp)),
+        )?;
+        call.set_read_timeout(Duration::from_secs(240))?;
+        let r = call.result().context("the NVMe host's capsules")?;
+        let cases: usize = field(&r, "cases")?.parse()?;
+        let want = crate::nvmet::CAPSULE_CASES;
+        ensure!(
+            cases == want,
+            "{cases} capsule cases passed, expected {want}: {r:?}"
+        );
+        // The controller failures the target logged: the bad rkey's on
+        // RoCE, once (the other ends are the host's disconnects).
+        let expected = usize::from(!iwarp);
+        if expected > 0 {
+            poll_dmesg(|| dmesg_count(ctrl_failed) >= failed_before + expected);
+        }
+        let failures = dmesg_count(ctrl_failed) - failed_before;
+        ensure!(
+            failures == expected,
+            "the target logged {failures} controller failures, expected {expected}"
+        );
+        note(&format!(
+            "nvmet: {cases} capsule cases (controller {}): {}",
+            field(&r, "cntlid")?,
+            field(&r, "names")?
+        ));
+        Ok(())
+    })
+}
+
 /// What the storage sample's kernel log says of one device.
 struct StoreLog {
     /// The device's completion vectors.

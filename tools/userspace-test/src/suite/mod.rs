@@ -196,6 +196,11 @@ const TESTS: &[(&str, Test)] = &[
     ("interop_rping_module_server", interop::rping_module_server),
     ("interop_store_module_server", interop::store_module_server),
     (
+        "interop_nvmet_bad_cm_requests",
+        interop::nvmet_bad_cm_requests,
+    ),
+    ("interop_nvmet_bad_capsules", interop::nvmet_bad_capsules),
+    (
         "interop_ucmatose_module_server",
         interop::ucmatose_module_server,
     ),
@@ -241,6 +246,10 @@ const NOT_SYNCHRONOUS: &[(&str, &str)] = &[
         "datagrams: a SIDR reply ends the exchange with no event to wait for",
     ),
     ("sync_", "synchronous already"),
+    (
+        "interop_nvmet_",
+        "the NVMe target sample and its librdmacm host use no id of the module: the asynchronous passes run them",
+    ),
     (
         "busy_poll_data_path",
         "a busy-polling connection's waits are the same on synchronous ids, whose blocking calls are all CM ones: the asynchronous passes run it (make check's time)",
@@ -323,6 +332,7 @@ const WITHOUT_MESSAGES: &[&str] = &[
     "close_destroys_everything",
     "ids_live_in_the_openers_namespace",
     "iwarp_ud_refused",
+    "interop_nvmet_bad_cm_requests",
 ];
 
 /// The scenarios a kernel without a fix runs into its bug (a VM panic, a
@@ -375,6 +385,12 @@ const NEEDS_FIX: &[NeedsFix] = &[
     needs("", Transport::Siw, true, &["0001", "0007"]),
     needs(
         "reject_with_reason_and_private_data",
+        Transport::Siw,
+        true,
+        &["0010", "0011", "0012"],
+    ),
+    needs(
+        "interop_nvmet_bad_cm_requests",
         Transport::Siw,
         true,
         &["0010", "0011", "0012"],
