@@ -804,6 +804,12 @@ impl CompletionHandler for QueueCq {
     fn send_done(&self, mut buf: SendBuffer, result: Result) {
         let queue = self.queue();
         let Some(qp) = queue.qp() else { return };
+        // A flush too (ECANCELED), unlike nvmet-rdma's send_done: the RDMA
+        // WRITEs chained before a response complete to no handler of ours
+        // (unsignaled, or on iWARP the layer's no-op), so when one fails
+        // (a key the host never registered) the flushed response is all
+        // that tells.  A queue that ended first (the host's disconnect)
+        // has no QP here.
         if result.is_err() {
             queue.fatal("response not sent");
             return;
