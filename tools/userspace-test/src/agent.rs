@@ -30,11 +30,20 @@
 //!                             after wait_ms or its first output, then `status=` and the
 //!                             tail of its output (the suite may send
 //!                             "stop" meanwhile), see `run`
+//!   nvme_host addr=A nqn=NQN hostnqn=NQN hostid=UUID [queues= kato=
+//!             reconnect_delay= ctrl_loss_tmo=] [rw= bs= iodepth= numjobs=
+//!             size_mib=] [runtime_s=N] [timeout_s=N]
+//!                             the kernel's NVMe host (nvme-rdma, nvme-cli)
+//!                             connected to a target at A: `ready` with its
+//!                             block device, then fio with verify on it, then
+//!                             `nvme disconnect` (the suite may send "stop"
+//!                             meanwhile), see `nvme_host`
 //!
 //! A connect that `rdma_connect` itself refuses (iWARP's TCP connect to a
 //! port nobody listens on, or reset by a listener going away) is reported
 //! as the event `REFUSED_AT_CONNECT` in `connect` and `burst`.
 
+pub mod nvme_host;
 pub mod run;
 pub mod ud;
 
@@ -130,6 +139,7 @@ fn handle(stream: TcpStream) -> Result<()> {
         "udserve" => ud::udserve(&req, &mut out),
         "udconnect" => ud::udconnect(&req),
         "run" => run::run(&req, &mut out),
+        "nvme_host" => nvme_host::nvme_host(&req, &mut out),
         "store" => crate::store::exercise(
             req.addr()?,
             req.num("conns", 1)? as usize,

@@ -17,6 +17,7 @@ mod diag;
 mod faults;
 mod fuzz;
 mod kernel_fixes;
+mod kmsg;
 mod nvmet;
 mod payload;
 mod report;

@@ -47,7 +47,7 @@ pub const TOOLS: &[&str] = &["rping", "ucmatose", "udaddy"];
 pub const OUTPUT_TAIL: usize = 2048;
 
 /// How often the agent looks at the tool and at the suite's connection.
-const POLL: Duration = Duration::from_millis(20);
+pub(super) const POLL: Duration = Duration::from_millis(20);
 
 pub(super) fn run(req: &Req, out: &mut TcpStream) -> Result<String> {
     let tool = req.get("tool").context("tool=")?;
@@ -251,7 +251,7 @@ fn writeln_ready(out: &mut TcpStream) -> Result<()> {
 }
 
 /// SIGKILLs the tool's process group.
-fn kill(child: &mut Child) {
+pub(super) fn kill(child: &mut Child) {
     // The group is the child's pid (`process_group(0)`).  The child is not
     // reaped yet, so the id names no other group; the group may be empty
     // if everything in it exited, which is fine.
@@ -279,7 +279,7 @@ fn report(status: ExitStatus, ended: Ended, output: &[u8]) -> String {
 }
 
 /// Reads `from` to its end, keeping the last `keep` bytes.
-fn read_tail(mut from: impl Read, keep: usize) -> Result<Vec<u8>> {
+pub(super) fn read_tail(mut from: impl Read, keep: usize) -> Result<Vec<u8>> {
     let mut tail = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -303,7 +303,7 @@ fn read_tail(mut from: impl Read, keep: usize) -> Result<Vec<u8>> {
 }
 
 /// What the suite did while the tool ran.
-enum Suite {
+pub(super) enum Suite {
     Quiet,
     /// It sent a line: stop the tool.
     Stop,
@@ -312,7 +312,7 @@ enum Suite {
 }
 
 /// Waits up to `wait` for the suite to send something or hang up.
-fn listen_to_suite(mut stream: &TcpStream, wait: Duration) -> Result<Suite> {
+pub(super) fn listen_to_suite(mut stream: &TcpStream, wait: Duration) -> Result<Suite> {
     stream.set_read_timeout(Some(wait))?;
     // The request line is all the suite sent before (it waits for `ready`
     // first), so what comes now is read here, not by the request reader.
