@@ -17,7 +17,9 @@
 #   vm-one           one VM (rxe on a dummy netdev, siw beside it): the KUnit
 #                    suites at insmod, the userspace suite against the
 #                    module on rxe and on siw, each with asynchronous and
-#                    with synchronous ids (four passes at once),
+#                    with synchronous ids (four passes at once; among its
+#                    scenarios the kernel's NVMe host, nvme-cli and fio
+#                    against the NVMe target sample),
 #                    the sample echo module, the sample rping server
 #                    against unmodified rping and the module's own rping
 #                    client, the kernel's NVMe host against its C target
@@ -35,8 +37,12 @@
 #   vm-two           two VMs (rxe and siw over two QEMU socket links), run
 #                    from a copy of the tree under /tmp: the userspace
 #                    suite with the librdmacm peer in the other VM, the
-#                    four passes at once, then the peer VM killed
-#                    by the host mid-transfer
+#                    four passes at once, then on rxe and on siw the
+#                    scenarios that need the machine to themselves
+#                    (`suite --alone`: the NVMe target's device deleted
+#                    and re-added under the other VM's host and fio), then
+#                    the peer VM killed by the host mid-transfer, its NVMe
+#                    host mid-I/O against the NVMe target sample
 #   ktap             kunit.py parse reads all of the above and counts as
 #                    this script does
 #
@@ -426,6 +432,10 @@ expect_suites=()
 for p in suite-rxe suite-rxe-sync suite-siw suite-siw-sync; do
 	expect_suites+=(--expect-part "$p=$scenarios")
 done
+# The passes that have the machine to themselves (two VMs): the scenarios
+# the four above leave out for them.
+alone_scenarios=$("$tool" suite --list --alone | wc -l)
+expect_alone=(--expect-part "suite-rxe-alone=$alone_scenarios" --expect-part "suite-siw-alone=$alone_scenarios")
 expect_kunit=()
 for f in rust/rdma/tests/*.rs; do
 	kunit_suite=$(sed -n 's/.*#\[kunit_tests(\([a-z_0-9]*\))\].*/\1/p' "$f")
@@ -484,13 +494,13 @@ RDMA_CM_RS_OUT=$copy watched vm-two "$logs/vm-two.log" \
 	"$copy/tools/vm/run" --kernel "$kdir" --timeout 1500 --keep-logs "$vm_two" \
 	--stream --module "$copy/rdma_cm_rs.ko" --two-vms --kernel-arg kunit.enable=0 \
 	--peer-cmd "$guest_tool agent --listen 0.0.0.0:7999" -- \
-	"$part; echo \"guest cwd: \$PWD\"; bg_part suite-rxe-sync $guest_tool suite --sync --peer \$RDMA_CM_RS_PEER_IP:7999; bg_part suite-siw $guest_tool suite --transport siw --peer \$RDMA_CM_RS_PEER_IP:7999; bg_part suite-siw-sync $guest_tool suite --sync --transport siw --peer \$RDMA_CM_RS_PEER_IP:7999; part suite-rxe $guest_tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; bg_show suite-rxe-sync || s=1; bg_show suite-siw || s=1; bg_show suite-siw-sync || s=1; part peer-vm-killed $guest_tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; exit \$s"
+	"$part; echo \"guest cwd: \$PWD\"; bg_part suite-rxe-sync $guest_tool suite --sync --peer \$RDMA_CM_RS_PEER_IP:7999; bg_part suite-siw $guest_tool suite --transport siw --peer \$RDMA_CM_RS_PEER_IP:7999; bg_part suite-siw-sync $guest_tool suite --sync --transport siw --peer \$RDMA_CM_RS_PEER_IP:7999; part suite-rxe $guest_tool suite --peer \$RDMA_CM_RS_PEER_IP:7999; s=\$?; bg_show suite-rxe-sync || s=1; bg_show suite-siw || s=1; bg_show suite-siw-sync || s=1; part suite-rxe-alone $guest_tool suite --alone --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; part suite-siw-alone $guest_tool suite --alone --transport siw --peer \$RDMA_CM_RS_PEER_IP:7999 || s=1; part peer-vm-killed $guest_tool ctl peer-vm-killed \$RDMA_CM_RS_LOCAL_IP:7695 --peer \$RDMA_CM_RS_PEER_IP:7999 --nvme-target \$RDMA_CM_RS_SIW_IP:4420 || s=1; exit \$s"
 rc=$?
 # VM A's lines only (VM B's are its agent's log).
 sed -n 's/^VM A: //p' "$logs/vm-two.log" >"$logs/vm-two-a.log"
 vm_group "$logs/vm-two-a.log" "$rc" \
 	"both VMs ran to their end: dmesg and kmemleak clean (VM B killed on request)" \
-	--diag "$logs/vm-two.log" "${expect_suites[@]}" --expect-part peer-vm-killed
+	--diag "$logs/vm-two.log" "${expect_suites[@]}" "${expect_alone[@]}" --expect-part peer-vm-killed
 note "vm-two, VM A $(part_times "$logs/vm-two-a.log")"
 grep -qxF "guest cwd: $copy" "$logs/vm-two-a.log"
 leaf $? "any checkout location: the VMs ran the copy under '$copy'" "$logs/vm-two.log"

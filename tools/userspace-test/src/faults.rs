@@ -782,19 +782,19 @@ pub fn fail_nth(
 /// bound); any other such line still fails the run, and so does a window
 /// never ended.  Begun before the test provokes the line, ended once
 /// everything that may print it is done; the drop ends it too.
-struct ExpectWindow {
+pub(crate) struct ExpectWindow {
     tag: &'static str,
     ended: bool,
 }
 
 impl ExpectWindow {
-    fn begin(tag: &'static str, max: Option<usize>, text: &str) -> Result<Self> {
+    pub(crate) fn begin(tag: &'static str, max: Option<usize>, text: &str) -> Result<Self> {
         let max = max.map_or_else(|| "*".to_string(), |m| m.to_string());
         kmsg(&expect_begin_line(tag, &max, text))?;
         Ok(Self { tag, ended: false })
     }
 
-    fn end(mut self) -> Result<()> {
+    pub(crate) fn end(mut self) -> Result<()> {
         self.ended = true;
         kmsg(&expect_end_line(self.tag))
     }
@@ -840,8 +840,14 @@ fn kmsg(line: &str) -> Result<()> {
 /// transport's retries run out, or the module's wait for the completion
 /// does), and disconnecting and destroying the id must not wait for the
 /// dead machine.
-/// Prints KTAP lines; `Ok(false)` if one failed.
-pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> Result<bool> {
+/// Prints two KTAP lines into `results`.  The moment the host reports the
+/// kill goes to the kernel log ([`PEER_VM_KILLED`]).
+pub fn peer_vm_killed(
+    local: SocketAddr,
+    agent: SocketAddr,
+    bound: Duration,
+    results: &mut Flat,
+) -> Result<()> {
     let kill_file = std::env::var("RDMA_CM_RS_KILL_PEER")
         .context("RDMA_CM_RS_KILL_PEER is not set: run in two VMs by tools/vm/run")?;
     let dev = Device::open()?;
@@ -881,6 +887,9 @@ pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> 
         std::thread::sleep(Duration::from_millis(20));
     }
     let killed = Instant::now();
+    // For what else watches the dead machine (the NVMe target's
+    // keep-alive, `nvmet::host_killed_mid_io`): the kernel log's clock.
+    let _ = kmsg(PEER_VM_KILLED);
     // Messages already in the module's receive queue are still read.
     while dev.recv(r.new_id, 4096, 0).is_ok() {}
     // A send to the dead machine: RC retries (`retry`, with the CM's ACK
@@ -891,13 +900,7 @@ pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> 
     let wait_ms = u32::try_from(bound.as_millis()).unwrap_or(u32::MAX);
     let sent = dev.send_flags(r.new_id, b"to a dead machine", wait_ms, 0);
     let send_took = killed.elapsed();
-    let mut ok = true;
-    let mut k = 1;
-    let mut result = |pass: bool, what: String| {
-        ok &= pass;
-        println!("{} {k} - {what}", if pass { "ok" } else { "not ok" });
-        k += 1;
-    };
+    let mut result = |pass: bool, what: String| results.result(pass, &what);
     let retries_ran_out = sent
         .as_ref()
         .is_err_and(|e| e.raw_os_error() == Some(libc::EHOSTUNREACH));
@@ -930,8 +933,12 @@ pub fn peer_vm_killed(local: SocketAddr, agent: SocketAddr, bound: Duration) -> 
     dev.destroy(l)?;
     // The agent's side died with its machine.
     drop(call);
-    Ok(ok)
+    Ok(())
 }
+
+/// What `ctl peer-vm-killed` writes to the kernel log when the host has
+/// killed the peer VM.
+pub const PEER_VM_KILLED: &str = "rdma-cm-rs: the host killed the peer VM";
 
 #[cfg(test)]
 mod tests {

@@ -7,6 +7,10 @@
 use anyhow::{Context, Result};
 use std::{io::Read, os::unix::fs::OpenOptionsExt};
 
+/// `KERN_WARNING`: a record at this level or below (more severe) is a
+/// warning or an error.
+pub const WARNING: u8 = 4;
+
 /// One record of the kernel log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
@@ -80,7 +84,7 @@ mod tests {
             })
         );
         // Facility 3 (daemon), level 4: a warning.
-        assert_eq!(parse("28,7,8,c;x").map(|r| r.level), Some(4));
+        assert_eq!(parse("28,7,8,c;x").map(|r| r.level), Some(WARNING));
         assert_eq!(parse("garbage"), None);
     }
 

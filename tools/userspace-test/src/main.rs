@@ -83,6 +83,11 @@ enum Cmd {
         /// what they do there (make check never does).
         #[arg(long)]
         left_out: bool,
+        /// Run only the scenarios that need the machine to themselves
+        /// (they delete and re-add its RDMA device), which the other
+        /// passes leave out; with --list, list them.
+        #[arg(long)]
+        alone: bool,
     },
     /// Serve the librdmacm side of the suite (in the peer VM).
     Agent {
@@ -240,6 +245,13 @@ enum Ctl {
         /// The module's send must fail within this many milliseconds.
         #[arg(long, default_value_t = 30_000)]
         bound_ms: u64,
+        /// Also the NVMe target (rdma_cm_rs_nvmet.ko, loaded on this
+        /// address's port) with the kernel's host in the peer VM doing
+        /// I/O against it at this address when the VM dies: the target
+        /// must fail the host's controller within its keep-alive timeout
+        /// and 2 s, and unload.
+        #[arg(long, value_parser = shell::parse_addr)]
+        nvme_target: Option<SocketAddr>,
     },
     /// Allocation and user-copy failures injected at every fault point of
     /// open, create, listen, connect, accept, send and MR_REG in turn
@@ -867,9 +879,17 @@ fn main() -> Result<()> {
             addr,
             peer,
             bound_ms,
+            nvme_target,
         }) => {
             let agent = shell::resolve_host(&peer)?;
-            if !faults::peer_vm_killed(addr, agent, Duration::from_millis(bound_ms))? {
+            let bound = Duration::from_millis(bound_ms);
+            let kill = |results: &mut Flat| faults::peer_vm_killed(addr, agent, bound, results);
+            let mut results = Flat::default();
+            match nvme_target {
+                None => kill(&mut results)?,
+                Some(target) => nvmet::host_killed_mid_io(target, agent, &mut results, kill)?,
+            }
+            if !results.ok {
                 std::process::exit(1);
             }
         }
@@ -1002,10 +1022,11 @@ fn main() -> Result<()> {
             sync,
             transport,
             left_out,
+            alone,
         } => {
             uapi::set_sync_mode(sync);
             if list {
-                for name in suite::names() {
+                for name in suite::names(alone) {
                     say(name);
                 }
                 return Ok(());
@@ -1043,7 +1064,7 @@ fn main() -> Result<()> {
                 None => agent::spawn_local()?,
             };
             let mut ctx = suite::Ctx::new(transport, local4, peer4, local6, peer6, agent);
-            if !suite::run(&mut ctx, filter.as_deref(), left_out)? {
+            if !suite::run(&mut ctx, filter.as_deref(), left_out, alone)? {
                 std::process::exit(1);
             }
         }
@@ -1162,8 +1183,9 @@ mod tests {
                 sync,
                 transport,
                 left_out,
+                alone,
             } => {
-                assert!(!sync && left_out);
+                assert!(!sync && left_out && !alone);
                 assert_eq!(filter.as_deref(), Some("ipv6"));
                 assert_eq!(peer.as_deref(), Some("192.0.2.2:7999"));
                 assert_eq!(transport, suite::Transport::Siw);
@@ -1178,6 +1200,20 @@ mod tests {
                 ..
             }
         ));
+        assert!(matches!(
+            parse("suite --alone --list"),
+            Cmd::Suite {
+                alone: true,
+                list: true,
+                ..
+            }
+        ));
+        match parse("ctl peer-vm-killed 192.0.2.1:7695 --peer 192.0.2.2:7999 --nvme-target 198.51.100.1:4420") {
+            Cmd::Ctl(Ctl::PeerVmKilled { nvme_target, .. }) => {
+                assert_eq!(nvme_target, Some("198.51.100.1:4420".parse().unwrap()));
+            }
+            _ => panic!("ctl peer-vm-killed"),
+        }
         assert!(matches!(parse("agent"), Cmd::Agent { .. }));
         assert!(matches!(
             parse("ctl udaddy-server 192.0.2.1 --connections 2"),

@@ -175,6 +175,37 @@ pub fn event_line(who: &str, event: EventType, ids: &str, status: i32, c: &ConnF
     line
 }
 
+/// Results printed flat, `ok N - what` numbered in turn, without a plan
+/// (the `ctl` parts of make check, whose plan tools/lib/ktap_tree.py
+/// counts): steps of one part print into one numbering.
+pub struct Flat {
+    n: usize,
+    /// Whether every result so far passed.
+    pub ok: bool,
+}
+
+impl Default for Flat {
+    fn default() -> Self {
+        Self { n: 0, ok: true }
+    }
+}
+
+impl Flat {
+    pub fn result(&mut self, pass: bool, what: &str) {
+        self.n += 1;
+        self.ok &= pass;
+        use io::Write as _;
+        let mut out = io::stdout().lock();
+        let _ = writeln!(
+            out,
+            "{} {} - {what}",
+            if pass { "ok" } else { "not ok" },
+            self.n
+        );
+        let _ = out.flush();
+    }
+}
+
 /// KTAP output: the plan, then one result a test, diagnostics (`# `) first.
 pub struct Ktap<W: io::Write> {
     out: W,

@@ -9,6 +9,7 @@ mod faults;
 mod interop;
 mod lifecycle;
 mod limits;
+mod nvmet;
 mod rdma;
 mod sync;
 mod ud;
@@ -229,6 +230,8 @@ const TESTS: &[(&str, Test)] = &[
         "sync_destroy_while_a_call_blocks",
         sync::sync_destroy_while_a_call_blocks,
     ),
+    ("nvmet_kernel_host", nvmet::kernel_host),
+    ("nvmet_link_deleted_under_io", nvmet::link_deleted_under_io),
 ];
 
 /// Scenarios `suite --sync` does not run on synchronous ids, and why.
@@ -253,6 +256,10 @@ const NOT_SYNCHRONOUS: &[(&str, &str)] = &[
     (
         "busy_poll_data_path",
         "a busy-polling connection's waits are the same on synchronous ids, whose blocking calls are all CM ones: the asynchronous passes run it (make check's time)",
+    ),
+    (
+        "nvmet_",
+        "the kernel's NVMe host against the NVMe target sample: no id of the tool's, mode-blind",
     ),
 ];
 
@@ -288,6 +295,21 @@ const NOT_SYNCHRONOUS_ON_IWARP: &[(&str, &str)] = &[];
 
 /// Scenarios only a pass on iWARP runs.
 const ONLY_ON_IWARP: &[&str] = &["iwarp_"];
+
+/// Scenarios that need the machine to themselves, and why: `suite
+/// --alone` runs them (and only them) where nothing else runs; every other
+/// pass leaves them out.  make check runs four passes at once.
+const ALONE: &[(&str, &str)] = &[(
+    "nvmet_link_deleted_under_io",
+    "it deletes the pass's device (rdma link delete) under whatever else runs on it",
+)];
+
+/// Scenarios that mean something only with the agent on another machine,
+/// and why.
+const TWO_MACHINES_ONLY: &[(&str, &str)] = &[(
+    "nvmet_link_deleted_under_io",
+    "host and target share the device: its removal deletes the host's controller (nvme-rdma's ib_client remove, nvmet-plan.md §0.2), there is no reconnect to test",
+)];
 
 /// Where a kernel bug of `tools/kernel-patches/` meets a scenario.
 struct NeedsFix {
@@ -421,19 +443,58 @@ fn needs_fix_because(ctx: &Ctx, name: &str) -> Option<String> {
     ctx.fixes.lacking(&fixes)
 }
 
-pub fn names() -> impl Iterator<Item = &'static str> {
-    TESTS.iter().map(|(n, _)| *n)
+/// Whether `name` needs the machine to itself ([`ALONE`]).
+fn alone(name: &str) -> bool {
+    ALONE.iter().any(|(n, _)| name.starts_with(n))
+}
+
+/// The scenarios a pass prints: every one, or in a pass of `suite
+/// --alone` those of [`ALONE`].
+pub fn names(alone_pass: bool) -> impl Iterator<Item = &'static str> {
+    TESTS
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(move |n| !alone_pass || alone(n))
+}
+
+/// How a pass runs: its mode, its transport, the agent's machine, and
+/// whether it has the machine to itself.
+#[derive(Clone, Copy, Debug, Default)]
+struct Pass {
+    sync: bool,
+    iwarp: bool,
+    two_machines: bool,
+    alone: bool,
 }
 
 /// Why this pass leaves `name` out, if it does: the mode's and the
-/// transport's lists (by name prefix), and the iWARP-only scenarios on
-/// another transport.
-fn left_out_because(name: &str, sync: bool, iwarp: bool) -> Option<String> {
+/// transport's lists (by name prefix), the iWARP-only scenarios on
+/// another transport, the two-machine ones on one, the ones that need the
+/// machine to themselves in a pass that runs beside others.
+fn left_out_because(name: &str, pass: Pass) -> Option<String> {
+    let Pass {
+        sync,
+        iwarp,
+        two_machines,
+        alone: alone_pass,
+    } = pass;
     let find = |list: &[(&str, &'static str)]| {
         list.iter()
             .find(|(n, _)| name.starts_with(n))
             .map(|(_, why)| *why)
     };
+    if !two_machines {
+        if let Some(why) = find(TWO_MACHINES_ONLY) {
+            return Some(format!("left out with the agent on this machine: {why}"));
+        }
+    }
+    if !alone_pass {
+        if let Some(why) = find(ALONE) {
+            return Some(format!(
+                "left out of passes run beside others: {why}; `suite --alone` runs it"
+            ));
+        }
+    }
     if !iwarp && ONLY_ON_IWARP.iter().any(|n| name.starts_with(n)) {
         return Some("left out off iWARP: it tests the iWARP CM".into());
     }
@@ -459,15 +520,24 @@ fn left_out_because(name: &str, sync: bool, iwarp: bool) -> Option<String> {
 /// pass leaves out as `# SKIP left out ...: why`.  `Ok(false)` when one
 /// failed.  `left_out`: runs instead only the ones the mode and the
 /// transport leave out (NOT_SYNCHRONOUS, NOT_ON_IWARP,
-/// NOT_SYNCHRONOUS_ON_IWARP, ONLY_ON_IWARP), to see what they do there.
-pub fn run(ctx: &mut Ctx, filter: Option<&str>, left_out: bool) -> Result<bool> {
+/// NOT_SYNCHRONOUS_ON_IWARP, ONLY_ON_IWARP, TWO_MACHINES_ONLY), to see
+/// what they do there.  `alone_pass`: the pass has the machine to itself
+/// and runs the scenarios of [`ALONE`], only them (the others print them
+/// as left out).
+pub fn run(ctx: &mut Ctx, filter: Option<&str>, left_out: bool, alone_pass: bool) -> Result<bool> {
     let sync = sync_mode();
-    let iwarp = ctx.iwarp();
+    let pass = Pass {
+        sync,
+        iwarp: ctx.iwarp(),
+        two_machines: ctx.two_machines(),
+        alone: alone_pass,
+    };
     let tests: Vec<_> = TESTS
         .iter()
         .filter(|(name, _)| filter.is_none_or(|f| name.contains(f)))
+        .filter(|(name, _)| !alone_pass || alone(name))
         .map(|(name, test)| {
-            let why = left_out_because(name, sync, iwarp).or_else(|| needs_fix_because(ctx, name));
+            let why = left_out_because(name, pass).or_else(|| needs_fix_because(ctx, name));
             (*name, *test, why)
         })
         .filter(|(_, _, why)| !left_out || why.is_some())
@@ -490,6 +560,9 @@ pub fn run(ctx: &mut Ctx, filter: Option<&str>, left_out: bool) -> Result<bool> 
         ktap.diag(
             "synchronous ids (RDMA_CM_RS_ID_SYNC): events come back with the blocking calls",
         )?;
+    }
+    if alone_pass {
+        ktap.diag("alone on the machine: the scenarios that change its devices")?;
     }
     for (name, test, why) in tests {
         let name_in_pass = if sync {
@@ -610,7 +683,13 @@ mod tests {
     /// exclusion outlive its scenario, without this failing.
     #[test]
     fn exclusions_name_scenarios() {
-        let lists = [NOT_SYNCHRONOUS, NOT_ON_IWARP, NOT_SYNCHRONOUS_ON_IWARP];
+        let lists = [
+            NOT_SYNCHRONOUS,
+            NOT_ON_IWARP,
+            NOT_SYNCHRONOUS_ON_IWARP,
+            ALONE,
+            TWO_MACHINES_ONLY,
+        ];
         let prefixes = lists
             .iter()
             .flat_map(|l| l.iter().map(|(n, _)| *n))
@@ -681,11 +760,50 @@ mod tests {
 
     #[test]
     fn left_out_scenarios_say_why() {
-        assert!(left_out_because("malformed_ioctls", true, false)
+        let pass = |sync, iwarp| Pass {
+            sync,
+            iwarp,
+            two_machines: true,
+            alone: false,
+        };
+        assert!(left_out_because("malformed_ioctls", pass(true, false))
             .is_some_and(|w| w.starts_with("left out of synchronous passes: ")));
-        assert!(left_out_because("iwarp_ud_refused", false, false).is_some());
-        assert_eq!(left_out_because("iwarp_ud_refused", false, true), None);
-        assert_eq!(left_out_because("hundred_connections", true, true), None);
+        assert!(left_out_because("iwarp_ud_refused", pass(false, false)).is_some());
+        assert_eq!(
+            left_out_because("iwarp_ud_refused", pass(false, true)),
+            None
+        );
+        assert_eq!(
+            left_out_because("hundred_connections", pass(true, true)),
+            None
+        );
+    }
+
+    /// A scenario that deletes the device runs in the pass alone on the
+    /// machine, and only across two machines; everywhere else it is a
+    /// skip the manifest accepts ("left out").
+    #[test]
+    fn the_link_deleting_scenario_runs_alone_across_two_machines() {
+        let name = "nvmet_link_deleted_under_io";
+        let pass = |two_machines, alone| Pass {
+            sync: false,
+            iwarp: true,
+            two_machines,
+            alone,
+        };
+        assert_eq!(left_out_because(name, pass(true, true)), None);
+        assert!(left_out_because(name, pass(true, false))
+            .is_some_and(|w| w.starts_with("left out of passes run beside others: ")));
+        for alone in [false, true] {
+            assert!(left_out_because(name, pass(false, alone))
+                .is_some_and(|w| w.starts_with("left out with the agent on this machine: ")));
+        }
+        assert_eq!(
+            left_out_because("nvmet_kernel_host", pass(false, false)),
+            None
+        );
+        assert_eq!(names(true).collect::<Vec<_>>(), [name]);
+        assert_eq!(names(false).count(), TESTS.len());
     }
 
     #[test]
