@@ -888,7 +888,7 @@ pub fn peer_vm_killed(
     }
     let killed = Instant::now();
     // For what else watches the dead machine (the NVMe target's
-    // keep-alive, `nvmet::host_killed_mid_io`): the kernel log's clock.
+    // keep-alive, `nvmet_target::host_killed_mid_io`): the kernel log's clock.
     let _ = kmsg(PEER_VM_KILLED);
     // Messages already in the module's receive queue are still read.
     while dev.recv(r.new_id, 4096, 0).is_ok() {}

@@ -19,6 +19,7 @@ mod fuzz;
 mod kernel_fixes;
 mod kmsg;
 mod nvmet;
+mod nvmet_target;
 mod payload;
 mod report;
 mod rping;
@@ -887,7 +888,9 @@ fn main() -> Result<()> {
             let mut results = Flat::default();
             match nvme_target {
                 None => kill(&mut results)?,
-                Some(target) => nvmet::host_killed_mid_io(target, agent, &mut results, kill)?,
+                Some(target) => {
+                    nvmet_target::host_killed_mid_io(target, agent, &mut results, kill)?
+                }
             }
             if !results.ok {
                 std::process::exit(1);

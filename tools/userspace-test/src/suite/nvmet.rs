@@ -17,7 +17,7 @@
 
 use super::{note, Ctx};
 use crate::agent::Call;
-use crate::nvmet::{self, SMALL_FIO};
+use crate::nvmet_target::{self as nvmet, SMALL_FIO};
 use crate::rdma_cmd;
 use anyhow::{bail, ensure, Context, Result};
 use std::{
