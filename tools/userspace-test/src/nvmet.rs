@@ -820,6 +820,24 @@ fn io_cases(q: &mut Queue<'_>, windows: bool, t: &mut Tally) -> Result<()> {
         sqe.set_keyed(out, len, rkey, false);
         sqe
     };
+    // A keyed Read of 8 blocks at `slba` into our memory, compared with
+    // `data`.
+    let read_back = |q: &mut Queue<'_>,
+                     t: &mut Tally,
+                     case: &'static str,
+                     slba: u64,
+                     data: &[u8],
+                     what: &str|
+     -> Result<()> {
+        q.conn.region_mut(q.data)[OUT..].fill(0);
+        q.case(
+            t,
+            case,
+            keyed(rw(opcode::READ, 1, slba, 8), INLINE as u32),
+            0,
+        )?;
+        crate::payload::verify(what, data, &q.conn.region(q.data)[OUT..])
+    };
     let lba_range = status::LBA_RANGE | DNR;
     let invalid_field = status::INVALID_FIELD | DNR;
     q.case(
@@ -884,17 +902,13 @@ fn io_cases(q: &mut Queue<'_>, windows: bool, t: &mut Tally) -> Result<()> {
     let mut sqe = rw(opcode::WRITE, 1, 8, 8);
     sqe.set_in_capsule(0, INLINE as u32);
     q.case_with(t, "write_in_capsule_4k", sqe, &data, 0)?;
-    q.conn.region_mut(q.data)[OUT..].fill(0);
-    q.case(
+    read_back(
+        q,
         t,
         "read_back_keyed_4k",
-        keyed(rw(opcode::READ, 1, 8, 8), INLINE as u32),
-        0,
-    )?;
-    crate::payload::verify(
-        "the Read of the in-capsule Write",
+        8,
         &data,
-        &q.conn.region(q.data)[OUT..],
+        "the Read of the in-capsule Write",
     )?;
     // A good keyed Write: the target READs it from our memory.
     let data = pattern(INLINE, KEYED_SEED);
@@ -909,17 +923,13 @@ fn io_cases(q: &mut Queue<'_>, windows: bool, t: &mut Tally) -> Result<()> {
         },
         0,
     )?;
-    q.conn.region_mut(q.data)[OUT..].fill(0);
-    q.case(
+    read_back(
+        q,
         t,
         "read_back_keyed_write",
-        keyed(rw(opcode::READ, 1, 16, 8), INLINE as u32),
-        0,
-    )?;
-    crate::payload::verify(
-        "the Read of the keyed Write",
+        16,
         &data,
-        &q.conn.region(q.data)[OUT..],
+        "the Read of the keyed Write",
     )?;
     if windows {
         read_through_window(q, &data).context("a Read through a memory window")?;
