@@ -122,6 +122,9 @@ impl SgBuffer {
     /// old length are what the pages held.  On an error the buffer is
     /// unchanged.
     pub fn set_len(&mut self, len: usize) -> Result {
+        if len == self.len {
+            return Ok(());
+        }
         let table = table_over(&self.pages, len)?;
         // SAFETY: The old table is owned and not mapped (type invariants:
         // `&mut self`); it is freed once, here, and replaced at once.

@@ -9,6 +9,7 @@
 use super::ns::Namespace;
 use super::rdma::SgBuffer;
 use super::wire::{self, cns, feature, log, opcode, prop, status, Sqe};
+use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     new_mutex, new_spinlock,
     prelude::*,
@@ -117,6 +118,10 @@ pub(crate) struct Ctrl {
     hostid: [u8; 16],
     #[pin]
     state: Mutex<CtrlState>,
+    /// CSTS.RDY, mirrored out of `state` (written under its lock) for the
+    /// check every command makes, which then takes no lock shared by the
+    /// controller's queues.
+    ready: AtomicBool,
     #[pin]
     last_keep_alive: SpinLock<Instant<Monotonic>>,
 }
@@ -250,6 +255,7 @@ impl Subsystem {
                     queues: KVec::new(),
                     dead: false,
                 }),
+                ready: AtomicBool::new(false),
                 last_keep_alive <- new_spinlock!(Instant::now()),
             }),
             GFP_KERNEL,
@@ -292,7 +298,7 @@ impl Subsystem {
         let Some(ctrl) = q.ctrl else {
             return Err(status::INVALID_OPCODE | status::DNR);
         };
-        if ctrl.state.lock().csts & CSTS_RDY == 0 {
+        if !ctrl.ready.load(Ordering::Acquire) {
             return Err(status::CMD_SEQ_ERROR | status::DNR);
         }
         if q.qid != 0 {
@@ -623,6 +629,8 @@ impl Ctrl {
         let mut state = self.state.lock();
         state.dead = true;
         state.csts |= CSTS_CFS;
+        state.csts &= !CSTS_RDY;
+        self.ready.store(false, Ordering::Release);
         state.aers.clear();
         core::mem::take(&mut state.queues)
     }
@@ -639,6 +647,20 @@ impl Ctrl {
 
     fn set_cc(&self, new: u32) {
         let mut st = self.state.lock();
+        let was_ready = st.csts & CSTS_RDY != 0;
+        self.update_cc(&mut st, new);
+        let ready = st.csts & CSTS_RDY != 0;
+        self.ready.store(ready, Ordering::Release);
+        drop(st);
+        // The keep-alive timer starts again when the controller becomes
+        // ready, as nvmet re-arms it on enable.
+        if ready && !was_ready {
+            self.touch();
+        }
+    }
+
+    /// The CC write's effect on CC and CSTS (`nvmet_update_cc`).
+    fn update_cc(&self, st: &mut CtrlState, new: u32) {
         let old = st.cc;
         st.cc = new;
         if new & CC_EN != 0 && old & CC_EN == 0 {
@@ -651,8 +673,6 @@ impl Ctrl {
             } else {
                 st.csts |= CSTS_CFS;
             }
-            drop(st);
-            self.touch();
             return;
         }
         if new & CC_EN == 0 && old & CC_EN != 0 {
