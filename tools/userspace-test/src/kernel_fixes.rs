@@ -70,6 +70,10 @@ pub const FIXES: &[KernelFix] = &[
         "RDMA/cma: put an id's GID entry before its cma_device",
     ),
     fix("0014", "RDMA/rxe: count down a transport retry count of 7"),
+    fix(
+        "0015",
+        "RDMA/siw: flush the ORQ when a closing QP moves to ERROR",
+    ),
 ];
 
 const fn fix(number: &'static str, subject: &'static str) -> KernelFix {

@@ -191,6 +191,15 @@ impl Default for Flat {
 }
 
 impl Flat {
+    /// A result left out: "ok N - WHAT # SKIP WHY".
+    pub fn skip(&mut self, what: &str, why: &str) {
+        self.n += 1;
+        use io::Write as _;
+        let mut out = io::stdout().lock();
+        let _ = writeln!(out, "ok {} - {what} # SKIP {why}", self.n);
+        let _ = out.flush();
+    }
+
     pub fn result(&mut self, pass: bool, what: &str) {
         self.n += 1;
         self.ok &= pass;

@@ -47,7 +47,7 @@ pub(super) fn kernel_host(ctx: &mut Ctx) -> Result<()> {
         note_ready(&call.ready()?, addr);
         nvmet::judge_host(&call.result()?, note)
     });
-    let clean = nvmet::target_log_clean(port, None, note);
+    let clean = nvmet::target_log_clean(port, note);
     outcome?;
     clean
 }
@@ -60,10 +60,6 @@ pub(super) fn link_deleted_under_io(ctx: &mut Ctx) -> Result<()> {
     let port = ctx.port();
     let addr = SocketAddr::new(ctx.local4, port);
     let mut link = Link::of(ctx.transport.name())?;
-    // siw may leave the READs of the queues the target disconnects
-    // unflushed (`nvmet::SIW_UNFLUSHED`): announced from before the
-    // deletion until the target is unloaded.
-    let mut window = None;
     let outcome = nvmet::with_target(port, || {
         let request = format!(
             "{SMALL_FIO} runtime_s={UNDER_IO_S} reconnect_delay=1 ctrl_loss_tmo=60 timeout_s={FIO_TIMEOUT_S}"
@@ -74,9 +70,6 @@ pub(super) fn link_deleted_under_io(ctx: &mut Ctx) -> Result<()> {
         // The agent's states count from its `ready`, these from reading it.
         let start = Instant::now();
         std::thread::sleep(BEFORE_DELETE);
-        if ctx.iwarp() {
-            window = Some(nvmet::siw_unflushed_window("nvmet-link-deleted")?);
-        }
         let deleting = start.elapsed();
         link.delete()?;
         let deleted = start.elapsed();
@@ -110,12 +103,9 @@ pub(super) fn link_deleted_under_io(ctx: &mut Ctx) -> Result<()> {
     });
     // Back whatever happened: the scenarios after this one need it.
     let restored = link.restore();
-    let excused = window.is_some().then_some(nvmet::SIW_UNFLUSHED);
-    let clean = nvmet::target_log_clean(port, excused, note);
-    let ended = window.map_or(Ok(()), |w| w.end());
+    let clean = nvmet::target_log_clean(port, note);
     outcome?;
     restored?;
-    ended?;
     clean
 }
 
