@@ -18,9 +18,18 @@ use super::{
     queue::OwnerQueue,
 };
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use kernel::{module::ModuleMetadata, prelude::*, str::CStr, sync::Arc, ThisModule};
+use kernel::{
+    module::ModuleMetadata,
+    new_condvar, new_mutex,
+    prelude::*,
+    str::CStr,
+    sync::{Arc, CondVar, Mutex},
+    time::{msecs_to_jiffies, Delta, Instant, Monotonic},
+    ThisModule,
+};
 
 /// What a [`ModuleOwner`] and its [`Owner`] handles share.
+#[pin_data]
 struct OwnerState {
     name: &'static CStr,
     module: &'static ThisModule,
@@ -35,6 +44,13 @@ struct OwnerState {
     /// Set by the [`ModuleOwner`]'s drop before it waits for `targets`: no
     /// target is made after it read the count.
     closed: AtomicBool,
+    /// Where delayed work sleeps ([`Owner::spawn_after`]) until its time or
+    /// the owner's close, which `closed` (set, then notified, under
+    /// `sleepers`) says.
+    #[pin]
+    sleepers: Mutex<()>,
+    #[pin]
+    closing: CondVar,
 }
 
 /// A module's handle on its objects, given to the constructors of the
@@ -90,15 +106,17 @@ impl ModuleOwner {
     pub fn new<M: ModuleMetadata>() -> Result<Self> {
         let destroys = OwnerQueue::new(c"%s_destroy", M::NAME)?;
         let work = OwnerQueue::new(c"%s_work", M::NAME)?;
-        let state = Arc::new(
-            OwnerState {
+        let state = Arc::pin_init(
+            pin_init!(OwnerState {
                 name: M::NAME,
                 module: kernel::module::this_module::<M>(),
                 destroys,
                 work,
                 targets: AtomicUsize::new(0),
                 closed: AtomicBool::new(false),
-            },
+                sleepers <- new_mutex!(()),
+                closing <- new_condvar!("rdma_cm_rs::Owner::closing"),
+            }),
             GFP_KERNEL,
         )?;
         Ok(Self {
@@ -131,6 +149,10 @@ impl Drop for ModuleOwner {
         // No object the C side can call back is made from now on: the wait
         // below is for those that exist.
         state.closed.store(true, Ordering::SeqCst);
+        // Delayed work asleep gives up now (it looks at `closed` under the
+        // lock before it sleeps: no wakeup is lost).
+        drop(state.sleepers.lock());
+        state.closing.notify_all();
         // The module's work queued before (none is queued after): it may
         // defer destructions, which the flush below waits for.
         state.work.flush_until_idle();
@@ -200,6 +222,28 @@ impl Owner {
         victim: Arc<dyn DeferredDestroy>,
     ) -> core::result::Result<(), Arc<dyn DeferredDestroy>> {
         defer_destroy(&self.state.destroys, victim)
+    }
+
+    /// Sleeps until `deadline` has passed (`false`), or until the owner
+    /// begins to close (`true`, at once if it has), with one wakeup.
+    pub(crate) fn sleep_until(&self, deadline: Instant<Monotonic>) -> bool {
+        let state = &self.state;
+        let mut guard = state.sleepers.lock();
+        loop {
+            if state.closed.load(Ordering::SeqCst) {
+                return true;
+            }
+            let left = deadline - Instant::now();
+            if left <= Delta::ZERO {
+                return false;
+            }
+            let ms = u32::try_from(left.as_millis_ceil()).unwrap_or(u32::MAX);
+            // Woken, timed out or (never for a worker) signalled: the loop
+            // looks at the close and the clock again either way.
+            let _ = state
+                .closing
+                .wait_interruptible_timeout(&mut guard, msecs_to_jiffies(ms));
+        }
     }
 
     /// The queue of the module's own work ([`Owner::spawn`]).

@@ -16,13 +16,12 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 use kernel::{
     prelude::*,
     sync::Arc,
-    time::{delay::fsleep, Delta, Instant, Monotonic},
+    time::{Delta, Instant, Monotonic},
     workqueue,
 };
 
-/// How long a delayed work item sleeps at a time before it looks whether
-/// its owner is closing.
-const DELAY_STEP_MS: i64 = 20;
+/// The longest delay [`Owner::spawn_after`] takes, in days.
+pub const MAX_DELAY_DAYS: i64 = 365;
 
 /// A closure to run once, behind a trait object (a `KBox<dyn FnOnce()>`
 /// cannot be called).
@@ -46,8 +45,9 @@ struct SpawnWork {
     #[pin]
     work: workqueue::Work<SpawnWork>,
     func: KBox<dyn RunOnce>,
-    /// Slept (in steps) before `func` runs.
+    /// Slept before `func` runs, until `deadline`.
     delay: Delta,
+    deadline: Instant<Monotonic>,
     owner: Owner,
     pending: Arc<AtomicUsize>,
 }
@@ -61,21 +61,8 @@ impl workqueue::WorkItem for SpawnWork {
 
     fn run(mut this: Pin<KBox<Self>>) {
         let pending = this.pending.clone();
-        let start = Instant::<Monotonic>::now();
-        let delay_ms = this.delay.as_millis();
-        let mut due = true;
-        loop {
-            let left = delay_ms - start.elapsed().as_millis();
-            if left <= 0 {
-                break;
-            }
-            if this.owner.is_closed() {
-                due = false;
-                break;
-            }
-            fsleep(Delta::from_millis(left.min(DELAY_STEP_MS)));
-        }
-        if due {
+        let closing = !this.delay.is_zero() && this.owner.sleep_until(this.deadline);
+        if !closing {
             this.as_mut().project().func.run_once();
         }
         // Everything the closure held (and the owner handle) goes before
@@ -107,21 +94,34 @@ impl Owner {
         self.spawn_after(Delta::ZERO, func)
     }
 
-    /// [`Self::spawn`] after `delay` (slept by the work item, which gives
-    /// up when the owner begins to drop: `func` is then dropped unrun).
-    /// For timers a ULP rearms itself (a keep-alive sweep): the unload
-    /// waits at most a few milliseconds for one that is sleeping.
+    /// [`Self::spawn`] after `delay`, counted from the call (slept by the
+    /// work item in one wait, which the owner's drop cuts short: `func` is
+    /// then dropped unrun).  For timers a ULP rearms itself (a keep-alive
+    /// sweep): the unload does not wait for one that is sleeping.
+    ///
+    /// A negative `delay` is none; one above [`MAX_DELAY_DAYS`] days is
+    /// refused (`EINVAL`).
     pub fn spawn_after(&self, delay: Delta, func: impl FnOnce() + Send + 'static) -> Result {
         if self.is_closed() {
             return Err(ENXIO);
         }
+        let delay = if delay.is_negative() {
+            Delta::ZERO
+        } else {
+            delay
+        };
+        if delay > Delta::from_secs(MAX_DELAY_DAYS * 86_400) {
+            return Err(EINVAL);
+        }
         let func: KBox<dyn RunOnce> = KBox::new(Some(func), GFP_KERNEL)?;
         let queue = self.work_queue();
+        let deadline = Instant::now() + delay;
         let work = KBox::pin_init(
             pin_init!(SpawnWork {
                 work <- kernel::new_work!("rdma_cm_rs::spawn"),
                 func,
                 delay,
+                deadline,
                 owner: self.clone(),
                 pending: queue.pending().clone(),
             }),
