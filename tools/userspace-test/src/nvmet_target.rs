@@ -25,9 +25,9 @@ pub const NS_MIB: u64 = 64;
 /// The host's identity in every test (tools/nvme-test.sh's is ...0001).
 /// Both VMs share /etc/nvme (nvmet-plan.md §0.6): it is given, not read.
 pub const HOSTID: &str = "8f6c2f14-7e1b-4b43-9a37-0c3f3b0c0002";
-/// fio's small run: two jobs of 8 MiB side by side, reads and writes at
+/// fio's small run: two jobs of 4 MiB side by side, reads and writes at
 /// random of 4 to 64 KiB at queue depth 8, every block written verified.
-pub const SMALL_FIO: &str = "rw=randrw bs=4k-64k iodepth=8 numjobs=2 size_mib=8";
+pub const SMALL_FIO: &str = "rw=randrw bs=4k-64k iodepth=8 numjobs=2 size_mib=4";
 /// The keep-alive timeout the host asks for: the kernel host's default
 /// (`NVME_DEFAULT_KATO`), said explicitly.
 pub const KATO_S: u64 = 5;
@@ -278,7 +278,7 @@ mod tests {
         assert_eq!(kv["nqn"], NQN);
         assert_eq!(kv["hostid"], HOSTID);
         assert!(kv["hostnqn"].ends_with(HOSTID));
-        assert_eq!(kv["size_mib"], "8");
+        assert_eq!(kv["size_mib"], "4");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! (`agent::nvme_host`): over loopback in one VM, from VM B across two.
 //!
 //! * `nvmet_kernel_host`: connect, fio's small verified run (two jobs of
-//!   8 MiB, 4-64 KiB at queue depth 8), disconnect; the target warns of
+//!   4 MiB, 4-64 KiB at queue depth 8), disconnect; the target warns of
 //!   nothing.
 //! * `nvmet_link_deleted_under_io` (two machines, in a pass that has the
 //!   machine to itself): fio runs time-based, the host reconnecting every
