@@ -247,7 +247,7 @@ ratio_plot() {
 	fi
 	cat >"$results/$name.gp" <<EOF
 # Made by tools/bench.sh from $(basename "$tsv"): $label per metric.
-set terminal pngcairo size $((300 + 36 * rows)),1000 noenhanced font 'sans,9'
+set terminal pngcairo size $((300 + 36 * rows > 900 ? 300 + 36 * rows : 900)),1000 noenhanced font 'sans,9'
 set output '$results/$name.png'
 set datafile separator "\t"
 set title "rdma-cm-rs: $title ($(basename "$results"), $(grep '^current' "$results/clocksource.txt" 2>/dev/null | cut -d' ' -f2) clocksource)"
