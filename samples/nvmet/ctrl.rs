@@ -624,15 +624,19 @@ impl Ctrl {
 
     /// A fatal error (keep-alive expired, a failed transfer, the admin
     /// queue gone): CSTS.CFS, the held requests dropped, and every queue
-    /// returned for the caller to disconnect.
-    pub(crate) fn fail(&self) -> KVec<Arc<dyn QueueHandle>> {
+    /// returned for the caller to disconnect; `None` if it had failed
+    /// already.
+    pub(crate) fn fail(&self) -> Option<KVec<Arc<dyn QueueHandle>>> {
         let mut state = self.state.lock();
+        if state.dead {
+            return None;
+        }
         state.dead = true;
         state.csts |= CSTS_CFS;
         state.csts &= !CSTS_RDY;
         self.ready.store(false, Ordering::Release);
         state.aers.clear();
-        core::mem::take(&mut state.queues)
+        Some(core::mem::take(&mut state.queues))
     }
 
     fn keep_alive_expired(&self) -> bool {

@@ -66,11 +66,15 @@ impl Transport {
     /// queue (process context).
     pub(crate) fn fail_ctrls(&self, ctrls: KVec<Arc<Ctrl>>) {
         for ctrl in ctrls {
+            // Once: every queue of a controller may report its failure.
+            let Some(queues) = ctrl.fail() else {
+                continue;
+            };
             pr_info!(
                 "controller {} failed: disconnecting its queues\n",
                 ctrl.cntlid
             );
-            for queue in ctrl.fail() {
+            for queue in queues {
                 queue.disconnect();
             }
         }
@@ -153,6 +157,9 @@ pub(crate) struct Queue {
     next_tag: AtomicU64,
     sq_head: AtomicU32,
     ended: AtomicBool,
+    /// Set by the first fatal error: the others of the same failure (every
+    /// request flushed after it) add nothing.
+    failing: AtomicBool,
 }
 
 /// The CM handler of the listener and of every queue.
@@ -270,6 +277,7 @@ impl Queue {
                 next_tag: AtomicU64::new(0),
                 sq_head: AtomicU32::new(0),
                 ended: AtomicBool::new(false),
+                failing: AtomicBool::new(false),
             }),
             GFP_KERNEL,
         )?;
@@ -358,7 +366,7 @@ impl Queue {
             ctrl.detach(&**self);
             if self.qid == 0 {
                 transport.subsys.remove(&ctrl);
-                let queues = ctrl.fail();
+                let queues = ctrl.fail().unwrap_or_default();
                 if !queues.is_empty() {
                     let spawned = transport.owner.spawn(move || {
                         for queue in queues {
@@ -392,11 +400,21 @@ impl Queue {
 
     /// A fatal error of the queue's controller (or of the queue, before it
     /// has one): disconnects them from the owner's queue.
-    fn fatal(self: &Arc<Self>, why: &str) {
-        if self.ended.load(Ordering::Acquire) {
+    ///
+    /// `flushed`: the request failed only because the QP was already in
+    /// the error state (a disconnect, the device's removal, or an error
+    /// seen by no completion of ours, such as an unsignaled RDMA WRITE to a
+    /// bad key, whose chained response is then flushed): the controller
+    /// fails all the same, but that is no news to warn about.
+    fn fatal(self: &Arc<Self>, why: &str, flushed: bool) {
+        if self.ended.load(Ordering::Acquire) || self.failing.swap(true, Ordering::AcqRel) {
             return;
         }
-        pr_warn!("queue {}: {}: disconnecting\n", self.qid, why);
+        if flushed {
+            pr_info!("queue {}: {} (flushed): disconnecting\n", self.qid, why);
+        } else {
+            pr_warn!("queue {}: {}: disconnecting\n", self.qid, why);
+        }
         let ctrl = self.ctrl.lock().clone();
         let transport = self.transport.clone();
         let queue = self.clone();
@@ -428,7 +446,7 @@ impl Queue {
     /// Serves the command that arrived in `recv`.
     fn command(self: &Arc<Self>, qp: &Qp<QueueCq>, recv: RecvBuffer) {
         let Some(sqe) = Sqe::from_bytes(recv.data()) else {
-            self.fatal("command capsule shorter than 64 bytes");
+            self.fatal("command capsule shorter than 64 bytes", false);
             return;
         };
         let ctrl = self.ctrl.lock().clone();
@@ -614,7 +632,7 @@ impl Queue {
             Outcome::Done { status: 0, result } => {
                 match self.response(sqe.cid(), 0, result, invalidate) {
                     Ok(send) => self.post(qp, Waiting::WriteThenSend(buf, remote, send)),
-                    Err(_) => self.fatal("no memory for a response"),
+                    Err(_) => self.fatal("no memory for a response", false),
                 }
             }
             outcome => self.finish(qp, sqe, outcome, invalidate),
@@ -795,7 +813,7 @@ impl CompletionHandler for QueueCq {
             Ok(_) => queue.command(&qp, buf),
             Err(e) => {
                 if e != ECANCELED {
-                    queue.fatal("receive failed");
+                    queue.fatal("receive failed", false);
                 }
             }
         }
@@ -810,8 +828,8 @@ impl CompletionHandler for QueueCq {
         // (a key the host never registered) the flushed response is all
         // that tells.  A queue that ended first (the host's disconnect)
         // has no QP here.
-        if result.is_err() {
-            queue.fatal("response not sent");
+        if let Err(e) = result {
+            queue.fatal("response not sent", e == ECANCELED);
             return;
         }
         buf.set_invalidate(None);
@@ -834,9 +852,9 @@ impl CompletionHandler for QueueCq {
             at.and_then(|i| reads.remove(i).ok())
         };
         let Some(reading) = reading else { return };
-        if result.is_err() {
+        if let Err(e) = result {
             // A bad key or a host that went: the QP is in error.
-            queue.fatal("RDMA READ of a command's data failed");
+            queue.fatal("RDMA READ of a command's data failed", e == ECANCELED);
             return;
         }
         let ctrl = queue.ctrl.lock().clone();
@@ -852,7 +870,7 @@ impl CompletionHandler for QueueCq {
 
     fn qp_event(&self, _qp_num: u32, event: QpEvent) {
         if event.is_error() {
-            self.0.fatal("QP error");
+            self.0.fatal("QP error", false);
         }
     }
 }
