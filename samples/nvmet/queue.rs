@@ -679,6 +679,9 @@ impl Queue {
         result: u64,
         invalidate: Option<u32>,
     ) -> Result<SendBuffer> {
+        if self.ended.load(Ordering::Acquire) {
+            return Err(ENOTCONN);
+        }
         let free = self.sends.lock().pop();
         let mut send = match free {
             Some(send) => send,
@@ -703,6 +706,9 @@ impl Queue {
     ) {
         match self.response(cid, status, result, invalidate) {
             Ok(send) => self.post(qp, Waiting::Send(send)),
+            // The queue ended under the command (a disconnect, the device
+            // deleted): the host fails the command when it reconnects.
+            Err(e) if e == ENOTCONN => {}
             Err(_) => pr_warn!("queue {}: no response to command {}\n", self.qid, cid),
         }
     }
