@@ -2,9 +2,11 @@
 //! NVMe over Fabrics: the Rust target (`samples/rdma_cm_rs_nvmet.rs`) on
 //! the module's machine, listening on the wildcard address, against the
 //! kernel's own host (nvme-rdma, nvme-cli, fio) on the agent's
-//! (`agent::nvme_host`): over loopback in one VM, from VM B across two.
+//! (`agent::nvme_host`), from VM B across two (in one VM,
+//! `tools/nvme-test.sh` runs host and target).
 //!
-//! * `nvmet_kernel_host`: connect, fio's small verified run (two jobs of
+//! * `nvmet_kernel_host` (two machines, in a pass that has the machine to
+//!   itself): connect, fio's small verified run (two jobs of
 //!   4 MiB, 4-64 KiB at queue depth 8), disconnect; the target warns of
 //!   nothing.
 //! * `nvmet_link_deleted_under_io` (two machines, in a pass that has the
