@@ -319,8 +319,13 @@ impl Subsystem {
         match op {
             opcode::IDENTIFY => Ok(Transfer::Out(wire::IDENTIFY_LEN as u32)),
             opcode::GET_LOG_PAGE => {
+                // NUMD is 0-based: up to 2^32 dwords, 16 GiB.
                 let numd = (sqe.cdw(11) & 0xffff) << 16 | sqe.cdw(10) >> 16;
-                Ok(Transfer::Out((numd + 1) * 4))
+                let len = (u64::from(numd) + 1) * 4;
+                if len > 4096u64 << self.config.mdts {
+                    return Err(status::INVALID_FIELD | status::DNR);
+                }
+                Ok(Transfer::Out(len as u32))
             }
             opcode::GET_FEATURES if sqe.cdw(10) & 0xff == u32::from(feature::HOST_ID) => {
                 Ok(Transfer::Out(16))

@@ -15,7 +15,7 @@
 //! (§1) has the protocol and the statuses.
 
 #[path = "../../../samples/nvmet/wire.rs"]
-mod wire;
+pub(crate) mod wire;
 
 use crate::cm::{self, Channel, CmEvent, Conn, Param};
 use crate::payload::pattern;
@@ -38,15 +38,17 @@ pub const PARAMS: &[&str] = &[
     "inline_data_size=4096",
 ];
 /// The namespace's size in blocks of 512 bytes (`ns_mib=16`).
-const NS_BLOCKS: u64 = (16 << 20) >> wire::LBA_SHIFT;
+pub(crate) const NS_BLOCKS: u64 = (16 << 20) >> wire::LBA_SHIFT;
 /// I/O queues a controller may have (`nr_io_queues=4`).
-const NR_IO_QUEUES: u16 = 4;
+pub(crate) const NR_IO_QUEUES: u16 = 4;
+/// Entries of an I/O queue (`queue_size=128`): `hsqsize` 127 at most.
+const IO_QUEUE_SIZE: u16 = 128;
 /// In-capsule data of an I/O command (`inline_data_size=4096`).
 const INLINE: usize = 4096;
 /// Largest transfer: MDTS 8, 2^8 pages of 4 KiB.
 const MDTS_BYTES: u64 = 1 << 20;
 /// The subsystem's NQN.
-const NQN: &[u8] = b"nqn.2026-11.org.rdma-cm-rs:nvmet";
+pub(crate) const NQN: &[u8] = b"nqn.2026-11.org.rdma-cm-rs:nvmet";
 const HOSTNQN: &[u8] = b"nqn.2014-08.org.nvmexpress:uuid:6f2bc5a2-8a53-4d8e-b1b4-7a1d0c2e9f31";
 const HOSTID: [u8; 16] = *b"rdma-cm-rs-badin";
 /// The keep-alive timeout the admin Connect asks for: longer than a
@@ -64,7 +66,7 @@ const CSTS_CFS: u64 = 1 << 1;
 const KEYED_SEED: u8 = 0x57;
 /// The registered memory of a queue: the Connect data the target READs at
 /// its start, and what it WRITEs (Identify, logs, Reads) from [`OUT`].
-const DATA_LEN: usize = 2 * OUT;
+pub(crate) const DATA_LEN: usize = 2 * OUT;
 const OUT: usize = 4096;
 const T: Duration = Duration::from_secs(10);
 /// How long the target may take to tear a failed controller down.
@@ -202,7 +204,7 @@ pub fn bad_cm_requests(dst: SocketAddr, iwarp: bool) -> Result<String> {
 
 /// A connection to `dst` with `private` as its request's private data,
 /// and the answer to its connect.
-fn open<'ch>(
+pub(crate) fn open<'ch>(
     ch: &'ch Channel,
     dst: SocketAddr,
     private: &[u8],
@@ -261,17 +263,17 @@ fn wait_for(ch: &Channel, want: EventType, timeout: Duration) -> Result<()> {
 
 /// A completion's fields.
 #[derive(Debug)]
-struct Cqe {
-    result: u64,
-    status: u16,
+pub(crate) struct Cqe {
+    pub(crate) result: u64,
+    pub(crate) status: u16,
 }
 
 /// One queue: a connection, its next command id, and registered memory the
 /// target reads and writes ([`DATA_LEN`] bytes, remote read and write).
-struct Queue<'ch> {
+pub(crate) struct Queue<'ch> {
     ch: &'ch Channel,
-    conn: Conn<'ch>,
-    qid: u16,
+    pub(crate) conn: Conn<'ch>,
+    pub(crate) qid: u16,
     next_cid: u16,
     data: usize,
     /// A registered capsule larger than the send buffer, once made.
@@ -284,7 +286,7 @@ struct Queue<'ch> {
 impl<'ch> Queue<'ch> {
     /// Connects queue `qid` (with the controller `cntlid` for an I/O
     /// queue): it must be accepted with crqsize = hsqsize + 1.
-    fn open(ch: &'ch Channel, dst: SocketAddr, qid: u16, cntlid: u16) -> Result<Self> {
+    pub(crate) fn open(ch: &'ch Channel, dst: SocketAddr, qid: u16, cntlid: u16) -> Result<Self> {
         let req = CmReq {
             qid,
             hrqsize: HRQSIZE,
@@ -319,19 +321,19 @@ impl<'ch> Queue<'ch> {
     }
 
     /// The registered memory: (address, rkey).
-    fn key(&self) -> (u64, u32) {
+    pub(crate) fn key(&self) -> (u64, u32) {
         let (addr, rkey, _) = self.conn.region_key(self.data);
         (addr, rkey)
     }
 
     /// Where the target's data lands, as a keyed descriptor of `len` bytes.
-    fn out_keyed(&self, sqe: &mut Sqe, len: u32) {
+    pub(crate) fn out_keyed(&self, sqe: &mut Sqe, len: u32) {
         let (addr, rkey) = self.key();
         sqe.set_keyed(addr + OUT as u64, len, rkey, false);
     }
 
     /// `sqe` with the next command id.
-    fn with_cid(&mut self, mut sqe: Sqe) -> (Sqe, u16) {
+    pub(crate) fn with_cid(&mut self, mut sqe: Sqe) -> (Sqe, u16) {
         let cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1).max(1);
         wire::put16(&mut sqe.0, 2, cid);
@@ -364,7 +366,7 @@ impl<'ch> Queue<'ch> {
         self.completion(&answer, cid)
     }
 
-    fn call(&mut self, sqe: Sqe) -> Result<Cqe> {
+    pub(crate) fn call(&mut self, sqe: Sqe) -> Result<Cqe> {
         self.call_with(sqe, &[])
     }
 
@@ -401,6 +403,14 @@ impl<'ch> Queue<'ch> {
 
     fn expect(&mut self, sqe: Sqe, want: u16) -> Result<Cqe> {
         self.expect_with(sqe, &[], want)
+    }
+
+    /// Whether the target disconnected the queue (an event waiting says
+    /// so; other events are dropped).
+    pub(crate) fn disconnected(&self) -> bool {
+        self.ch
+            .next(Duration::from_millis(1))
+            .is_ok_and(|ev| ev.event == EventType::Disconnected)
     }
 
     /// A good command completes with success: the queue still works.
@@ -448,7 +458,7 @@ impl<'ch> Queue<'ch> {
     /// The admin Connect, its data (for `subnqn`, asking for controller
     /// `cntlid`) READ by the target from the queue's memory (keyed, no
     /// invalidation).
-    fn connect_admin(&mut self, subnqn: &[u8], cntlid: u16) -> Result<Cqe> {
+    pub(crate) fn connect_admin(&mut self, subnqn: &[u8], cntlid: u16) -> Result<Cqe> {
         let data = wire::connect_data(&HOSTID, cntlid, subnqn, HOSTNQN);
         self.conn.region_mut(self.data)[..data.len()].copy_from_slice(&data);
         let mut sqe = connect(0, HSQSIZE, KATO_MS);
@@ -458,7 +468,7 @@ impl<'ch> Queue<'ch> {
     }
 
     /// An I/O queue's Connect, its data in the capsule.
-    fn connect_io(&mut self, cntlid: u16) -> Result<Cqe> {
+    pub(crate) fn connect_io(&mut self, cntlid: u16) -> Result<Cqe> {
         let data = wire::connect_data(&HOSTID, cntlid, NQN, HOSTNQN);
         let mut sqe = connect(self.qid, HSQSIZE, 0);
         sqe.set_in_capsule(0, data.len() as u32);
@@ -467,7 +477,7 @@ impl<'ch> Queue<'ch> {
 
     /// Enables the controller (CC.EN, with the entry sizes) and waits for
     /// CSTS.RDY.
-    fn enable(&mut self) -> Result<()> {
+    pub(crate) fn enable(&mut self) -> Result<()> {
         let c = self.call(prop_set(prop::CC, CC_ENABLE))?;
         ensure!(
             c.status == 0,
@@ -492,7 +502,7 @@ impl<'ch> Queue<'ch> {
     }
 
     /// Disconnects and waits for DISCONNECTED.
-    fn close(self) -> Result<()> {
+    pub(crate) fn close(self) -> Result<()> {
         self.conn.disconnect()?;
         wait_for(self.ch, EventType::Disconnected, T)
             .with_context(|| format!("queue {}: closing", self.qid))
@@ -517,14 +527,14 @@ fn connect(qid: u16, sqsize: u16, kato: u32) -> Sqe {
     sqe
 }
 
-fn prop_get(offset: u32, wide: bool) -> Sqe {
+pub(crate) fn prop_get(offset: u32, wide: bool) -> Sqe {
     let mut sqe = fabrics(opcode::FCTYPE_PROPERTY_GET);
     sqe.0[40] = u8::from(wide);
     wire::put32(&mut sqe.0, 44, offset);
     sqe
 }
 
-fn prop_set(offset: u32, value: u64) -> Sqe {
+pub(crate) fn prop_set(offset: u32, value: u64) -> Sqe {
     let mut sqe = fabrics(opcode::FCTYPE_PROPERTY_SET);
     wire::put32(&mut sqe.0, 44, offset);
     wire::put64(&mut sqe.0, 48, value);
@@ -533,14 +543,14 @@ fn prop_set(offset: u32, value: u64) -> Sqe {
 
 /// Identify of `cns` for namespace `nsid` (the data descriptor is the
 /// caller's).
-fn identify(cns: u8, nsid: u32) -> Sqe {
+pub(crate) fn identify(cns: u8, nsid: u32) -> Sqe {
     let mut sqe = Sqe::new(opcode::IDENTIFY, 0, nsid);
     sqe.0[40] = cns;
     sqe
 }
 
 /// Get Log Page `lid` of `len` bytes (a multiple of 4) from `lpo`.
-fn get_log_page(lid: u8, len: u32, lpo: u64) -> Sqe {
+pub(crate) fn get_log_page(lid: u8, len: u32, lpo: u64) -> Sqe {
     let numd = len / 4 - 1;
     let mut sqe = Sqe::new(opcode::GET_LOG_PAGE, 0, 0xffff_ffff);
     wire::put32(&mut sqe.0, 40, u32::from(lid) | (numd & 0xffff) << 16);
@@ -550,7 +560,7 @@ fn get_log_page(lid: u8, len: u32, lpo: u64) -> Sqe {
 }
 
 /// A Read or Write (`op`) of `nlb` blocks (1-based) at `slba` of `nsid`.
-fn rw(op: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
+pub(crate) fn rw(op: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
     let mut sqe = Sqe::new(op, 0, nsid);
     wire::put64(&mut sqe.0, 40, slba);
     wire::put16(&mut sqe.0, 48, (nlb - 1) as u16);
@@ -583,6 +593,18 @@ pub fn bad_capsules(dst: SocketAddr, iwarp: bool) -> Result<String> {
         sqe,
         status::CMD_SEQ_ERROR | DNR,
     )?;
+    // A CM request for an I/O queue of the live controller, one entry
+    // deeper than the target's queues (MQES + 1): refused for its size,
+    // the controller's checks passed.
+    let too_deep = CmReq {
+        qid: 1,
+        hrqsize: IO_QUEUE_SIZE + 1,
+        hsqsize: IO_QUEUE_SIZE,
+        cntlid,
+    };
+    expect_rejected(&ch, dst, &too_deep.encode(0), cm_status::INVALID_HSQSIZE)
+        .context("CM request io_hsqsize_beyond_mqes")?;
+    t.pass("io_hsqsize_beyond_mqes");
     // An I/O queue of the controller, connected before it is enabled.
     let ch_io = Channel::new()?;
     let mut io = Queue::open(&ch_io, dst, 1, cntlid)?;
@@ -635,7 +657,7 @@ pub fn bad_capsules(dst: SocketAddr, iwarp: bool) -> Result<String> {
 
 /// The number of cases [`bad_capsules`] passes: on RoCE with the Read
 /// through a memory window, on iWARP with the controller's survival.
-pub const CAPSULE_CASES: usize = 41;
+pub const CAPSULE_CASES: usize = 44;
 
 /// Fresh admin queues: a command before Connect, a Connect to a wrong
 /// NQN, an admin Connect asking for a given controller; after each, a
@@ -795,6 +817,17 @@ fn admin_cases(q: &mut Queue<'_>, cntlid: u16, t: &mut Tally) -> Result<()> {
     let mut sqe = get_log_page(wire::log::ERROR, 64, 0);
     q.out_keyed(&mut sqe, 64);
     q.case(t, "get_log_page_error_log", sqe, 0)?;
+    // Longer than MDTS: 2 MiB, and NUMD's largest, 2^32 dwords (whose
+    // byte count overflowed 32 bits in the target: a Rust panic, found by
+    // the fuzzer's capsule mode).
+    let mut sqe = get_log_page(wire::log::ERROR, 4, 0);
+    wire::put16(&mut sqe.0, 42, 0xffff);
+    wire::put16(&mut sqe.0, 44, 0xffff);
+    q.out_keyed(&mut sqe, 64);
+    q.case(t, "get_log_page_numd_all_ones", sqe, invalid_field)?;
+    let mut sqe = get_log_page(wire::log::ERROR, 2 << 20, 0);
+    q.out_keyed(&mut sqe, 64);
+    q.case(t, "get_log_page_beyond_mdts", sqe, invalid_field)?;
     // Four asynchronous event requests are held (no completion); the
     // fifth completes at once with ASYNC_LIMIT.
     for _ in 0..4 {
