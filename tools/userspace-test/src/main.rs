@@ -144,6 +144,11 @@ enum Cmd {
         /// The siw device's address: some ids bind and resolve there.
         #[arg(long, default_value = "203.0.113.1")]
         siw_addr: std::net::Ipv4Addr,
+        /// Load the NVMe target sample on this port for the run: half the
+        /// peers are then NVMe hosts of it, sending seeded capsules, most
+        /// of them malformed.
+        #[arg(long)]
+        nvmet_port: Option<u16>,
     },
     /// Benchmark: the module (through /dev/rdma_cm_rs) against a
     /// librdmacm peer doing the same work, both facing the same librdmacm
@@ -163,6 +168,9 @@ enum Cmd {
         prefer: Vec<u16>,
         #[arg(long)]
         seed: u64,
+        /// The NVMe target sample: some sessions speak NVMe/RDMA to it.
+        #[arg(long)]
+        nvmet: Option<SocketAddr>,
     },
 }
 
@@ -990,6 +998,7 @@ fn main() -> Result<()> {
             no_link,
             siw_dev,
             siw_addr,
+            nvmet_port,
         } => {
             let local = match env_ip("RDMA_CM_RS_LOCAL_IP", [192, 0, 2, 1].into())? {
                 IpAddr::V4(a) => a,
@@ -1017,6 +1026,7 @@ fn main() -> Result<()> {
                 link: !no_link,
                 siw_addr,
                 siw_dev,
+                nvmet_port,
             })?;
         }
         Cmd::FuzzPeer {
@@ -1024,7 +1034,8 @@ fn main() -> Result<()> {
             span,
             prefer,
             seed,
-        } => fuzz::peer(addr, span, &prefer, seed)?,
+            nvmet,
+        } => fuzz::peer(addr, span, &prefer, seed, nvmet)?,
         Cmd::Bench(options) => bench::run(options)?,
         Cmd::Suite {
             filter,
@@ -1125,11 +1136,18 @@ mod tests {
                 span: 12,
                 prefer,
                 seed: 9,
+                nvmet: None,
             } => {
                 assert_eq!(addr, "192.0.2.1:7600".parse().unwrap());
                 assert_eq!(prefer, [7603, 7605]);
             }
             _ => panic!("fuzz-peer"),
+        }
+        match parse("fuzz-peer --addr 192.0.2.1:7600 --seed 9 --nvmet 192.0.2.1:7620") {
+            Cmd::FuzzPeer { nvmet: Some(t), .. } => {
+                assert_eq!(t, "192.0.2.1:7620".parse().unwrap())
+            }
+            _ => panic!("fuzz-peer --nvmet"),
         }
     }
 

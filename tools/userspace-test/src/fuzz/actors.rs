@@ -5,6 +5,8 @@
 #[allow(unused_imports)]
 use super::*;
 
+use super::capsule;
+
 // ---------------------------------------------------------------------------
 // The actors: librdmacm peers that come and go, the siw device deleted and
 // added back.
@@ -82,10 +84,25 @@ pub(super) fn mark(c: u8) {
 /// (`c`); once established (`e`) send and receive some messages (`d` each),
 /// then disconnect or just go.  `s` at the start, `x` for a failed attempt,
 /// `q` at a normal end.  Only ever on `addr`'s IP, the rxe device: a
-/// librdmacm context on siw would hold siw's removal up.
-pub fn peer(addr: SocketAddr, span: u16, prefer: &[u16], seed: u64) -> Result<()> {
+/// librdmacm context on siw would hold siw's removal up.  With `nvmet`,
+/// half the peers run 1 to [`capsule::SESSIONS`] capsule sessions against
+/// that target instead ([`capsule::session`], its own letters).
+pub fn peer(
+    addr: SocketAddr,
+    span: u16,
+    prefer: &[u16],
+    seed: u64,
+    nvmet: Option<SocketAddr>,
+) -> Result<()> {
     let mut rng = Rng::new(seed);
     mark(b's');
+    if let Some(target) = nvmet.filter(|_| rng.pct(capsule::CAPSULE_PCT)) {
+        for _ in 0..rng.range(1, capsule::SESSIONS) {
+            let _ = capsule::session(target, &mut rng);
+        }
+        mark(b'q');
+        return Ok(());
+    }
     let mut failed = 0;
     while failed < 30 {
         let port = if !prefer.is_empty() && rng.pct(70) {

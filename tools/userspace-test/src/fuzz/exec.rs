@@ -362,6 +362,10 @@ impl Worker {
         if !prefer.is_empty() {
             cmd.arg("--prefer").arg(prefer.join(","));
         }
+        if let Some(port) = self.sh.opts.nvmet_port {
+            cmd.arg("--nvmet")
+                .arg(SocketAddr::from((self.sh.opts.local, port)).to_string());
+        }
         let spawned = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -420,16 +424,24 @@ impl Worker {
                 b'e' => self.sh.kind("peer: connections established"),
                 b'd' => self.sh.kind("peer: messages sent or received"),
                 b'x' => self.sh.kind("peer: attempts failed (refused, unreachable)"),
+                b'n' => self.sh.kind("peer: NVMe capsule sessions"),
+                b'a' => self.sh.kind("peer: NVMe queues accepted"),
+                b'k' => self.sh.kind("peer: NVMe completions read"),
+                b'F' => self.sh.finding(format!(
+                    "NVMe peer {}: a response that is not a 16-byte completion of its queue",
+                    p.child.id()
+                )),
                 _ => {}
             }
         }
-        let phase = seen.iter().rev().find(|c| b"srcexq".contains(c));
+        let phase = seen.iter().rev().find(|c| b"srcexqn".contains(c));
         self.sh.kind(match (exited, phase) {
             (true, _) => "peer: ended by itself",
             (false, None) => "peer: killed while starting",
             (false, Some(b'c')) => "peer: killed while connecting",
             (false, Some(b'e')) => "peer: killed while connected",
             (false, Some(b'q')) => "peer: killed while ending",
+            (false, Some(b'n')) => "peer: killed in an NVMe session",
             _ => "peer: killed before connecting",
         });
     }

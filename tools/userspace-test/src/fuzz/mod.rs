@@ -52,7 +52,10 @@
 //!   real librdmacm) connect to the fuzzer's listeners on the local address
 //!   (the rxe device, never siw), exchange messages when accepted, and are
 //!   SIGKILLed at seeded times: right after the spawn, while connecting,
-//!   while connected.
+//!   while connected.  With `--nvmet-port`, the run loads the NVMe over
+//!   Fabrics target sample there, and half the peers are instead NVMe
+//!   hosts of it that send seeded, mostly malformed capsules (`capsule.rs`);
+//!   after the run the target must still serve a good host.
 //! * link: `rdma link delete` and `rdma link add` of the siw device
 //!   (`--siw-dev`, on the netdev it had at the start) at seeded times; the
 //!   ids on it get DEVICE_REMOVAL.  The device is there again when the run
@@ -127,9 +130,13 @@ pub struct Options {
     pub siw_addr: Ipv4Addr,
     /// The siw device the link actor deletes and re-adds.
     pub siw_dev: String,
+    /// The NVMe target sample's port: the run loads it there, and some
+    /// peers run capsule sessions against it ([`capsule`]).
+    pub nvmet_port: Option<u16>,
 }
 
 mod actors;
+mod capsule;
 mod child;
 mod exec;
 mod gen;

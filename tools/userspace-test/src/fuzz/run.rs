@@ -95,6 +95,7 @@ pub(super) fn run_once(
             exe: env.exe.clone(),
             link: env.link.clone(),
             step: Duration::from_secs((o.hang_secs * 2 / 3).max(1)),
+            nvmet_port: o.nvmet_port,
         },
         threads,
         file,
@@ -260,6 +261,22 @@ pub(super) fn summary(sh: &Shared, out: &Outcome, threads: u32) {
 }
 
 pub fn run(o: Options) -> Result<()> {
+    let Some(port) = o.nvmet_port else {
+        return run_loaded(&o);
+    };
+    // The target for the run's NVMe peers; it must serve a good host after
+    // them, and unload.
+    crate::sample_module::with_loaded(crate::nvmet::MODULE, port, crate::nvmet::PARAMS, || {
+        println!("# fuzz: NVMe target sample on {}:{port}", o.local);
+        run_loaded(&o)?;
+        capsule::still_serves(SocketAddr::from((o.local, port)))
+            .context("fuzz: the NVMe target after the run")?;
+        println!("# fuzz: the NVMe target serves a good host after the run");
+        Ok(())
+    })
+}
+
+fn run_loaded(o: &Options) -> Result<()> {
     println!(
         "# fuzz: seed {} ({} s{}, {} threads, {} files each, {}:{}..{}, siw ids on {})",
         o.seed,
@@ -273,7 +290,7 @@ pub fn run(o: Options) -> Result<()> {
         o.port_base + 11,
         o.siw_addr
     );
-    let env = Env::probe(&o);
+    let env = Env::probe(o);
     if o.replay.is_none() {
         let peers = if o.peers > 0 && env.exe.is_some() {
             format!("up to {} librdmacm peers on {}", o.peers, o.local)
@@ -301,7 +318,7 @@ pub fn run(o: Options) -> Result<()> {
         }
         None => None,
     };
-    let (out, sh) = run_once(&o, &env, script, false, o.trace.as_deref())?;
+    let (out, sh) = run_once(o, &env, script, false, o.trace.as_deref())?;
     summary(&sh, &out, sh.busy.len() as u32);
     if out.findings.is_empty() {
         println!("# fuzz: clean, seed {}", o.seed);
@@ -327,7 +344,7 @@ pub fn run(o: Options) -> Result<()> {
         std::process::exit(3);
     }
     match out.all {
-        Some(all) if !all.is_empty() => shrink(&o, &env, &all)?,
+        Some(all) if !all.is_empty() => shrink(o, &env, &all)?,
         _ => println!("# fuzz: trace too long to keep in memory: not shrinking"),
     }
     bail!("fuzz: {} finding(s), seed {}", out.findings.len(), o.seed)

@@ -55,6 +55,8 @@ pub(super) struct OptionsLite {
     pub(super) link: Option<(String, String)>,
     /// Bound of one actor step or fork child (below the hang watchdog).
     pub(super) step: Duration,
+    /// The NVMe target sample's port, when the run loaded it.
+    pub(super) nvmet_port: Option<u16>,
 }
 
 impl OptionsLite {
@@ -71,6 +73,7 @@ impl OptionsLite {
             exe: None,
             link: None,
             step: Duration::from_secs(10),
+            nvmet_port: None,
         }
     }
 }
