@@ -8,14 +8,17 @@
 //! serves the subsystem `nqn.2026-11.org.rdma-cm-rs:nvmet` (namespace 1,
 //! 512-byte blocks) and the discovery subsystem on every RDMA device's
 //! addresses (the wildcard address: the CM makes a listener on each
-//! device as it comes).
+//! device as it comes).  With configfs, `/sys/kernel/config/rdma_cm_rs_nvmet/`
+//! sets the address and the subsystem's NQN.
 //!
 //! The pieces, each a file under `nvmet/`:
 //! * [`wire`]: the wire formats (CM private data, capsules, Identify, logs);
 //! * [`ns`]: the RAM namespace;
 //! * [`ctrl`]: controllers, Fabrics, admin and discovery commands;
 //! * [`io`]: the NVM command set;
-//! * [`queue`]: the RDMA transport binding (queues, data, teardown).
+//! * [`queue`]: the RDMA transport binding (queues, data, teardown);
+//! * [`port`]: the listener, its address and the subsystem's NQN;
+//! * `configfs`: the port's configfs directory.
 //!
 //! `Documentation/rdma_cm_rs/writing-a-ulp.rst` walks through it.
 
@@ -31,22 +34,24 @@ pub mod rdma;
 #[cfg(CONFIG_RUST_INFINIBAND_ABSTRACTIONS)]
 pub use kernel::rdma;
 
+#[cfg(CONFIG_CONFIGFS_FS)]
+#[path = "nvmet/configfs.rs"]
+mod configfs;
 #[path = "nvmet/ctrl.rs"]
 mod ctrl;
 #[path = "nvmet/io.rs"]
 mod io;
 #[path = "nvmet/ns.rs"]
 mod ns;
+#[path = "nvmet/port.rs"]
+mod port;
 #[path = "nvmet/queue.rs"]
 mod queue;
 #[path = "nvmet/wire.rs"]
 mod wire;
 
-use kernel::{prelude::*, sync::Arc, time::Delta};
-use rdma::{
-    getaddrinfo::{getaddrinfo, Hints, RAI_PASSIVE},
-    CmId, ModuleOwner, NetNs, PortSpace, QpType,
-};
+use kernel::{prelude::*, sync::Arc};
+use rdma::ModuleOwner;
 
 module! {
     type: NvmetModule,
@@ -78,30 +83,17 @@ module! {
     },
 }
 
-/// The subsystem's NQN.
-const NQN: &[u8] = b"nqn.2026-11.org.rdma-cm-rs:nvmet";
 /// Largest transfer: 2^8 pages of 4 KiB, 1 MiB.
 const MDTS: u8 = 8;
-/// How often the keep-alive timers are checked.
-const SWEEP_MS: i64 = 1000;
 
 struct NvmetModule {
-    listener: Option<CmId<queue::NvmetCm>>,
-    transport: Arc<queue::Transport>,
+    /// First: no configuration change once the module goes.
+    #[cfg(CONFIG_CONFIGFS_FS)]
+    _configfs: Pin<KBox<kernel::configfs::Subsystem<configfs::Settings>>>,
+    port: Arc<port::Port>,
     /// Last: waits for every object, queue and work item before the
     /// module's code goes.
     owner: ModuleOwner,
-}
-
-/// Checks the keep-alive timers every [`SWEEP_MS`], failing the
-/// controllers whose host went silent; stops when the module goes.
-fn sweep(transport: Arc<queue::Transport>) {
-    let expired = transport.subsys.take_expired();
-    if !expired.is_empty() {
-        transport.fail_ctrls(expired);
-    }
-    let owner = transport.owner.clone();
-    let _ = owner.spawn_after(Delta::from_millis(SWEEP_MS), move || sweep(transport));
 }
 
 impl kernel::Module for NvmetModule {
@@ -119,57 +111,27 @@ impl kernel::Module for NvmetModule {
             return Err(EINVAL);
         }
         let owner = ModuleOwner::new::<Self>()?;
-        let namespace = ns::Namespace::new(u64::from(ns_mib) << 20, NQN)?;
-        let port = module_parameters::port.value();
-        let subsys = Arc::pin_init(
-            ctrl::Subsystem::new(
-                ctrl::Config {
-                    nqn: NQN,
-                    port,
-                    max_io_queues: nr_io_queues,
-                    io_queue_size: queue_size,
-                    inline_size,
-                    mdts: MDTS,
-                },
-                namespace,
-            ),
+        // The namespace's identifiers come from the NQN it is made under.
+        let namespace = Arc::new(
+            ns::Namespace::new(u64::from(ns_mib) << 20, port::DEFAULT_NQN)?,
             GFP_KERNEL,
         )?;
-        let transport = Arc::pin_init(
-            queue::Transport::new(subsys, owner.owner().clone()),
-            GFP_KERNEL,
-        )?;
-        let listener = CmId::new(
-            &owner,
-            queue::NvmetCm::Listener(transport.clone()),
-            &NetNs::init(),
-            PortSpace::Tcp,
-            QpType::Rc,
-        )?;
-        // The passive address of the port, as rdma_getaddrinfo(3) gives it
-        // to a server with no node: every address of every device.
-        let mut service = [0u8; 5];
-        let hints = Hints {
-            flags: RAI_PASSIVE,
-            ..Default::default()
+        let params = port::Params {
+            port: module_parameters::port.value(),
+            max_io_queues: nr_io_queues,
+            io_queue_size: queue_size,
+            inline_size,
+            mdts: MDTS,
         };
-        let info = getaddrinfo(None, Some(wire::decimal(port, &mut service)), &hints)?;
-        let addr = info.src.ok_or(EINVAL)?;
-        listener.with_lock(|l| l.bind(&addr))?;
-        listener.listen(128)?;
-        let swept = transport.clone();
-        owner.spawn(move || sweep(swept))?;
-        pr_info!(
-            "{} ({} MiB, {} I/O queues of {}) listening on {}\n",
-            kernel::str::BStr::from_bytes(NQN),
-            ns_mib,
-            nr_io_queues,
-            queue_size,
-            addr
-        );
+        let port = Arc::pin_init(
+            port::Port::new(owner.owner().clone(), params, namespace),
+            GFP_KERNEL,
+        )?;
+        port.enable()?;
         Ok(Self {
-            listener: Some(listener),
-            transport,
+            #[cfg(CONFIG_CONFIGFS_FS)]
+            _configfs: KBox::pin_init(configfs::subsystem(port.clone()), GFP_KERNEL)?,
+            port,
             owner,
         })
     }
@@ -177,11 +139,11 @@ impl kernel::Module for NvmetModule {
 
 impl Drop for NvmetModule {
     fn drop(&mut self) {
-        // No new queue, then every queue disconnected and destroyed, as
-        // nvmet-rdma's port removal does; the owner's drop then waits for
-        // the work and objects left.
-        drop(self.listener.take());
-        self.transport.shut_down();
+        // The fields drop in order after this: configfs first, though a
+        // file of it open holds the module.  Every queue disconnected and
+        // destroyed; the owner's drop then waits for the work and objects
+        // left.
+        self.port.disable();
         let _ = &self.owner;
     }
 }

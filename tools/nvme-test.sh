@@ -10,8 +10,8 @@
 # namespace's size, fio writes and verifies (crc32c; on the C target 4 KiB
 # to 64 KiB at queue depth 8 from two jobs, so two I/O queues; on the Rust
 # target a matrix, and data across a reconnect), `nvme disconnect` removes
-# it.  Then the Rust target with two hosts at once, and unloaded under a
-# connected host.  The C target stays up (see the end).  Prints KTAP;
+# it.  Then the Rust target with two hosts at once, configured through
+# its configfs directory, and unloaded under a connected host.  The C target stays up (see the end).  Prints KTAP;
 # exits non-zero on failure.
 #
 # Environment: RDMA_CM_RS_NVME_MODULES (tools/vm/run: the modules in load
@@ -136,6 +136,47 @@ fi
 nvme disconnect -n "$rust_nqn" >/dev/null 2>&1
 ! namespace_of "$rust_nqn" >/dev/null && ! hostnqn=$host2nqn namespace_of "$rust_nqn" >/dev/null
 result $? "nvme: Rust target: both hosts disconnected"
+
+# The port through configfs (/sys/kernel/config/rdma_cm_rs_nvmet, on a
+# kernel with CONFIG_CONFIGFS_FS): its defaults shown; the address and
+# the NQN refused while it listens (EBUSY); disabled with a host
+# connected; a bad NQN refused (EINVAL); a subsystem NQN of our own on
+# rxe's address only, enabled: discovery lists it there, siw's address has
+# no listener, a host connects and fio verifies; then the defaults back.
+cfg=/sys/kernel/config/rdma_cm_rs_nvmet
+own_nqn=nqn.2026-11.org.rdma-cm-rs:configured
+discover() { nvme discover -t rdma -a "$1" -s 4420 --hostnqn="$hostnqn" --hostid="$hostid" 2>&1; }
+if [ -d "$cfg" ]; then
+	[ "$(cat $cfg/enable)" = 1 ] && [ -z "$(cat $cfg/addr_traddr)" ] &&
+		[ "$(cat $cfg/subsysnqn)" = "$rust_nqn" ]
+	result $? "nvme: Rust target: configfs shows the port enabled, on every address, for $rust_nqn"
+	out=$(echo "$ip" 2>&1 >$cfg/addr_traddr)
+	grep -q "busy" <<<"$out" && [ -z "$(cat $cfg/addr_traddr)" ]
+	result $? "nvme: Rust target: configfs refuses a new address while the port listens (${out##*: })"
+	dev=$(connect_dev "$rust_nqn" "$ip" 4420 2)
+	echo 0 >$cfg/enable && [ "$(cat $cfg/enable)" = 0 ] && ! discover "$ip" >/dev/null
+	result $? "nvme: Rust target: configfs disables the port with a host connected (${dev:-no device}): no listener"
+	nvme disconnect -n "$rust_nqn" >/dev/null 2>&1
+	out=$(echo "rdma-cm-rs:no-prefix" 2>&1 >$cfg/subsysnqn)
+	grep -q "Invalid argument" <<<"$out" && [ "$(cat $cfg/subsysnqn)" = "$rust_nqn" ]
+	result $? "nvme: Rust target: configfs refuses an NQN without the nqn. prefix (${out##*: })"
+	echo "$ip" >$cfg/addr_traddr && echo "$own_nqn" >$cfg/subsysnqn && echo 1 >$cfg/enable &&
+		[ "$(cat $cfg/addr_traddr)" = "$ip" ] && [ "$(cat $cfg/subsysnqn)" = "$own_nqn" ]
+	result $? "nvme: Rust target: configfs: $own_nqn on $ip, enabled"
+	out=$(discover "$ip")
+	echo "$out" | sed 's/^/# /' | grep -E 'subnqn|traddr' | head -n 4
+	grep -q "subnqn: *$own_nqn" <<<"$out" && ! discover "$siw_ip" >/dev/null
+	result $? "nvme: Rust target: discovery lists $own_nqn on $ip, and $siw_ip has no listener"
+	dev=$(connect_dev "$own_nqn" "$ip" 4420 2)
+	fio_on "${dev:-/nonexistent}" --name=own --rw=randwrite --bsrange=4k-64k --iodepth=8 --size=4m
+	result $? "nvme: Rust target: a host of $own_nqn (${dev:-no device}) writes 4 MiB at random, verified"
+	nvme disconnect -n "$own_nqn" >/dev/null 2>&1
+	echo 0 >$cfg/enable && echo >$cfg/addr_traddr && echo "$rust_nqn" >$cfg/subsysnqn &&
+		echo 1 >$cfg/enable && discover "$siw_ip" | grep -q "subnqn: *$rust_nqn"
+	result $? "nvme: Rust target: configfs: the defaults back, $rust_nqn on every address"
+else
+	skip "nvme: Rust target: configured through configfs" "left out: no configfs in this kernel (CONFIG_CONFIGFS_FS)"
+fi
 
 # rmmod with a host connected: the target disconnects its queues (as
 # nvmet-rdma's port removal does) and unloads; the host's controller goes

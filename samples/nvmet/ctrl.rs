@@ -81,9 +81,9 @@ pub(crate) trait QueueHandle: Send + Sync {
     fn disconnect(&self);
 }
 
-/// What the module's parameters configure.
+/// What the module's parameters and the port's configuration set.
 pub(crate) struct Config {
-    pub(crate) nqn: &'static [u8],
+    pub(crate) nqn: KVec<u8>,
     pub(crate) port: u16,
     pub(crate) max_io_queues: u16,
     /// I/O queue entries (MQES + 1).
@@ -98,7 +98,7 @@ pub(crate) struct Config {
 #[pin_data]
 pub(crate) struct Subsystem {
     pub(crate) config: Config,
-    pub(crate) ns: Namespace,
+    pub(crate) ns: Arc<Namespace>,
     serial: [u8; 20],
     #[pin]
     ctrls: Mutex<Ctrls>,
@@ -149,7 +149,7 @@ pub(crate) struct QueueCtx<'a> {
 }
 
 impl Subsystem {
-    pub(crate) fn new(config: Config, ns: Namespace) -> impl PinInit<Self, Error> {
+    pub(crate) fn new(config: Config, ns: Arc<Namespace>) -> impl PinInit<Self, Error> {
         let mut serial = [b' '; 20];
         // The serial shows the NGUID's first bytes, hex.
         for (i, b) in ns.nguid.iter().take(10).enumerate() {
@@ -392,7 +392,7 @@ impl Subsystem {
             return Outcome::fail(status::CONNECT_FORMAT | status::DNR);
         }
         let discovery = d.subsysnqn() == wire::DISCOVERY_NQN;
-        if !discovery && d.subsysnqn() != self.config.nqn {
+        if !discovery && d.subsysnqn() != self.config.nqn.as_slice() {
             return invalid(1 << 16 | 256);
         }
         if qid != q.qid {
@@ -485,7 +485,7 @@ impl Subsystem {
                         subnqn: if ctrl.discovery {
                             wire::DISCOVERY_NQN
                         } else {
-                            self.config.nqn
+                            &self.config.nqn
                         },
                         mdts: self.config.mdts,
                         maxcmd: self.config.io_queue_size,
@@ -558,7 +558,7 @@ impl Subsystem {
                         subtype: 2,
                         portid: 1,
                         trsvcid: port,
-                        subnqn: self.config.nqn,
+                        subnqn: &self.config.nqn,
                         traddr: q.traddr,
                     },
                 ];

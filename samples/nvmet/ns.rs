@@ -66,6 +66,11 @@ impl Namespace {
     }
 
     /// Size in blocks.
+    /// The size in bytes.
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+
     pub(crate) fn blocks(&self) -> u64 {
         self.size >> LBA_SHIFT
     }

@@ -36,6 +36,8 @@ pub(crate) struct Transport {
     pub(crate) owner: Owner,
     #[pin]
     queues: Mutex<KVec<Arc<Queue>>>,
+    /// Set by [`Self::shut_down`]: the keep-alive sweep ends.
+    shut_down: AtomicBool,
 }
 
 impl Transport {
@@ -44,12 +46,18 @@ impl Transport {
             subsys,
             owner,
             queues <- new_mutex!(KVec::new()),
+            shut_down: AtomicBool::new(false),
         })
+    }
+
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
     }
 
     /// Ends every queue (the module goes): disconnects it, then drops its
     /// id, which destroys it and its QP.  Process context.
     pub(crate) fn shut_down(&self) {
+        self.shut_down.store(true, Ordering::Release);
         let queues = core::mem::take(&mut *self.queues.lock());
         for queue in &queues {
             queue.disconnect();
