@@ -22,9 +22,11 @@ use rdma::{
 /// The subsystem's NQN until one is configured.
 pub(crate) const DEFAULT_NQN: &[u8] = b"nqn.2026-11.org.rdma-cm-rs:nvmet";
 /// Longest NQN (NVMe base specification: 223 bytes of UTF-8).
-pub(crate) const NQN_MAX: usize = 223;
+#[cfg(CONFIG_CONFIGFS_FS)]
+const NQN_MAX: usize = 223;
 /// Longest address string (a host name or a numeric address).
-pub(crate) const TRADDR_MAX: usize = 255;
+#[cfg(CONFIG_CONFIGFS_FS)]
+const TRADDR_MAX: usize = 255;
 /// How often the keep-alive timers are checked.
 const SWEEP_MS: i64 = 1000;
 
@@ -110,50 +112,6 @@ impl Port {
         }
     }
 
-    pub(crate) fn enabled(&self) -> bool {
-        self.state.lock().running.is_some()
-    }
-
-    /// Copies the address (empty: the wildcard) into `out`.
-    pub(crate) fn traddr(&self, out: &mut [u8]) -> usize {
-        copy_out(&self.state.lock().traddr, out)
-    }
-
-    /// Copies the subsystem's NQN into `out`.
-    pub(crate) fn nqn(&self, out: &mut [u8]) -> usize {
-        copy_out(&self.state.lock().nqn, out)
-    }
-
-    /// Sets the address: a numeric IPv4 or IPv6 address, a host name, or
-    /// nothing (the wildcard).  `EBUSY` while enabled.
-    pub(crate) fn set_traddr(&self, value: &[u8]) -> Result {
-        if value.len() > TRADDR_MAX || !value.iter().all(u8::is_ascii_graphic) {
-            return Err(EINVAL);
-        }
-        let mut st = self.state.lock();
-        if st.running.is_some() {
-            return Err(EBUSY);
-        }
-        replace(&mut st.traddr, value)
-    }
-
-    /// Sets the subsystem's NQN (`nqn.` then printable characters, not the
-    /// discovery subsystem's).  `EBUSY` while enabled.
-    pub(crate) fn set_nqn(&self, value: &[u8]) -> Result {
-        if !value.starts_with(b"nqn.")
-            || value.len() > NQN_MAX
-            || !value.iter().all(u8::is_ascii_graphic)
-            || value == wire::DISCOVERY_NQN
-        {
-            return Err(EINVAL);
-        }
-        let mut st = self.state.lock();
-        if st.running.is_some() {
-            return Err(EBUSY);
-        }
-        replace(&mut st.nqn, value)
-    }
-
     fn start(&self, traddr: &[u8], nqn: &[u8]) -> Result<Running> {
         let p = &self.params;
         let mut subsys_nqn = KVec::new();
@@ -213,6 +171,54 @@ impl Port {
     }
 }
 
+/// What the configfs directory reads and sets.
+#[cfg(CONFIG_CONFIGFS_FS)]
+impl Port {
+    pub(crate) fn enabled(&self) -> bool {
+        self.state.lock().running.is_some()
+    }
+
+    /// Copies the address (empty: the wildcard) into `out`.
+    pub(crate) fn traddr(&self, out: &mut [u8]) -> usize {
+        copy_out(&self.state.lock().traddr, out)
+    }
+
+    /// Copies the subsystem's NQN into `out`.
+    pub(crate) fn nqn(&self, out: &mut [u8]) -> usize {
+        copy_out(&self.state.lock().nqn, out)
+    }
+
+    /// Sets the address: a numeric IPv4 or IPv6 address, a host name, or
+    /// nothing (the wildcard).  `EBUSY` while enabled.
+    pub(crate) fn set_traddr(&self, value: &[u8]) -> Result {
+        if value.len() > TRADDR_MAX || !value.iter().all(u8::is_ascii_graphic) {
+            return Err(EINVAL);
+        }
+        let mut st = self.state.lock();
+        if st.running.is_some() {
+            return Err(EBUSY);
+        }
+        replace(&mut st.traddr, value)
+    }
+
+    /// Sets the subsystem's NQN (`nqn.` then printable characters, not the
+    /// discovery subsystem's).  `EBUSY` while enabled.
+    pub(crate) fn set_nqn(&self, value: &[u8]) -> Result {
+        if !value.starts_with(b"nqn.")
+            || value.len() > NQN_MAX
+            || !value.iter().all(u8::is_ascii_graphic)
+            || value == wire::DISCOVERY_NQN
+        {
+            return Err(EINVAL);
+        }
+        let mut st = self.state.lock();
+        if st.running.is_some() {
+            return Err(EBUSY);
+        }
+        replace(&mut st.nqn, value)
+    }
+}
+
 /// Checks the keep-alive timers every [`SWEEP_MS`], failing the
 /// controllers whose host went silent; stops when the port is disabled
 /// or the module goes.
@@ -228,12 +234,14 @@ fn sweep(transport: Arc<queue::Transport>) {
     let _ = owner.spawn_after(Delta::from_millis(SWEEP_MS), move || sweep(transport));
 }
 
+#[cfg(CONFIG_CONFIGFS_FS)]
 fn copy_out(value: &[u8], out: &mut [u8]) -> usize {
     let n = value.len().min(out.len());
     out[..n].copy_from_slice(&value[..n]);
     n
 }
 
+#[cfg(CONFIG_CONFIGFS_FS)]
 fn replace(field: &mut KVec<u8>, value: &[u8]) -> Result {
     let mut new = KVec::with_capacity(value.len(), GFP_KERNEL)?;
     new.extend_from_slice(value, GFP_KERNEL)?;
