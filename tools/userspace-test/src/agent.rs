@@ -372,6 +372,18 @@ fn connect(req: &Req) -> Result<String> {
     if ev.event != EventType::Established {
         return Ok(report);
     }
+    // `flood=N`: N SENDs of 4096 bytes back to back, reaped until the
+    // suite's disconnect (as `serve`'s).
+    let flood = req.num("flood", 0)? as usize;
+    if flood > 0 {
+        let mut disconnected = false;
+        let ok = conn.flood(flood, cm::MSG, disconnect_on_close(&ch, &mut disconnected))?;
+        let _ = write!(report, " flood={ok}/{flood}");
+        if disconnected {
+            let _ = write!(report, " disc=DISCONNECTED");
+            return Ok(report);
+        }
+    }
     let msg = req.bytes("msg")?;
     if !msg.is_empty() {
         // `delay=MS`: hold the first message back (the iWARP passive side

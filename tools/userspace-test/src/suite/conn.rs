@@ -540,3 +540,98 @@ pub(super) fn conn_param_negotiation(ctx: &mut Ctx) -> Result<()> {
     expect_errno("rnr_retry_count 8", dev.connect(id, &bad), libc::EINVAL)?;
     Ok(())
 }
+
+/// How long the module leaves its receives full in
+/// [`rnr_retry_count_takes_effect`].
+const RNR_HOLD_MS: u64 = 1000;
+/// The peer's burst: more SENDs than the module has receives (16).
+const RNR_FLOOD: usize = 20;
+
+/// `rnr_retry_count` reaches the wire, on `rdma_connect` and on
+/// `rdma_accept`: as `rdma_connect(3)` and `rdma_accept(3)` say, it bounds
+/// the RNR retries of the *remote peer's* sends (the IB CM carries it in
+/// the REQ and the REP to the other side's QP).  The librdmacm peer sends
+/// a burst of [`RNR_FLOOD`] messages; the module reads none for
+/// [`RNR_HOLD_MS`], so its 16 receives fill and the 17th SEND meets RNR
+/// NAKs.  With 0 that SEND fails at once (RNR retries exceeded), the
+/// peer's QP goes to the error state and the module reads 16 messages;
+/// with 7 (retry for ever) the peer's SENDs wait for the module to read,
+/// and all 20 arrive.  Had the value not reached the peer's QP, both
+/// halves would behave alike: one of them fails.  On `rdma_accept` the
+/// module also passes `retry_count` 0, which that call ignores.
+pub(super) fn rnr_retry_count_takes_effect(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let mut seen = Vec::new();
+    for rnr in [0u8, 7] {
+        let mut p = Param::with_data(b"rnr");
+        p.rnr_retry_count = rnr;
+        // The module connects.
+        let addr = SocketAddr::new(ctx.peer4, ctx.port());
+        let mut call = Call::start(
+            &ctx.agent,
+            &format!("serve addr={addr} count=1 accept=00 flood={RNR_FLOOD}"),
+        )?;
+        call.ready()?;
+        let id = resolve(&dev, addr)?;
+        dev.connect(id, &p)?;
+        wait(&dev, EventType::Established)?;
+        let got = rnr_read_after_hold(&dev, id, rnr).context("rdma_connect")?;
+        dev.disconnect(id)?;
+        wait(&dev, EventType::Disconnected)?;
+        let r = call.result()?;
+        rnr_peer_sent(field(&r, "flood0")?, got).context("rdma_connect")?;
+        dev.destroy(id)?;
+        seen.push(format!(
+            "connect, rnr_retry_count {rnr}: {got} of {RNR_FLOOD}"
+        ));
+        // The module accepts.
+        let addr = SocketAddr::new(ctx.local4, ctx.port());
+        let listener = listen(&dev, addr, 4, 0)?;
+        let call = Call::start(
+            &ctx.agent,
+            &format!("connect addr={addr} data=01 flood={RNR_FLOOD} disc=peer"),
+        )?;
+        let req = wait(&dev, EventType::ConnectRequest)?;
+        p.retry_count = 0;
+        dev.accept(req.new_id, Some(&p))?;
+        wait(&dev, EventType::Established)?;
+        let got = rnr_read_after_hold(&dev, req.new_id, rnr).context("rdma_accept")?;
+        dev.disconnect(req.new_id)?;
+        wait(&dev, EventType::Disconnected)?;
+        let r = call.result()?;
+        rnr_peer_sent(field(&r, "flood")?, got).context("rdma_accept")?;
+        dev.destroy(req.new_id)?;
+        dev.destroy(listener)?;
+        seen.push(format!(
+            "accept, rnr_retry_count {rnr}: {got} of {RNR_FLOOD}"
+        ));
+    }
+    note(&format!("messages the module read: {}", seen.join("; ")));
+    Ok(())
+}
+
+/// Reads nothing for [`RNR_HOLD_MS`], then every message until none comes
+/// for 1.5 s (the peer retries every RNR timer, 655 ms at most): 16 (its
+/// receives) with `rnr` 0, all [`RNR_FLOOD`] with 7.
+fn rnr_read_after_hold(dev: &Device, id: u32, rnr: u8) -> Result<usize> {
+    std::thread::sleep(Duration::from_millis(RNR_HOLD_MS));
+    let mut got = 0;
+    while got < RNR_FLOOD && dev.recv(id, 4096, 1500).is_ok() {
+        got += 1;
+    }
+    let want = if rnr == 0 { 16 } else { RNR_FLOOD };
+    ensure!(
+        got == want,
+        "with rnr_retry_count {rnr} the module read {got} of the peer's {RNR_FLOOD} messages, expected {want}"
+    );
+    Ok(got)
+}
+
+/// The peer's `flood` report: as many SENDs completed as the module read.
+fn rnr_peer_sent(flood: &str, got: usize) -> Result<()> {
+    ensure!(
+        flood == format!("{got}/{RNR_FLOOD}"),
+        "the peer's SENDs: {flood} completed, the module read {got}"
+    );
+    Ok(())
+}

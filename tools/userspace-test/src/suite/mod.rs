@@ -131,6 +131,7 @@ const TESTS: &[(&str, Test)] = &[
     ("reject_with_reason_and_private_data", reject_both_ways),
     ("accept_with_request_param", accept_with_request_param),
     ("conn_param_negotiation", conn_param_negotiation),
+    ("rnr_retry_count_takes_effect", rnr_retry_count_takes_effect),
     ("messages_1_to_4096_bytes_both_ways", messages_all_sizes),
     ("send_window_nowait", send_window_nowait),
     ("busy_poll_data_path", busy_poll_data_path),
@@ -265,6 +266,10 @@ const NOT_SYNCHRONOUS: &[(&str, &str)] = &[
 
 /// Scenarios a pass on iWARP (siw) does not run, and why.
 const NOT_ON_IWARP: &[(&str, &str)] = &[
+    (
+        "rnr_retry_count_takes_effect",
+        "iWARP has no RNR retries: a SEND that finds no receive posted ends the connection (RDMAP TERMINATE)",
+    ),
     ("info_reports_abi", "no device"),
     ("malformed_ioctls", "the ABI's checks, transport-blind"),
     ("getaddrinfo_matches_librdmacm", "no device"),
