@@ -556,7 +556,10 @@ const RNR_FLOOD: usize = 20;
 /// NAKs.  With 0 that SEND fails at once (RNR retries exceeded), the
 /// peer's QP goes to the error state and the module reads 16 messages;
 /// with 7 (retry for ever) the peer's SENDs wait for the module to read,
-/// and all 20 arrive.  Had the value not reached the peer's QP, both
+/// and all 20 arrive.  The peer disconnects once its burst is over (all
+/// its completions reaped: a disconnect of the module's could flush SENDs
+/// whose ACK was still on its way), and the module reads what it holds
+/// after that.  Had the value not reached the peer's QP, both
 /// halves would behave alike: one of them fails.  On `rdma_accept` the
 /// module also passes `retry_count` 0, which that call ignores.
 pub(super) fn rnr_retry_count_takes_effect(ctx: &mut Ctx) -> Result<()> {
@@ -569,18 +572,18 @@ pub(super) fn rnr_retry_count_takes_effect(ctx: &mut Ctx) -> Result<()> {
         let addr = SocketAddr::new(ctx.peer4, ctx.port());
         let mut call = Call::start(
             &ctx.agent,
-            &format!("serve addr={addr} count=1 accept=00 flood={RNR_FLOOD}"),
+            &format!("serve addr={addr} count=1 accept=00 flood={RNR_FLOOD} disc=self"),
         )?;
         call.ready()?;
         let id = resolve(&dev, addr)?;
         dev.connect(id, &p)?;
         wait(&dev, EventType::Established)?;
         let got = rnr_read_after_hold(&dev, id, rnr).context("rdma_connect")?;
-        dev.disconnect(id)?;
         wait(&dev, EventType::Disconnected)?;
+        // The destruction answers the peer's DREQ (its DREP).
+        dev.destroy(id)?;
         let r = call.result()?;
         rnr_peer_sent(field(&r, "flood0")?, got).context("rdma_connect")?;
-        dev.destroy(id)?;
         seen.push(format!(
             "connect, rnr_retry_count {rnr}: {got} of {RNR_FLOOD}"
         ));
@@ -589,18 +592,17 @@ pub(super) fn rnr_retry_count_takes_effect(ctx: &mut Ctx) -> Result<()> {
         let listener = listen(&dev, addr, 4, 0)?;
         let call = Call::start(
             &ctx.agent,
-            &format!("connect addr={addr} data=01 flood={RNR_FLOOD} disc=peer"),
+            &format!("connect addr={addr} data=01 flood={RNR_FLOOD} disc=self"),
         )?;
         let req = wait(&dev, EventType::ConnectRequest)?;
         p.retry_count = 0;
         dev.accept(req.new_id, Some(&p))?;
         wait(&dev, EventType::Established)?;
         let got = rnr_read_after_hold(&dev, req.new_id, rnr).context("rdma_accept")?;
-        dev.disconnect(req.new_id)?;
         wait(&dev, EventType::Disconnected)?;
+        dev.destroy(req.new_id)?;
         let r = call.result()?;
         rnr_peer_sent(field(&r, "flood")?, got).context("rdma_accept")?;
-        dev.destroy(req.new_id)?;
         dev.destroy(listener)?;
         seen.push(format!(
             "accept, rnr_retry_count {rnr}: {got} of {RNR_FLOOD}"
