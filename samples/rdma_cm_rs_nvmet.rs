@@ -116,7 +116,7 @@ impl kernel::Module for NvmetModule {
             ns::Namespace::new(u64::from(ns_mib) << 20, port::DEFAULT_NQN)?,
             GFP_KERNEL,
         )?;
-        let params = port::Params {
+        let limits = ctrl::Limits {
             port: module_parameters::port.value(),
             max_io_queues: nr_io_queues,
             io_queue_size: queue_size,
@@ -124,7 +124,7 @@ impl kernel::Module for NvmetModule {
             mdts: MDTS,
         };
         let port = Arc::pin_init(
-            port::Port::new(owner.owner().clone(), params, namespace),
+            port::Port::new(owner.owner().clone(), limits, namespace),
             GFP_KERNEL,
         )?;
         port.enable()?;

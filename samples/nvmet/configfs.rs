@@ -78,9 +78,10 @@ impl configfs::AttributeOperations<2> for Settings {
     type Data = Settings;
 
     fn show(s: &Settings, page: &mut [u8; PAGE_SIZE]) -> Result<usize> {
-        page[0] = if s.port.enabled() { b'1' } else { b'0' };
-        page[1] = b'\n';
-        Ok(2)
+        Ok(show_line(page, |out| {
+            out[0] = if s.port.enabled() { b'1' } else { b'0' };
+            1
+        }))
     }
 
     fn store(s: &Settings, page: &[u8]) -> Result {

@@ -81,9 +81,9 @@ pub(crate) trait QueueHandle: Send + Sync {
     fn disconnect(&self);
 }
 
-/// What the module's parameters and the port's configuration set.
-pub(crate) struct Config {
-    pub(crate) nqn: KVec<u8>,
+/// What the module's parameters fix.
+#[derive(Clone, Copy)]
+pub(crate) struct Limits {
     pub(crate) port: u16,
     pub(crate) max_io_queues: u16,
     /// I/O queue entries (MQES + 1).
@@ -97,7 +97,9 @@ pub(crate) struct Config {
 /// The subsystem (one namespace, nsid 1) and its live controllers.
 #[pin_data]
 pub(crate) struct Subsystem {
-    pub(crate) config: Config,
+    pub(crate) limits: Limits,
+    /// The subsystem's NQN, as the port was configured.
+    pub(crate) nqn: KVec<u8>,
     pub(crate) ns: Arc<Namespace>,
     serial: [u8; 20],
     #[pin]
@@ -149,7 +151,11 @@ pub(crate) struct QueueCtx<'a> {
 }
 
 impl Subsystem {
-    pub(crate) fn new(config: Config, ns: Arc<Namespace>) -> impl PinInit<Self, Error> {
+    pub(crate) fn new(
+        limits: Limits,
+        nqn: KVec<u8>,
+        ns: Arc<Namespace>,
+    ) -> impl PinInit<Self, Error> {
         let mut serial = [b' '; 20];
         // The serial shows the NGUID's first bytes, hex.
         for (i, b) in ns.nguid.iter().take(10).enumerate() {
@@ -158,7 +164,8 @@ impl Subsystem {
             serial[2 * i + 1] = hex[usize::from(b & 0xf)];
         }
         try_pin_init!(Self {
-            config,
+            limits,
+            nqn,
             ns,
             serial,
             ctrls <- new_mutex!(Ctrls {
@@ -268,7 +275,7 @@ impl Subsystem {
         let mqes = if ctrl.discovery {
             wire::ADMIN_QUEUE_SIZE
         } else {
-            self.config.io_queue_size
+            self.limits.io_queue_size
         };
         // MQES, CQR (contiguous queues), TO 7.5 s, CSS: NVM.
         u64::from(mqes - 1) | 1 << 16 | 15 << 24 | 1 << 37
@@ -322,7 +329,7 @@ impl Subsystem {
                 // NUMD is 0-based: up to 2^32 dwords, 16 GiB.
                 let numd = (sqe.cdw(11) & 0xffff) << 16 | sqe.cdw(10) >> 16;
                 let len = (u64::from(numd) + 1) * 4;
-                if len > 4096u64 << self.config.mdts {
+                if len > 4096u64 << self.limits.mdts {
                     return Err(status::INVALID_FIELD | status::DNR);
                 }
                 Ok(Transfer::Out(len as u32))
@@ -392,7 +399,7 @@ impl Subsystem {
             return Outcome::fail(status::CONNECT_FORMAT | status::DNR);
         }
         let discovery = d.subsysnqn() == wire::DISCOVERY_NQN;
-        if !discovery && d.subsysnqn() != self.config.nqn.as_slice() {
+        if !discovery && d.subsysnqn() != self.nqn.as_slice() {
             return invalid(1 << 16 | 256);
         }
         if qid != q.qid {
@@ -424,10 +431,10 @@ impl Subsystem {
         if ctrl.discovery || discovery || ctrl.hostnqn.as_slice() != d.hostnqn() {
             return invalid(1 << 16 | 16);
         }
-        if qid > self.config.max_io_queues {
+        if qid > self.limits.max_io_queues {
             return invalid(42);
         }
-        if sqsize >= self.config.io_queue_size {
+        if sqsize >= self.limits.io_queue_size {
             return invalid(44);
         }
         Outcome::Connected { ctrl }
@@ -473,7 +480,7 @@ impl Subsystem {
         let (cns, csi, nsid) = (sqe.u8_at(40), sqe.u8_at(47), sqe.nsid());
         let status = match (ctrl.discovery, cns) {
             (_, cns::CTRL) => {
-                let ioccsz = (wire::SQE_LEN as u32 + self.config.inline_size) / 16;
+                let ioccsz = (wire::SQE_LEN as u32 + self.limits.inline_size) / 16;
                 wire::identify_ctrl(
                     &mut page,
                     &wire::CtrlIdentity {
@@ -485,10 +492,10 @@ impl Subsystem {
                         subnqn: if ctrl.discovery {
                             wire::DISCOVERY_NQN
                         } else {
-                            &self.config.nqn
+                            &self.nqn
                         },
-                        mdts: self.config.mdts,
-                        maxcmd: self.config.io_queue_size,
+                        mdts: self.limits.mdts,
+                        maxcmd: self.limits.io_queue_size,
                         nn: 1,
                         ioccsz,
                     },
@@ -543,7 +550,7 @@ impl Subsystem {
         let built = match (ctrl.discovery, lid) {
             (true, log::DISCOVERY) => {
                 let mut digits = [0u8; 5];
-                let port = wire::decimal(self.config.port, &mut digits);
+                let port = wire::decimal(self.limits.port, &mut digits);
                 let entries = [
                     wire::DiscoveryEntry {
                         ipv6: q.ipv6,
@@ -558,7 +565,7 @@ impl Subsystem {
                         subtype: 2,
                         portid: 1,
                         trsvcid: port,
-                        subnqn: &self.config.nqn,
+                        subnqn: &self.nqn,
                         traddr: q.traddr,
                     },
                 ];
@@ -712,7 +719,7 @@ impl Ctrl {
                 if cdw11 & 0xffff == 0xffff || cdw11 >> 16 == 0xffff {
                     return Outcome::fail(status::INVALID_FIELD | status::DNR);
                 }
-                let granted = u64::from(subsys.config.max_io_queues - 1);
+                let granted = u64::from(subsys.limits.max_io_queues - 1);
                 Outcome::ok(granted | granted << 16)
             }
             feature::KATO => {
@@ -736,7 +743,7 @@ impl Ctrl {
         let (fid, cdw11) = ((sqe.cdw(10) & 0xff) as u8, sqe.cdw(11));
         match fid {
             feature::NUM_QUEUES if !self.discovery => {
-                let granted = u64::from(subsys.config.max_io_queues - 1);
+                let granted = u64::from(subsys.limits.max_io_queues - 1);
                 Outcome::ok(granted | granted << 16)
             }
             feature::KATO => Outcome::ok(u64::from(self.state.lock().kato_ms)),

@@ -29,7 +29,7 @@ pub(crate) fn transfer(subsys: &Subsystem, sqe: &Sqe) -> core::result::Result<Tr
             let (_, nlb) = range(subsys, sqe)?;
             let len = nlb << LBA_SHIFT;
             // Beyond MDTS (pages of 4 KiB).
-            if len > 4096u64 << subsys.config.mdts {
+            if len > 4096u64 << subsys.limits.mdts {
                 return Err(status::INVALID_FIELD | status::DNR);
             }
             let len = len as u32;

@@ -65,12 +65,12 @@ impl Namespace {
         })
     }
 
-    /// Size in blocks.
-    /// The size in bytes.
+    /// Size in bytes.
     pub(crate) fn size(&self) -> u64 {
         self.size
     }
 
+    /// Size in blocks.
     pub(crate) fn blocks(&self) -> u64 {
         self.size >> LBA_SHIFT
     }

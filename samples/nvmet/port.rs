@@ -30,15 +30,6 @@ const TRADDR_MAX: usize = 255;
 /// How often the keep-alive timers are checked.
 const SWEEP_MS: i64 = 1000;
 
-/// What the module's parameters fix for the port's life.
-pub(crate) struct Params {
-    pub(crate) port: u16,
-    pub(crate) max_io_queues: u16,
-    pub(crate) io_queue_size: u16,
-    pub(crate) inline_size: u32,
-    pub(crate) mdts: u8,
-}
-
 /// The listener and the subsystem of an enabled port.
 struct Running {
     listener: CmId<queue::NvmetCm>,
@@ -56,7 +47,7 @@ struct State {
 #[pin_data]
 pub(crate) struct Port {
     owner: Owner,
-    params: Params,
+    limits: ctrl::Limits,
     ns: Arc<Namespace>,
     #[pin]
     state: Mutex<State>,
@@ -65,20 +56,16 @@ pub(crate) struct Port {
 impl Port {
     pub(crate) fn new(
         owner: Owner,
-        params: Params,
+        limits: ctrl::Limits,
         ns: Arc<Namespace>,
     ) -> impl PinInit<Self, Error> {
-        let mut nqn = KVec::new();
         try_pin_init!(Self {
             owner,
-            params,
+            limits,
             ns,
             state <- new_mutex!(State {
                 traddr: KVec::new(),
-                nqn: {
-                    nqn.extend_from_slice(DEFAULT_NQN, GFP_KERNEL)?;
-                    nqn
-                },
+                nqn: owned(DEFAULT_NQN)?,
                 running: None,
             }),
         })
@@ -113,21 +100,9 @@ impl Port {
     }
 
     fn start(&self, traddr: &[u8], nqn: &[u8]) -> Result<Running> {
-        let p = &self.params;
-        let mut subsys_nqn = KVec::new();
-        subsys_nqn.extend_from_slice(nqn, GFP_KERNEL)?;
+        let p = &self.limits;
         let subsys = Arc::pin_init(
-            ctrl::Subsystem::new(
-                ctrl::Config {
-                    nqn: subsys_nqn,
-                    port: p.port,
-                    max_io_queues: p.max_io_queues,
-                    io_queue_size: p.io_queue_size,
-                    inline_size: p.inline_size,
-                    mdts: p.mdts,
-                },
-                self.ns.clone(),
-            ),
+            ctrl::Subsystem::new(*p, owned(nqn)?, self.ns.clone()),
             GFP_KERNEL,
         )?;
         let transport = Arc::pin_init(
@@ -198,7 +173,8 @@ impl Port {
         if st.running.is_some() {
             return Err(EBUSY);
         }
-        replace(&mut st.traddr, value)
+        st.traddr = owned(value)?;
+        Ok(())
     }
 
     /// Sets the subsystem's NQN (`nqn.` then printable characters, not the
@@ -215,7 +191,8 @@ impl Port {
         if st.running.is_some() {
             return Err(EBUSY);
         }
-        replace(&mut st.nqn, value)
+        st.nqn = owned(value)?;
+        Ok(())
     }
 }
 
@@ -241,10 +218,9 @@ fn copy_out(value: &[u8], out: &mut [u8]) -> usize {
     n
 }
 
-#[cfg(CONFIG_CONFIGFS_FS)]
-fn replace(field: &mut KVec<u8>, value: &[u8]) -> Result {
-    let mut new = KVec::with_capacity(value.len(), GFP_KERNEL)?;
-    new.extend_from_slice(value, GFP_KERNEL)?;
-    *field = new;
-    Ok(())
+/// A copy of `value` the port owns.
+fn owned(value: &[u8]) -> Result<KVec<u8>> {
+    let mut v = KVec::with_capacity(value.len(), GFP_KERNEL)?;
+    v.extend_from_slice(value, GFP_KERNEL)?;
+    Ok(v)
 }

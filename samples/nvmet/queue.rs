@@ -222,13 +222,13 @@ fn check_request(subsys: &Subsystem, req: &CmReq) -> core::result::Result<(), u1
             return Err(cm_status::INVALID_HSQSIZE);
         }
     } else {
-        if req.qid > subsys.config.max_io_queues {
+        if req.qid > subsys.limits.max_io_queues {
             return Err(cm_status::INVALID_QID);
         }
         if !subsys.has_ctrl(req.cntlid) {
             return Err(cm_status::INVALID_CNTLID);
         }
-        if sq_size > u32::from(subsys.config.io_queue_size) {
+        if sq_size > u32::from(subsys.limits.io_queue_size) {
             return Err(cm_status::INVALID_HSQSIZE);
         }
     }
@@ -253,7 +253,7 @@ impl Queue {
         let inline_size = if req.qid == 0 {
             0
         } else {
-            transport.subsys.config.inline_size as usize
+            transport.subsys.limits.inline_size as usize
         };
         let mut traddr = AddrText::default();
         let ipv6 = match request.id().src_addr() {
