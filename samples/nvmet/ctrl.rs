@@ -637,7 +637,10 @@ impl Ctrl {
     /// A fatal error (keep-alive expired, a failed transfer, the admin
     /// queue gone): CSTS.CFS, the held requests dropped, and every queue
     /// returned for the caller to disconnect; `None` if it had failed
-    /// already.
+    /// already.  CSTS.RDY stays, as nvmet's fatal error leaves it: the
+    /// commands still arriving on queues not disconnected yet are served,
+    /// not failed with Command Sequence Error and DNR, which the host
+    /// would not retry after its reconnect.
     pub(crate) fn fail(&self) -> Option<KVec<Arc<dyn QueueHandle>>> {
         let mut state = self.state.lock();
         if state.dead {
@@ -645,8 +648,6 @@ impl Ctrl {
         }
         state.dead = true;
         state.csts |= CSTS_CFS;
-        state.csts &= !CSTS_RDY;
-        self.ready.store(false, Ordering::Release);
         state.aers.clear();
         Some(core::mem::take(&mut state.queues))
     }
