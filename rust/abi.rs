@@ -19,6 +19,7 @@ pub use b::{
     rdma_cm_rs_disconnect as Disconnect, rdma_cm_rs_event as Event,
     rdma_cm_rs_get_event as GetEvent, rdma_cm_rs_get_request as GetRequest,
     rdma_cm_rs_getaddrinfo as GetAddrInfo, rdma_cm_rs_id_cmd as IdCmd, rdma_cm_rs_info as Info,
+    rdma_cm_rs_join_mcast as JoinMcast, rdma_cm_rs_leave_mcast as LeaveMcast,
     rdma_cm_rs_listen as Listen, rdma_cm_rs_mr_cmd as MrCmd, rdma_cm_rs_mr_copy as MrCopy,
     rdma_cm_rs_mr_reg as MrReg, rdma_cm_rs_query as Query, rdma_cm_rs_rdma as Rdma,
     rdma_cm_rs_recv as Recv, rdma_cm_rs_reject as Reject, rdma_cm_rs_resolve_addr as ResolveAddr,
@@ -67,6 +68,10 @@ pub const MAX_PRIVATE_DATA: usize = b::RDMA_CM_RS_MAX_PRIVATE_DATA as usize;
 pub const TIMEOUT_INFINITE: u32 = b::RDMA_CM_RS_TIMEOUT_INFINITE;
 /// Peers (address handles) one UD id keeps.
 pub const MAX_UD_PEERS: usize = b::RDMA_CM_RS_MAX_UD_PEERS as usize;
+/// Groups one UD id joins.
+pub const MAX_MCAST_GROUPS: usize = b::RDMA_CM_RS_MAX_MCAST_GROUPS as usize;
+/// `RDMA_CM_RS_JOIN_SENDONLY`: a send-only full member.
+pub const JOIN_SENDONLY: u32 = b::RDMA_CM_RS_JOIN_SENDONLY;
 /// `RDMA_CM_RS_UD_WITH_IMM`.
 pub const UD_WITH_IMM: u32 = b::RDMA_CM_RS_UD_WITH_IMM;
 /// `RDMA_CM_RS_GRH_SIZE`: the room a UD receive leaves for the GRH.
@@ -197,6 +202,10 @@ pub mod cmd {
     pub const GET_REQUEST: u32 = _IOWR::<GetRequest>(MAGIC, 0x17);
     /// `RDMA_CM_RS_IOC_GETADDRINFO`.
     pub const GETADDRINFO: u32 = _IOWR::<GetAddrInfo>(MAGIC, 0x18);
+    /// `RDMA_CM_RS_IOC_JOIN_MCAST`.
+    pub const JOIN_MCAST: u32 = _IOWR::<JoinMcast>(MAGIC, 0x19);
+    /// `RDMA_CM_RS_IOC_LEAVE_MCAST`.
+    pub const LEAVE_MCAST: u32 = _IOW::<LeaveMcast>(MAGIC, 0x1a);
 }
 
 /// Marks ABI structures as plain old data.
@@ -240,4 +249,6 @@ abi_pod!(
     UdSend = 32,
     UdRecv = 168,
     GetAddrInfo = 352,
+    JoinMcast = 472,
+    LeaveMcast = 136,
 );

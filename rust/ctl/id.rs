@@ -17,7 +17,7 @@ use crate::{
     abi,
     rdma::{
         conn_param::ConnParamView, CmId, ConnectRequest, Event, EventType, EventWaiter, Handler,
-        LockedId, OwnedEvent, QpType, Transport,
+        LockedId, OwnedEvent, QpType, SocketAddr, Transport,
     },
 };
 use core::sync::atomic::{AtomicU32, Ordering};
@@ -103,6 +103,10 @@ pub(crate) struct IdState {
     /// Synchronous UD ids: the event as user space sees it of the last
     /// ESTABLISHED (the SIDR reply), with the peer handle made for it.
     pub(crate) ud_established: Option<abi::Event>,
+    /// UD ids: the groups joined, with their joins' contexts.
+    pub(crate) mcast: KVec<(SocketAddr, u64)>,
+    /// Synchronous UD ids: the last multicast event as user space sees it.
+    pub(crate) mcast_event: Option<abi::Event>,
 }
 
 #[pin_data]
@@ -144,6 +148,8 @@ impl IdShared {
                     initiator_depth: 0,
                     requests: KVec::new(),
                     ud_established: None,
+                    mcast: KVec::new(),
+                    mcast_event: None,
                 }),
                 sync,
                 busy_poll,
@@ -198,6 +204,14 @@ impl IdEvents {
                 return ud;
             }
         }
+        if matches!(
+            event.kind(),
+            EventType::MulticastJoin | EventType::MulticastError
+        ) {
+            if let Some(mc) = self.shared.state.lock().mcast_event {
+                return mc;
+            }
+        }
         let mut out = self.event_header(event.kind(), event.status());
         if let Some(p) = event.conn_param() {
             fill_private_data(&mut out.param, p.data().as_slice());
@@ -225,6 +239,42 @@ impl IdEvents {
         out
     }
 
+    /// A group's event carries its join's context, and `MULTICAST_JOIN`
+    /// the group as a peer.
+    fn multicast_event(
+        st: &mut IdState,
+        id: &LockedId<'_>,
+        event: &Event<'_>,
+        out: &mut abi::Event,
+    ) {
+        if let Some(group) = id.multicast_group(event) {
+            if let Some((_, context)) = st.mcast.iter().find(|(g, _)| *g == group) {
+                out.context = *context;
+            }
+        }
+        if event.kind() != EventType::MulticastJoin {
+            return;
+        }
+        let dest = st
+            .conn
+            .clone()
+            .ok_or(ENOTCONN)
+            .and_then(|conn| Ok((id.multicast_dest(event, conn.pd())?, conn)));
+        let peer = dest.and_then(|(dest, conn)| {
+            out.ud_qp_num = dest.qp_num();
+            out.ud_qkey = dest.qkey();
+            conn.add_peer(dest)
+        });
+        match peer {
+            Ok(handle) => out.ud_peer = handle,
+            // The group cannot be used: user space sees why.
+            Err(e) => {
+                out.event = EventType::MulticastError as u32;
+                out.status = e.to_errno();
+            }
+        }
+    }
+
     fn abi_event(&self, event: &Event<'_>) -> abi::Event {
         let mut out = self.event_header(event.kind(), event.status());
         if let Some(param) = event.conn_param() {
@@ -250,6 +300,12 @@ impl Handler for IdEvents {
             return;
         }
         let mut out = self.abi_event(event);
+        if matches!(
+            event.kind(),
+            EventType::MulticastJoin | EventType::MulticastError
+        ) {
+            Self::multicast_event(&mut st, id, event, &mut out);
+        }
         if event.kind() == EventType::Established && st.qp_type == QpType::Ud {
             // The SIDR reply: its address vector lives only as long as this
             // callback, so the address handle is made now.  Without one
@@ -302,6 +358,12 @@ impl Handler for IdEvents {
             // ends; only a SIDR reply's peer handle is kept here for it.
             if event.kind() == EventType::Established && st.qp_type == QpType::Ud {
                 st.ud_established = Some(out);
+            }
+            if matches!(
+                event.kind(),
+                EventType::MulticastJoin | EventType::MulticastError
+            ) {
+                st.mcast_event = Some(out);
             }
         } else {
             // Queued with the id's state locked: see the module documentation.

@@ -24,6 +24,7 @@
 mod addrinfo;
 mod conn;
 mod id;
+mod mcast;
 mod wait;
 
 use crate::{
@@ -425,6 +426,8 @@ impl CtlFile {
             UD_SEND => this.ud_send(arg),
             UD_RECV => this.ud_recv(arg, nonblock),
             GETADDRINFO => addrinfo::getaddrinfo(arg),
+            JOIN_MCAST => this.join_mcast(arg, nonblock),
+            LEAVE_MCAST => this.leave_mcast(arg),
             _ => Err(ENOTTY),
         }
     }
@@ -438,6 +441,7 @@ impl CtlFile {
         info.recv_depth = abi::RECV_DEPTH as u32;
         info.max_ud_peers = abi::MAX_UD_PEERS as u32;
         info.send_window = abi::SEND_WINDOW as u32;
+        info.max_mcast_groups = abi::MAX_MCAST_GROUPS as u32;
         write_arg(arg, &info)
     }
 

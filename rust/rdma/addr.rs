@@ -122,6 +122,15 @@ impl SocketAddr {
         }
     }
 
+    /// Whether this is a multicast group address (`224.0.0.0/4`,
+    /// `ff00::/8`).
+    pub fn is_multicast(&self) -> bool {
+        match self {
+            Self::V4 { ip, .. } => ip[0] & 0xf0 == 0xe0,
+            Self::V6 { ip, .. } => ip[0] == 0xff,
+        }
+    }
+
     /// The wildcard address of a family.
     pub fn any(family: u16, port: u16) -> Result<Self> {
         match family {

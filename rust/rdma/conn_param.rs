@@ -338,7 +338,8 @@ impl ConnParam {
             flow_control: u8::from(self.flow_control),
             retry_count: self.retry_count,
             rnr_retry_count: self.rnr_retry_count,
-            // The CM uses the id's own QP: never a number from here.
+            // The CM uses the id's own QP: never a number from here (a UD
+            // id's SIDR reply gets its QP's number from the CM level).
             srq: 0,
             qp_num: 0,
             qkey: 0,

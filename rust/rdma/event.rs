@@ -199,6 +199,24 @@ impl<'a> Event<'a> {
         }
     }
 
+    /// What a multicast event carries (`MULTICAST_JOIN`: the group's
+    /// address vector, Q_Key and the all-ones QP number; the join's
+    /// context either way, in `private_data`, with no length).
+    pub(crate) fn multicast_param(&self) -> Option<UdParamView<'a>> {
+        if matches!(
+            self.kind,
+            EventType::MulticastJoin | EventType::MulticastError
+        ) {
+            Some(UdParamView {
+                // SAFETY: For multicast events the CM fills the `ud`
+                // member of the union (`cma_make_mc_event`), cast as below.
+                raw: unsafe { &*(&raw const self.raw.param).cast::<bindings::rdma_ud_param>() },
+            })
+        } else {
+            None
+        }
+    }
+
     /// UD parameters, for SIDR events on UD ids.
     pub fn ud_param(&self) -> Option<UdParamView<'a>> {
         if self.kind.has_conn_param() && self.datagram {

@@ -73,7 +73,7 @@ pub use self::{
     ah::{Datagram, UdDest},
     async_event::{AsyncEventHandler, AsyncEventRegistration, DeviceEvent},
     client::{Client, ClientRegistration},
-    cm::{CmId, ConnectRequest, Handler, LockedId, PortSpace},
+    cm::{CmId, ConnectRequest, Handler, JoinState, LockedId, PortSpace},
     conn_param::{ConnParam, PrivateDataUse},
     cq_pool::CqPool,
     device::{Device, Transport},

@@ -60,6 +60,10 @@ pub enum SyncOp {
     Accept,
     /// `rdma_disconnect`: DISCONNECTED.
     Disconnect,
+    /// `rdma_join_multicast`: MULTICAST_JOIN or MULTICAST_ERROR.  One join
+    /// at a time: a call that resumes an interrupted one gets that one's
+    /// event, whatever group it names.
+    JoinMulticast,
 }
 
 impl SyncOp {
@@ -70,6 +74,7 @@ impl SyncOp {
             Self::ResolveRoute => EventType::RouteResolved,
             Self::Connect | Self::Accept => EventType::Established,
             Self::Disconnect => EventType::Disconnected,
+            Self::JoinMulticast => EventType::MulticastJoin,
         }
     }
 
@@ -86,6 +91,7 @@ impl SyncOp {
                         | EventType::ConnectError
                         | EventType::Disconnected
                 ),
+                Self::JoinMulticast => kind == EventType::MulticastError,
                 Self::Disconnect => false,
             }
     }
@@ -346,7 +352,7 @@ impl EventWaiter {
                             return Ok(Begin::Ended);
                         }
                     }
-                    SyncOp::ResolveAddr | SyncOp::ResolveRoute => {}
+                    SyncOp::ResolveAddr | SyncOp::ResolveRoute | SyncOp::JoinMulticast => {}
                 }
                 Ok(Begin::Start)
             }

@@ -20,7 +20,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define RDMA_CM_RS_ABI_VERSION 5
+#define RDMA_CM_RS_ABI_VERSION 6
 #define RDMA_CM_RS_DEVICE_NAME "rdma_cm_rs"
 
 /* Largest private data any CM message can carry (the IB CM's RTU: 224). */
@@ -112,7 +112,8 @@ struct rdma_cm_rs_info {
 	__u32 recv_depth;		/* RDMA_CM_RS_RECV_DEPTH */
 	__u32 max_ud_peers;		/* RDMA_CM_RS_MAX_UD_PEERS */
 	__u32 send_window;		/* RDMA_CM_RS_SEND_WINDOW */
-	__u32 reserved[9];
+	__u32 max_mcast_groups;		/* RDMA_CM_RS_MAX_MCAST_GROUPS */
+	__u32 reserved[8];
 };
 
 /* RDMA_CM_RS_IOC_CREATE_ID */
@@ -410,6 +411,36 @@ struct rdma_cm_rs_ud_recv {
 };
 
 /*
+ * Multicast on UD ids.  JOIN_MCAST joins a group (IPv4 224.0.0.0/4 or IPv6
+ * ff00::/8) after BIND or RESOLVE_ADDR, making the id's UD QP if it has none;
+ * MULTICAST_JOIN or MULTICAST_ERROR follows, carrying the join's context in
+ * place of the id's.  MULTICAST_JOIN names the group as a peer: ud_peer (a
+ * handle for UD_SEND), ud_qp_num 0xffffff, ud_qkey.  A full member's QP
+ * receives the group's datagrams (UD_RECV, with their sender); a send-only
+ * member's does not.  LEAVE_MCAST leaves: no datagram of the group reaches
+ * the QP and no event of the join comes after it returned.  Destroying the
+ * id leaves every group.  iWARP has no UD: -EPROTONOSUPPORT.
+ */
+#define RDMA_CM_RS_MAX_MCAST_GROUPS 56		/* groups one id joins */
+#define RDMA_CM_RS_JOIN_SENDONLY (1U << 0)	/* a send-only full member */
+
+/* RDMA_CM_RS_IOC_JOIN_MCAST */
+struct rdma_cm_rs_join_mcast {
+	__u64 context;			/* in: returned with the group's events */
+	__u32 id;
+	__u32 flags;			/* RDMA_CM_RS_JOIN_* */
+	struct rdma_cm_rs_sockaddr addr;	/* the group */
+	struct rdma_cm_rs_sync sync;	/* MULTICAST_JOIN or MULTICAST_ERROR */
+};
+
+/* RDMA_CM_RS_IOC_LEAVE_MCAST */
+struct rdma_cm_rs_leave_mcast {
+	__u32 id;
+	__u32 reserved;
+	struct rdma_cm_rs_sockaddr addr;	/* a group the id joined */
+};
+
+/*
  * RDMA_CM_RS_IOC_GETADDRINFO: rdma_getaddrinfo(3) as the module's kernel
  * callers have it: numeric hosts and services only (no resolver in the
  * kernel: a name fails with -EOPNOTSUPP).  In: the node and the service as
@@ -458,5 +489,7 @@ struct rdma_cm_rs_getaddrinfo {
 #define RDMA_CM_RS_IOC_UD_RECV		_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x16, struct rdma_cm_rs_ud_recv)
 #define RDMA_CM_RS_IOC_GET_REQUEST	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x17, struct rdma_cm_rs_get_request)
 #define RDMA_CM_RS_IOC_GETADDRINFO	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x18, struct rdma_cm_rs_getaddrinfo)
+#define RDMA_CM_RS_IOC_JOIN_MCAST	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x19, struct rdma_cm_rs_join_mcast)
+#define RDMA_CM_RS_IOC_LEAVE_MCAST	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x1a, struct rdma_cm_rs_leave_mcast)
 
 #endif /* _UAPI_RDMA_CM_RS_H */

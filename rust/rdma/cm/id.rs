@@ -6,7 +6,9 @@
 
 use super::{
     locked::{to_result, IdState, LockedId, QpSlot},
+    multicast::{self, Groups},
     port_space::PortSpace,
+    ud_qp::destroy_id_qp,
 };
 use crate::rdma::{
     addr::SocketAddr,
@@ -104,6 +106,9 @@ struct IdInner<H: Handler> {
     /// disconnect waits for the very callback that would wait for it.
     #[pin]
     unlocked_call: Mutex<()>,
+    /// The multicast groups joined (UD ids).
+    #[pin]
+    groups: Mutex<Groups>,
     handler: H,
     /// Counted on its owner while the C side may call into the module
     /// through this object (see [`CallbackTarget`]).
@@ -133,6 +138,7 @@ impl<H: Handler> IdInner<H> {
                 qp <- new_mutex!(QpSlot::Empty),
                 calls <- new_mutex!(()),
                 unlocked_call <- new_mutex!(()),
+                groups <- new_mutex!(Groups::new()),
                 handler,
                 target,
             }),
@@ -160,6 +166,7 @@ impl<H: Handler> IdInner<H> {
             iwarp_cm_holds_qp: &self.iwarp_cm_holds_qp,
             qp_slot: &self.qp,
             unlocked_call: &self.unlocked_call,
+            groups: &self.groups,
         };
         // SAFETY: By the safety requirements `raw` is live (so non-null),
         // this object's (its port space and QP type are these), and its
@@ -436,6 +443,33 @@ impl<H: Handler> CmId<H> {
         // `self` is borrowed; the call needs no lock of the caller's.
         to_result(unsafe { bindings::rdma_disconnect(raw) })
     }
+
+    /// Leaves a multicast group the id joined
+    /// ([`LockedId::join_multicast`]), `rdma_leave_multicast`, and
+    /// detaches the id's QP from it: no datagram of the group reaches the
+    /// QP after this returns, and no event of the join either (one still
+    /// queued or running is waited for).  `ENOENT` if the id did not join
+    /// the group, `EINVAL` on an RC id.
+    ///
+    /// Called without the id's handler mutex, since the wait is for a
+    /// callback that takes it, so not from inside any callback of the
+    /// layer or `with_lock` (`EDEADLK`).
+    pub fn leave_multicast(&self, group: &SocketAddr) -> Result {
+        if self.inner.qp_type != QpType::Ud {
+            return Err(EINVAL);
+        }
+        if in_any_callback() {
+            return Err(EDEADLK);
+        }
+        let _calls = self.inner.calls.lock();
+        // A join made meanwhile from a callback of the id fails with EBUSY.
+        let _unlocked = self.inner.unlocked_call.lock();
+        // SAFETY: The id is live (type invariants), not destroyed while
+        // `self` is borrowed, with these groups and QP slot; this task is
+        // in no callback nor `with_lock` (so holds no handler mutex); the
+        // other leaves of the id wait for `calls`.
+        unsafe { multicast::leave(self.inner.raw(), &self.inner.groups, &self.inner.qp, group) }
+    }
 }
 
 /// Synchronous operation (`rdma_create_id(3)` without an event channel):
@@ -578,12 +612,15 @@ fn destroy_now<H: Handler>(inner: &IdInner<H>) {
     // (`rdma_destroy_qp`, `cma_modify_qp_*`), and the drain waits only for
     // completions, whose callbacks never take the handler mutex.
     if let QpSlot::Live(qp) = slot {
-        if qp.shutdown() {
-            // SAFETY: The id is live, its QP shut down; nothing posts to
-            // it any more (`shutdown` took it), and no callback hands it
-            // to the CM (the slot is `Dying`).
-            unsafe { bindings::rdma_destroy_qp(raw) };
-            qp.reclaim();
+        if let Some(raw_qp) = qp.shutdown() {
+            // SAFETY: The id is live, of this QP type, its QP shut down;
+            // nothing posts to it any more (`shutdown` took it), and no
+            // callback hands it to the CM (the slot is `Dying`).
+            match unsafe { destroy_id_qp(raw, inner.qp_type, raw_qp) } {
+                Ok(()) => qp.reclaim(),
+                // Still live: its events may still reach the object.
+                Err(_) => core::mem::forget(qp),
+            }
         }
     }
     // SAFETY: The id is live; `rdma_destroy_id` waits for a running
@@ -747,6 +784,13 @@ unsafe extern "C" fn handler_trampoline<H: Handler>(
         inner.handler_task.store(current_task(), Ordering::Release);
         // SAFETY: The CM holds this id's handler mutex during the callback.
         let id = unsafe { inner.locked(raw_id) };
+        if matches!(
+            event.kind(),
+            EventType::MulticastJoin | EventType::MulticastError
+        ) {
+            // The QP receives from a group before its handler hears of it.
+            id.note_multicast_event(&event);
+        }
         inner.handler.event(&id, &event);
         // After the handler: what it derives from the event (a UD peer,
         // say) is in place when a blocking call wakes.

@@ -3,7 +3,7 @@
 //! [`LockedId`]: an id whose handler mutex is held, the only type with CM
 //! operations, and the QP an id owns.
 
-use super::port_space::PortSpace;
+use super::{multicast::Groups, port_space::PortSpace, ud_qp::destroy_id_qp};
 use crate::rdma::{
     addr::{SockaddrBuf, SocketAddr},
     ah::{Ah, UdDest},
@@ -70,6 +70,8 @@ pub(super) struct IdState<'a> {
     pub(super) qp_slot: &'a Mutex<QpSlot>,
     /// The `CmId`'s lock of the calls made without the handler mutex.
     pub(super) unlocked_call: &'a Mutex<()>,
+    /// The multicast groups joined.
+    pub(super) groups: &'a Mutex<Groups>,
 }
 
 impl<'a> LockedId<'a> {
@@ -126,7 +128,7 @@ fn resolve_timeout_ms(timeout: Delta) -> Result<usize> {
 }
 
 impl<'a> LockedId<'a> {
-    fn as_ptr(&self) -> *mut bindings::rdma_cm_id {
+    pub(super) fn as_ptr(&self) -> *mut bindings::rdma_cm_id {
         self.raw.as_ptr()
     }
 
@@ -135,7 +137,7 @@ impl<'a> LockedId<'a> {
     /// lives: for a CM call that may change the id's CM state under them.
     /// `EBUSY` while one runs (inside `with_lock` none can: they take the
     /// owner's `calls` too).
-    fn exclude_unlocked_calls(&self) -> Result<Option<MutexGuard<'a, ()>>> {
+    pub(super) fn exclude_unlocked_calls(&self) -> Result<Option<MutexGuard<'a, ()>>> {
         match self.state.map(|o| o.unlocked_call) {
             None => Ok(None),
             Some(lock) => lock.try_lock().map(Some).ok_or(EBUSY),
@@ -273,6 +275,19 @@ impl<'a> LockedId<'a> {
         Ok(self.device().map_err(|_| EINVAL)?.transport())
     }
 
+    /// The groups of an owned id (`None` for a request's id not adopted).
+    pub(super) fn state_groups(&self) -> Option<&'a Mutex<Groups>> {
+        self.state.map(|o| o.groups)
+    }
+
+    /// The id's live QP, if it has one.
+    pub(super) fn live_qp(&self) -> Option<Arc<dyn QpShutdown>> {
+        match &*self.state?.qp_slot.lock() {
+            QpSlot::Live(qp) => Some(qp.clone()),
+            _ => None,
+        }
+    }
+
     /// Whether the id's own QP is live: the CM connects that one and no
     /// other (a QP number passed to it would be looked up device-wide by
     /// the iWARP CM, whoever owns that QP).
@@ -365,6 +380,9 @@ impl<'a> LockedId<'a> {
                 .data()
                 .check(self.private_data_limit(PrivateDataUse::AcceptUd)?)?;
             let mut raw = param.as_raw();
+            // The layer's own QP, which the CM does not hold (see
+            // `ud_qp`): the reply names it.
+            raw.qp_num = self.live_qp().ok_or(ENOTCONN)?.qp_num();
             // A zero `qkey` answers with the port space's default Q_Key,
             // the one the QP was created with.
             // SAFETY: Handler mutex held (type invariants); `raw` outlives the call.
@@ -634,26 +652,36 @@ impl<'a> LockedId<'a> {
         if iwarp && self.request_param.is_some() {
             qp.hold_sends_until_first_message();
         }
-        // SAFETY: The id is live, locked and bound to `dev`, the device of
-        // `pd` and of the CQs in `attr` (checked by `prepare`), which `qp`
-        // keeps alive.
-        to_result(unsafe { bindings::rdma_create_qp(self.as_ptr(), pd.as_ptr(), &mut attr) })?;
-        // SAFETY: `rdma_create_qp` succeeded and set the id's `qp`; only
-        // this slot's holder changes it.
-        let raw = unsafe { (*self.as_ptr()).qp };
-        let Some(raw) = NonNull::new(raw) else {
-            return Err(EINVAL);
+        let raw = if self.qp_type == QpType::Ud {
+            // SAFETY: `attr` was made for the id's device, that of `pd`
+            // and of the CQs (checked by `prepare`), which `qp` keeps alive.
+            unsafe { self.create_ud_qp(pd, &mut attr) }?
+        } else {
+            // SAFETY: The id is live, locked and bound to `dev`, the device
+            // of `pd` and of the CQs in `attr` (checked by `prepare`), which
+            // `qp` keeps alive.
+            to_result(unsafe { bindings::rdma_create_qp(self.as_ptr(), pd.as_ptr(), &mut attr) })?;
+            // SAFETY: `rdma_create_qp` succeeded and set the id's `qp`;
+            // only this slot's holder changes it.
+            let raw = unsafe { (*self.as_ptr()).qp };
+            NonNull::new(raw).ok_or(EINVAL)?
         };
         // SAFETY: `raw` was created from `attr`; the slot keeps `qp` until
         // the id's destruction or `destroy_qp` shuts it down and only then
         // destroys it (or it is destroyed below, never recorded).
         if let Err(e) = unsafe { qp.set_created(raw) } {
-            // SAFETY: The id is live and locked; its QP was just created,
-            // nothing was posted to it and nobody else knows it.
-            unsafe { bindings::rdma_destroy_qp(self.as_ptr()) };
+            // SAFETY: The id is live and locked, of this QP type; its QP
+            // was just created, nothing was posted to it and nobody else
+            // knows it.  A QP that stays keeps `qp` for its events.
+            if unsafe { destroy_id_qp(self.as_ptr(), self.qp_type, raw) }.is_err() {
+                core::mem::forget(qp);
+            }
             return Err(e);
         }
         *slot = QpSlot::Live(qp.clone());
+        drop(slot);
+        // A UD QP made after joins receives from the groups already joined.
+        self.attach_joined_groups(&*qp);
         Ok(qp)
     }
 
@@ -711,13 +739,17 @@ impl<'a> LockedId<'a> {
             *slot = QpSlot::TearingDown;
             qp
         };
-        if qp.shutdown() {
-            // SAFETY: The id is live and locked; its QP is shut down and
-            // nothing posts to it any more.  It is the QP `create_qp` made:
-            // while the slot says `TearingDown`, no `create_qp` replaces
-            // the id's `qp`, nested in this teardown's handlers or not.
-            unsafe { bindings::rdma_destroy_qp(self.as_ptr()) };
-            qp.reclaim();
+        if let Some(raw) = qp.shutdown() {
+            // SAFETY: The id is live and locked, of this QP type; its QP is
+            // shut down and nothing posts to it any more.  It is the QP
+            // `create_qp` made: while the slot says `TearingDown`, no
+            // `create_qp` replaces it, nested in this teardown's handlers
+            // or not.
+            match unsafe { destroy_id_qp(self.as_ptr(), self.qp_type, raw) } {
+                Ok(()) => qp.reclaim(),
+                // Still live: its events may still reach the object.
+                Err(_) => core::mem::forget(qp),
+            }
         }
         // Only this call leaves `TearingDown`; the id's destruction, which
         // marks the slot `Dying`, waits for the handler mutex held here.

@@ -58,10 +58,13 @@
 
 mod id;
 mod locked;
+mod multicast;
 mod port_space;
+mod ud_qp;
 
 pub use self::{
     id::{CmId, ConnectRequest, Handler},
     locked::{LockedId, MAX_RESOLVE_TIMEOUT},
+    multicast::{JoinState, MAX_GROUPS},
     port_space::PortSpace,
 };

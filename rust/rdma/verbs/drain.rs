@@ -8,6 +8,7 @@ use super::{
     completion::CompletionHandler,
     cq::PollContext,
     credits::{PostedCqe, Signaling, WrQueue, FLUSH_TIMEOUT},
+    multicast::Attachment,
     qp::{Qp, QpShutdown},
     request::{hand_back_rw, marker_done, DrainMarker, RwWork},
 };
@@ -72,12 +73,9 @@ impl<C: CompletionHandler> Qp<C> {
 }
 
 impl<C: CompletionHandler> QpShutdown for Qp<C> {
-    fn shutdown(&self) -> bool {
+    fn shutdown(&self) -> Option<NonNull<bindings::ib_qp>> {
         // Stop new posts first, outside of the wait for completions.
-        let raw = self.raw.lock().take();
-        let Some(raw) = raw else {
-            return false;
-        };
+        let raw = self.raw.lock().take()?;
         if let Some(srq) = &self.srq {
             srq.credits
                 .depart(self.srq_key.load(Ordering::Acquire), &self.credits);
@@ -111,7 +109,10 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
         // destruction, when an R/W transfer could no longer give its QP
         // back what it holds of it.
         self.release_rw_transfers();
-        true
+        // The destruction that follows fails while the QP counts an
+        // attachment.
+        self.detach_all_multicast(raw);
+        Some(raw)
     }
 
     fn reclaim(&self) {
@@ -201,6 +202,14 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
 
     fn qp_num(&self) -> u32 {
         Qp::qp_num(self)
+    }
+
+    fn attach_multicast(&self, group: Attachment) -> Result {
+        Qp::attach_multicast(self, group)
+    }
+
+    fn detach_multicast(&self, group: Attachment) -> Result {
+        Qp::detach_multicast(self, group)
     }
 }
 

@@ -82,13 +82,13 @@ mod cq;
 mod credits;
 mod drain;
 mod mem;
+mod multicast;
 mod post_error;
 mod qp;
 mod request;
 mod rw;
 mod srq;
 
-pub(crate) use self::qp::{CommEstNotify, QpQueues, QpShutdown};
 pub use self::{
     buffer::{RecvBuffer, SendBuffer},
     caps::{QpCaps, QpType, RW_SLOTS_PER_CTX},
@@ -96,7 +96,12 @@ pub use self::{
     cq::{Cq, PollContext},
     credits::FLUSH_TIMEOUT,
     mem::PreparedRegistration,
+    multicast::MAX_ATTACHMENTS,
     post_error::PostError,
     qp::Qp,
     srq::{Srq, SrqCaps, SrqEvent, SrqEvents},
+};
+pub(crate) use self::{
+    multicast::Attachment,
+    qp::{CommEstNotify, QpQueues, QpShutdown},
 };

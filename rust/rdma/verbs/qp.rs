@@ -9,6 +9,7 @@ use super::{
     completion::{CompletionHandler, QpEvent},
     cq::Cq,
     credits::{Credit, PostedCqe, Signaling, WorkLedger, WrQueue},
+    multicast::Attachment,
     post_error::PostError,
     request::{post_recv_buffer, send_done},
     srq::Srq,
@@ -64,15 +65,17 @@ impl CommEstNotify {
     }
 }
 
-/// Stops a QP on behalf of its owner, whatever its completion handler type.
+/// What a QP's owner does with it whatever its completion handler type:
+/// stop it, and attach it to the multicast groups it joins.
 pub(crate) trait QpShutdown: Send + Sync {
     /// Stops posts, moves the QP to the error state and waits, at most
     /// [`FLUSH_TIMEOUT`], until the driver has flushed every outstanding
     /// work request through the completion handler, handing buffers and
-    /// regions back.  `true` if there was a live QP, which the caller must
-    /// destroy next (and nobody else may use), then call
-    /// [`QpShutdown::reclaim`].  Only the first call does anything.
-    fn shutdown(&self) -> bool;
+    /// regions back, and detaches it from its multicast groups.  The live
+    /// QP if there was one, which the caller must destroy next (and nobody
+    /// else may use), then call [`QpShutdown::reclaim`].  Only the first
+    /// call does anything.
+    fn shutdown(&self) -> Option<NonNull<bindings::ib_qp>>;
     /// After the caller destroyed the QP that [`QpShutdown::shutdown`]
     /// stopped: completes the requests the driver did not flush as flushed,
     /// once the CQ has delivered whatever the driver queued before the
@@ -80,6 +83,10 @@ pub(crate) trait QpShutdown: Send + Sync {
     fn reclaim(&self);
     /// The QP's number.
     fn qp_num(&self) -> u32;
+    /// See [`Qp::attach_multicast`].
+    fn attach_multicast(&self, group: Attachment) -> Result;
+    /// See [`Qp::detach_multicast`].
+    fn detach_multicast(&self, group: Attachment) -> Result;
 }
 
 /// Where a QP's completions go and its receives come from (see
@@ -134,6 +141,10 @@ pub struct Qp<C: CompletionHandler> {
     /// RDMA WRITEs of R/W transfers posted signaled only for siw's sake
     /// (see [`Self::rdma_rw`]).
     pub(super) signaled_writes: AtomicU64,
+    /// UD: the multicast groups the QP is attached to (taken before
+    /// `raw`'s lock, never inside it).
+    #[pin]
+    pub(super) multicast: Mutex<KVec<Attachment>>,
     /// Counted while the C side may call into the module through this
     /// object (see [`CallbackTarget`]).
     _target: CallbackTarget,
@@ -273,6 +284,7 @@ impl<C: CompletionHandler> Qp<C> {
                 srq: srq.cloned(),
                 srq_key: AtomicUsize::new(0),
                 signaled_writes: AtomicU64::new(0),
+                multicast <- new_mutex!(KVec::new()),
                 _target: target,
             }),
             GFP_KERNEL,

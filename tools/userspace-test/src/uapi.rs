@@ -65,6 +65,8 @@ pub const IOC_UD_SEND: u32 = iow::<rdma_cm_rs_ud_send>(0x15);
 pub const IOC_UD_RECV: u32 = iowr::<rdma_cm_rs_ud_recv>(0x16);
 pub const IOC_GET_REQUEST: u32 = iowr::<rdma_cm_rs_get_request>(0x17);
 pub const IOC_GETADDRINFO: u32 = iowr::<rdma_cm_rs_getaddrinfo>(0x18);
+pub const IOC_JOIN_MCAST: u32 = iowr::<rdma_cm_rs_join_mcast>(0x19);
+pub const IOC_LEAVE_MCAST: u32 = iow::<rdma_cm_rs_leave_mcast>(0x1a);
 
 /// Whether [`Device::open`] opens devices in synchronous mode (the suite's
 /// `--sync`): see [`SyncStream`].
@@ -586,6 +588,30 @@ impl Device {
         Ok(())
     }
 
+    /// JOIN_MCAST of `group` with `flags` (RDMA_CM_RS_JOIN_*); the
+    /// group's events carry `context`.  On a synchronous id it returns
+    /// with its event, kept for [`Self::get_event`].
+    pub fn join_mcast(&self, id: u32, group: &SocketAddr, flags: u32, context: u64) -> Result<()> {
+        let mut j = rdma_cm_rs_join_mcast {
+            context,
+            id,
+            flags,
+            addr: sockaddr(group),
+            ..Default::default()
+        };
+        self.blocking(IOC_JOIN_MCAST, &mut j, |j| &mut j.sync)
+    }
+
+    /// LEAVE_MCAST of `group`.
+    pub fn leave_mcast(&self, id: u32, group: &SocketAddr) -> Result<()> {
+        let mut l = rdma_cm_rs_leave_mcast {
+            id,
+            reserved: 0,
+            addr: sockaddr(group),
+        };
+        self.call(IOC_LEAVE_MCAST, &mut l)
+    }
+
     /// `None` accepts with the request's values (ACCEPT_REQUEST_PARAM).
     pub fn accept(&self, id: u32, p: Option<&Param>) -> Result<()> {
         let mut a = rdma_cm_rs_accept {
@@ -922,7 +948,15 @@ mod tests {
         assert_eq!(offset_of!(rdma_cm_rs_info, recv_depth), 16);
         assert_eq!(offset_of!(rdma_cm_rs_info, max_ud_peers), 20);
         assert_eq!(offset_of!(rdma_cm_rs_info, send_window), 24);
-        assert_eq!(offset_of!(rdma_cm_rs_info, reserved), 28);
+        assert_eq!(offset_of!(rdma_cm_rs_info, max_mcast_groups), 28);
+        assert_eq!(offset_of!(rdma_cm_rs_info, reserved), 32);
+
+        assert_eq!(size_of::<rdma_cm_rs_join_mcast>(), 472);
+        assert_eq!(offset_of!(rdma_cm_rs_join_mcast, id), 8);
+        assert_eq!(offset_of!(rdma_cm_rs_join_mcast, addr), 16);
+        assert_eq!(offset_of!(rdma_cm_rs_join_mcast, sync), 144);
+        assert_eq!(size_of::<rdma_cm_rs_leave_mcast>(), 136);
+        assert_eq!(offset_of!(rdma_cm_rs_leave_mcast, addr), 8);
 
         assert_eq!(size_of::<rdma_cm_rs_create_id>(), 24);
         assert_eq!(offset_of!(rdma_cm_rs_create_id, port_space), 8);
@@ -1054,7 +1088,7 @@ mod tests {
 
     #[test]
     fn constants_match_the_header() {
-        assert_eq!(RDMA_CM_RS_ABI_VERSION, 5);
+        assert_eq!(RDMA_CM_RS_ABI_VERSION, 6);
         assert_eq!(RDMA_CM_RS_ID_SYNC, 1);
         assert_eq!(RDMA_CM_RS_ID_BUSY_POLL, 2);
         assert_eq!(RDMA_CM_RS_SYNC_EVENT, 1);
@@ -1072,6 +1106,8 @@ mod tests {
         assert_eq!(RDMA_CM_RS_GRH_SIZE, 40);
         assert_eq!(RDMA_CM_RS_MAX_UD_PEERS, 64);
         assert_eq!(RDMA_CM_RS_UD_WITH_IMM, 1);
+        assert_eq!(RDMA_CM_RS_MAX_MCAST_GROUPS, 56);
+        assert_eq!(RDMA_CM_RS_JOIN_SENDONLY, 1);
         assert_eq!(rdma_cm_rs_option_RDMA_CM_RS_OPT_MIN_RNR_TIMER, 5);
         assert_eq!(rdma_cm_rs_state_RDMA_CM_RS_DESTROYING, 10);
         for (name, value) in crate::shell::OPTIONS {
@@ -1107,6 +1143,9 @@ mod tests {
         assert_eq!(IOC_UD_RECV, 0xc0a8_d716);
         assert_eq!(IOC_GET_REQUEST, 0xc148_d717);
         assert_eq!(IOC_GETADDRINFO, 0xc160_d718);
+        // 472 = 0x1d8, 136 = 0x88.
+        assert_eq!(IOC_JOIN_MCAST, 0xc1d8_d719);
+        assert_eq!(IOC_LEAVE_MCAST, 0x4088_d71a);
     }
 
     #[test]

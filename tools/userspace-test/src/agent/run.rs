@@ -39,8 +39,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// The tools `run` starts: rdmacm-utils' RC and UD examples.
-pub const TOOLS: &[&str] = &["rping", "ucmatose", "udaddy"];
+/// The tools `run` starts: rdmacm-utils' RC, UD and multicast examples.
+pub const TOOLS: &[&str] = &["rping", "ucmatose", "udaddy", "mckey"];
 
 /// Bytes of the tool's output the result carries (its end: the summary
 /// lines and the error messages are last).

@@ -63,11 +63,11 @@ pub(super) const CMDS: [(Cmd, &str, u32); 23] = [
 ];
 
 /// Every command number of the uapi (`uapi.rs`), those the generator does
-/// not drive (`GET_REQUEST`, `GETADDRINFO`) included: a "wrong" number the generator makes
+/// not drive (`GET_REQUEST`, `GETADDRINFO`, `JOIN_MCAST`, `LEAVE_MCAST`) included: a "wrong" number the generator makes
 /// must be none of them (seed 2 made GET_EVENT's `0xc148_d70d` into
 /// `0xc148_d717`, GET_REQUEST, and wanted `ENOTTY` of it).  A test checks
 /// the list against the header's `RDMA_CM_RS_IOC_*` lines.
-pub(super) const REAL_IOCTLS: [u32; 25] = [
+pub(super) const REAL_IOCTLS: [u32; 27] = [
     IOC_INFO,
     IOC_CREATE_ID,
     IOC_DESTROY_ID,
@@ -93,6 +93,8 @@ pub(super) const REAL_IOCTLS: [u32; 25] = [
     IOC_UD_RECV,
     IOC_GET_REQUEST,
     IOC_GETADDRINFO,
+    IOC_JOIN_MCAST,
+    IOC_LEAVE_MCAST,
 ];
 
 /// Whether `n` is a command of the ABI.

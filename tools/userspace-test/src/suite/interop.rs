@@ -70,7 +70,7 @@ pub struct ToolResult {
     pub output: String,
 }
 
-/// Starts `tool` (rping, ucmatose or udaddy) with `args` (space-separated)
+/// Starts `tool` (rping, ucmatose, udaddy or mckey) with `args` (space-separated)
 /// on the agent's machine; `ready` comes after `wait_ms` or once the tool
 /// ended, and the agent kills it after `timeout_s`.
 pub fn run_tool(

@@ -9,6 +9,7 @@ mod faults;
 mod interop;
 mod lifecycle;
 mod limits;
+mod mcast;
 mod nvmet;
 mod rdma;
 mod sync;
@@ -194,6 +195,15 @@ const TESTS: &[(&str, Test)] = &[
     ),
     ("ud_udaddy_module_server", ud::udaddy_module_server),
     ("ud_udaddy_module_client", ud::udaddy_module_client),
+    ("mcast_join_leave_and_limits", mcast::join_leave_and_limits),
+    (
+        "mcast_mckey_receives_from_module",
+        mcast::mckey_receives_from_module,
+    ),
+    (
+        "mcast_module_receives_from_mckey",
+        mcast::module_receives_from_mckey,
+    ),
     ("interop_rping_module_client", interop::rping_module_client),
     ("interop_rping_module_server", interop::rping_module_server),
     ("interop_store_module_server", interop::store_module_server),
@@ -283,6 +293,14 @@ const NOT_ON_IWARP: &[(&str, &str)] = &[
         "no UD on iWARP (iwarp_ud_refused checks the refusal)",
     ),
     ("sync_", "the synchronous mode's own rules, transport-blind"),
+    (
+        "mcast_mckey_receives_from_module",
+        "no UD on iWARP (mcast_join_leave_and_limits checks the refusal)",
+    ),
+    (
+        "mcast_module_receives_from_mckey",
+        "no UD on iWARP (mcast_join_leave_and_limits checks the refusal)",
+    ),
     (
         "interop_ucmatose_module",
         "cmatose's protocol has the passive side send first, which iWARP forbids (rdma_connect(3)): the module, passive, refuses to (EAGAIN); active, it would depend on siw reading data that came before its QP owned the socket",

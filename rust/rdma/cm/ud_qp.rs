@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The QP of a UD id, which the layer creates and destroys itself, and the
+//! destruction of any id's QP.
+//!
+//! The CM refuses `rdma_join_multicast` on an id whose `qp` is set (a
+//! kernel QP: it warns, and since 5.10 never attaches one), so a UD id's
+//! QP is not handed to it.  The layer makes the QP as `rdma_create_qp`
+//! would (`ib_create_qp` on the id's port, then INIT with the id's P_Key
+//! index, port and Q_Key from `rdma_init_qp_attr`, RTR and RTS), as
+//! librdmacm does for the QPs of user space, and names it in the SIDR
+//! reply itself.  The CM uses a UD id's QP for nothing else.
+
+use super::locked::{to_result, LockedId};
+use crate::rdma::{bindings, pd::Pd, verbs::QpType};
+use core::ptr::NonNull;
+use kernel::{prelude::*, sync::Arc};
+
+impl LockedId<'_> {
+    /// Creates the QP of this UD id from `attr` on `pd`, ready to send and
+    /// receive (RTS).
+    ///
+    /// # Safety
+    ///
+    /// `attr` must be attributes [`crate::rdma::verbs::Qp::prepare`] made
+    /// for this id's device, with `pd` and CQs of that device that live
+    /// while the QP does.
+    pub(super) unsafe fn create_ud_qp(
+        &self,
+        pd: &Arc<Pd>,
+        attr: &mut bindings::ib_qp_init_attr,
+    ) -> Result<NonNull<bindings::ib_qp>> {
+        attr.port_num = self.port_num();
+        // The QP's resource-tracking name is the owner's, as the CM gives
+        // the QPs of `rdma_create_qp` the id's (a static string of the
+        // module, which outlives the QP).
+        // SAFETY: The PD is live; `attr` is valid (safety requirements)
+        // and copied by the call, which may sleep (process context).
+        let raw = unsafe {
+            bindings::ib_create_qp_kernel(pd.as_ptr(), attr, self.owner().name().as_char_ptr())
+        };
+        let raw = kernel::error::from_err_ptr(raw)?;
+        let raw = NonNull::new(raw).ok_or(ENOMEM)?;
+        if let Err(e) = self.init_ud_qp(raw) {
+            // SAFETY: Just created, not known to anyone else, nothing posted.
+            unsafe { bindings::ib_destroy_qp_user(raw.as_ptr(), core::ptr::null_mut()) };
+            return Err(e);
+        }
+        Ok(raw)
+    }
+
+    /// Moves a new UD QP of this id to RTS, through INIT with the
+    /// attributes the CM gives (`cma_init_ud_qp`'s steps).
+    fn init_ud_qp(&self, raw: NonNull<bindings::ib_qp>) -> Result {
+        // SAFETY: `ib_qp_attr` is a C struct of integers, pointers and
+        // unions of such, for which all zeroes is a valid value (C's `{}`);
+        // bindgen cannot derive that through the address vectors' unions.
+        let mut attr: bindings::ib_qp_attr = unsafe { core::mem::zeroed() };
+        let mut mask: core::ffi::c_int = 0;
+        attr.qp_state = bindings::ib_qp_state_IB_QPS_INIT;
+        // SAFETY: The id is live and its handler mutex held (type
+        // invariants), as ucma holds its context's mutex around the call;
+        // both outputs are writable.  For a UD id it fills the P_Key index,
+        // the port and the Q_Key (the port space's, set now if the id has
+        // none yet).
+        to_result(unsafe { bindings::rdma_init_qp_attr(self.as_ptr(), &mut attr, &mut mask) })?;
+        let modify = |attr: &mut bindings::ib_qp_attr, mask: u32| {
+            // SAFETY: `raw` is live (just created by the caller) and
+            // modified by nobody else; `attr` is valid for the call.
+            to_result(unsafe { bindings::ib_modify_qp(raw.as_ptr(), attr, mask as i32) })
+        };
+        modify(&mut attr, mask as u32)?;
+        attr.qp_state = bindings::ib_qp_state_IB_QPS_RTR;
+        modify(&mut attr, bindings::ib_qp_attr_mask_IB_QP_STATE)?;
+        attr.qp_state = bindings::ib_qp_state_IB_QPS_RTS;
+        attr.sq_psn = 0;
+        modify(
+            &mut attr,
+            bindings::ib_qp_attr_mask_IB_QP_STATE | bindings::ib_qp_attr_mask_IB_QP_SQ_PSN,
+        )
+    }
+}
+
+/// Destroys the QP of `id` that its shutdown returned: through the CM
+/// (`rdma_destroy_qp`) for an RC id, whose QP the CM holds, directly for a
+/// UD id, whose QP it does not know.  `EBUSY` if the QP stayed (a UD QP
+/// a driver refused to destroy): its events may still come, so the
+/// caller must keep the QP object for good, and not reclaim it.
+///
+/// # Safety
+///
+/// `id` must be a live id of QP type `qp_type` and `qp` its QP, shut down
+/// ([`crate::rdma::verbs::QpShutdown::shutdown`] returned it): nothing
+/// posts to it any more and nobody else destroys it.
+pub(super) unsafe fn destroy_id_qp(
+    id: *mut bindings::rdma_cm_id,
+    qp_type: QpType,
+    qp: NonNull<bindings::ib_qp>,
+) -> Result {
+    match qp_type {
+        QpType::Rc => {
+            // SAFETY: By the safety requirements; `rdma_destroy_qp` takes
+            // the id's `qp_mutex` against the CM's own uses of the QP.
+            unsafe { bindings::rdma_destroy_qp(id) };
+            Ok(())
+        }
+        QpType::Ud => {
+            // SAFETY: By the safety requirements; the shutdown detached
+            // every multicast group, so the QP counts no user.
+            let ret = unsafe { bindings::ib_destroy_qp_user(qp.as_ptr(), core::ptr::null_mut()) };
+            if ret != 0 {
+                // Kernel QPs do not fail to go but for a count of users
+                // (an attachment a driver failed to drop).
+                pr_err!("a UD QP could not be destroyed ({ret}): it is kept\n");
+                return Err(EBUSY);
+            }
+            Ok(())
+        }
+    }
+}
