@@ -200,6 +200,7 @@ impl Worker {
             ],
             St::Bound => &[
                 (Listen, 70),
+                (JoinMcast, 12),
                 (ResolveAddr, 10),
                 (SetOption, 8),
                 (Query, 6),
@@ -217,6 +218,7 @@ impl Worker {
             ],
             St::AddrResolved => &[
                 (ResolveRoute, 75),
+                (JoinMcast, 8),
                 (Connect, 6),
                 (SetOption, 5),
                 (Query, 5),
@@ -256,6 +258,8 @@ impl Worker {
             St::Connected if ud && peers => &[
                 (UdSend, 34),
                 (UdRecv, 30),
+                (JoinMcast, 5),
+                (LeaveMcast, 5),
                 (Query, 6),
                 (DestroyId, 3),
                 (Send, 4),
@@ -272,6 +276,8 @@ impl Worker {
             // An accepted id: it learns its peers from what it receives.
             St::Connected if ud => &[
                 (UdRecv, 50),
+                (JoinMcast, 4),
+                (LeaveMcast, 3),
                 (UdSend, 6),
                 (Query, 8),
                 (DestroyId, 3),
@@ -323,6 +329,7 @@ impl Worker {
                 (Query, 5),
                 (UdSend, 5),
                 (UdRecv, 5),
+                (LeaveMcast, 3),
             ],
         };
         let weights: Vec<u64> = choices.iter().map(|c| c.1).collect();
@@ -411,6 +418,24 @@ impl Worker {
                 };
             }
             Cmd::ResolveRoute => v[2] = self.rng.range(100, 2000),
+            Cmd::JoinMcast => {
+                // One of the thread's 4 groups (joined already:
+                // EADDRINUSE), now and then the local unicast address
+                // (EINVAL) or an IPv6 group (EOPNOTSUPP on RoCE v2).
+                v[0] = match self.rng.below(100) {
+                    0..=84 => self.rng.below(4),
+                    85..=92 => MCAST_UNICAST,
+                    _ => MCAST_IPV6,
+                };
+                v[1] = if self.rng.pct(25) {
+                    u64::from(RDMA_CM_RS_JOIN_SENDONLY)
+                } else {
+                    0
+                };
+                v[3] = self.rng.next_u64(); // the join's context
+            }
+            // One of the 4 groups, or a fifth never joined (ENOENT).
+            Cmd::LeaveMcast => v[0] = self.rng.below(5),
             // 0 too: it takes the largest backlog.
             Cmd::Listen => v[0] = self.rng.range(0, 8),
             Cmd::Connect => {
@@ -626,6 +651,10 @@ impl Worker {
             Cmd::UdSend if v[0] == 0 || v[0] > u64::from(RDMA_CM_RS_MAX_MESSAGE) => Expect::Einval,
             c if c.rc_only() && rec.ud => Expect::Eopnotsupp,
             Cmd::UdSend | Cmd::UdRecv if !rec.ud => Expect::Eopnotsupp,
+            // Groups are for UD ids; a unicast address is none.  Both
+            // are checked after the id's lookup (ENOENT if it is gone).
+            Cmd::JoinMcast | Cmd::LeaveMcast if !rec.ud => Expect::Fail,
+            Cmd::JoinMcast if v[0] == MCAST_UNICAST => Expect::Fail,
             _ if gone => Expect::Fail,
             // Without its QP, or after its lookup failed (REJECTED,
             // UNREACHABLE, CONNECT_ERROR) or a REJECT; UD_RECV still

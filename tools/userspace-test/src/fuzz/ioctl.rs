@@ -467,6 +467,40 @@ impl Worker {
                 }
                 r
             }
+            Cmd::JoinMcast => {
+                let (r, _) = call!(
+                    rdma_cm_rs_join_mcast {
+                        context: v[3],
+                        id,
+                        flags: v[1] as u32 | if res != 0 { res as u32 | 2 } else { 0 },
+                        addr: mcast_group(self.t, v[0], local),
+                        ..Default::default()
+                    },
+                    rdma_cm_rs_join_mcast
+                );
+                if real && r.is_ok() {
+                    // The join made the id's UD QP if it had none.
+                    if let Some(i) = self.rec_of(op) {
+                        i.qp = true;
+                    }
+                    self.sh.kind("mcast: groups joined");
+                }
+                r
+            }
+            Cmd::LeaveMcast => {
+                let (r, _) = call!(
+                    rdma_cm_rs_leave_mcast {
+                        id,
+                        reserved: res as u32 | (res >> 32) as u32,
+                        addr: mcast_group(self.t, v[0], local),
+                    },
+                    rdma_cm_rs_leave_mcast
+                );
+                if real && r.is_ok() {
+                    self.sh.kind("mcast: groups left");
+                }
+                r
+            }
             Cmd::UdRecv => {
                 // Into the 2 MiB buffer, like RECV: a datagram always fits
                 // whatever `len` claims.

@@ -147,6 +147,39 @@ impl Worker {
                 rec.ids[slot].dead = true;
             }
         }
+        if matches!(kind, EventType::MulticastJoin | EventType::MulticastError) {
+            // A UD id's group: MULTICAST_JOIN names it as a peer (the
+            // all-ones QP), MULTICAST_ERROR carries none; the id's state
+            // stays.
+            let i = &mut rec.ids[slot];
+            let ok = i.ud
+                && if kind == EventType::MulticastJoin && ev.status == 0 {
+                    (1..=RDMA_CM_RS_MAX_UD_PEERS).contains(&ev.ud_peer)
+                        && ev.ud_qp_num == 0x00ff_ffff
+                } else {
+                    ev.ud_peer == 0 && ev.status < 0
+                };
+            if !ok {
+                self.sh.finding(format!(
+                    "GET_EVENT: {} of {} id {}: status {} ud_peer {} ud_qp_num {:#x}",
+                    kind.name(),
+                    if i.ud { "UD" } else { "RC" },
+                    ev.id,
+                    ev.status,
+                    ev.ud_peer,
+                    ev.ud_qp_num
+                ));
+            }
+            if ev.ud_peer != 0 && !i.peers.contains(&ev.ud_peer) {
+                i.peers.push(ev.ud_peer);
+            }
+            self.sh.kind(if kind == EventType::MulticastJoin {
+                "mcast: MULTICAST_JOIN events"
+            } else {
+                "mcast: MULTICAST_ERROR events"
+            });
+            return;
+        }
         let st = match kind {
             EventType::AddrResolved => St::AddrResolved,
             EventType::RouteResolved => St::RouteResolved,

@@ -34,9 +34,11 @@ pub enum Cmd {
     Rdma,
     UdSend,
     UdRecv,
+    JoinMcast,
+    LeaveMcast,
 }
 
-pub(super) const CMDS: [(Cmd, &str, u32); 23] = [
+pub(super) const CMDS: [(Cmd, &str, u32); 25] = [
     (Cmd::Info, "INFO", IOC_INFO),
     (Cmd::CreateId, "CREATE_ID", IOC_CREATE_ID),
     (Cmd::DestroyId, "DESTROY_ID", IOC_DESTROY_ID),
@@ -60,10 +62,12 @@ pub(super) const CMDS: [(Cmd, &str, u32); 23] = [
     (Cmd::Rdma, "RDMA", IOC_RDMA),
     (Cmd::UdSend, "UD_SEND", IOC_UD_SEND),
     (Cmd::UdRecv, "UD_RECV", IOC_UD_RECV),
+    (Cmd::JoinMcast, "JOIN_MCAST", IOC_JOIN_MCAST),
+    (Cmd::LeaveMcast, "LEAVE_MCAST", IOC_LEAVE_MCAST),
 ];
 
 /// Every command number of the uapi (`uapi.rs`), those the generator does
-/// not drive (`GET_REQUEST`, `GETADDRINFO`, `JOIN_MCAST`, `LEAVE_MCAST`) included: a "wrong" number the generator makes
+/// not drive (`GET_REQUEST`, `GETADDRINFO`) included: a "wrong" number the generator makes
 /// must be none of them (seed 2 made GET_EVENT's `0xc148_d70d` into
 /// `0xc148_d717`, GET_REQUEST, and wanted `ENOTTY` of it).  A test checks
 /// the list against the header's `RDMA_CM_RS_IOC_*` lines.
@@ -96,6 +100,23 @@ pub(super) const REAL_IOCTLS: [u32; 27] = [
     IOC_JOIN_MCAST,
     IOC_LEAVE_MCAST,
 ];
+
+/// JOIN_MCAST's `v[0]` for the local unicast address instead of a group.
+pub(super) const MCAST_UNICAST: u64 = 100;
+/// JOIN_MCAST's `v[0]` for an IPv6 group.
+pub(super) const MCAST_IPV6: u64 = 200;
+
+/// The group (or address) JOIN_MCAST and LEAVE_MCAST name by `v[0]`:
+/// groups 0-4 are thread `t`'s own.
+pub(super) fn mcast_group(t: u32, n: u64, local: std::net::Ipv4Addr) -> rdma_cm_rs_sockaddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    let ip = match n {
+        MCAST_UNICAST => IpAddr::V4(local),
+        MCAST_IPV6 => IpAddr::V6(Ipv6Addr::new(0xff0e, 0, 0, 0, 0, 0x77, t as u16, 1)),
+        n => IpAddr::V4(Ipv4Addr::new(239, 77, t as u8, n as u8)),
+    };
+    sockaddr(&SocketAddr::new(ip, 0))
+}
 
 /// Whether `n` is a command of the ABI.
 pub(super) fn is_real_ioctl(n: u32) -> bool {
