@@ -959,7 +959,7 @@ fn port_space_is(dev: &Device, id: u32, ps: u32) -> Result<()> {
 }
 
 /// RDMA_PS_IB over RC (`ucmatose -P ib`): the CM's service ID is the IB
-/// port space's (0x013F << 16 | port, `cma_get_service_id`), the rest is
+/// port space's (0x013F << 16 | port, `rdma_get_service_id`), the rest is
 /// RDMA_PS_TCP's exchange.
 const UCMATOSE_PS_IB_RUNS: &[Ucmatose] = &[
     ucmatose("-P ib", 1, 10, 100),
