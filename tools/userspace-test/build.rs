@@ -78,6 +78,9 @@ const FUNCTIONS: &[&str] = &[
     // What the module's GETADDRINFO is compared with (`src/cm/addrinfo.rs`).
     "rdma_getaddrinfo",
     "rdma_freeaddrinfo",
+    // UD ids of RDMA_PS_IB (`src/cm/ud.rs`): `rdma_create_id` makes RC ones.
+    "rdma_create_ep",
+    "rdma_migrate_id",
 ];
 
 /// The types `cm.rs` and `cm/ud.rs` name or reads fields of; bindgen adds what they

@@ -48,10 +48,16 @@
 //!   destroys the new id (take-once ownership: the id is destroyed by
 //!   exactly one party).
 //! * The id owns its QP ([`LockedId::create_qp`]: reliable connected on
-//!   TCP ids, unreliable datagram on UDP ids).  Destruction first marks the
+//!   TCP ids, unreliable datagram on UDP ids, the latter made by the layer,
+//!   not the CM, so that the id can join multicast groups).  Destruction first marks the
 //!   id dying under its handler mutex, which waits for a running callback
 //!   and makes every later `create_qp` fail, then shuts down (flushes) and
 //!   destroys the QP without the mutex, then destroys the id.
+//! * A UD id's multicast groups ([`LockedId::join_multicast`]) are left by
+//!   [`CmId::leave_multicast`], which runs without the handler mutex (the
+//!   CM waits there for the join's event, which takes it), or by the id's
+//!   destruction; the id's QP is attached to a group when its join event
+//!   comes and detached when it is left or the QP is shut down.
 //! * DEVICE_REMOVAL: the CM waits for every id on the device to be destroyed
 //!   before the device goes.  Consumers drop their ids on that event (from
 //!   the handler, which defers the destruction).

@@ -7,9 +7,10 @@
 //!
 //! This level knows nothing of the connection manager: a [`Qp`] is
 //! prepared here (`Qp::prepare`), created by whoever owns the QP's
-//! connection (the CM's `rdma_create_qp`), recorded with
-//! `Qp::set_created`, and shut down (`QpShutdown`) before its owner
-//! destroys it.
+//! connection (the CM's `rdma_create_qp`, or the CM level itself for a UD
+//! id), recorded with `Qp::set_created`, attached to the multicast groups
+//! its owner joins, and shut down (`QpShutdown`, which detaches it from
+//! them) before its owner destroys it.
 //!
 //! # Ownership
 //!

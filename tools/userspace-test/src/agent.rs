@@ -16,9 +16,9 @@
 //!                             `ready` once established, then
 //!                             sends every 20 ms until it fails or the
 //!                             machine dies (see `hold`)
-//!   udserve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N]
-//!   udconnect addr=A data=HEX [qps=K] [msgs=N] [sizes=S,S,...] [replies=N]
-//!                             UD over RDMA_PS_UDP (SIDR), see `ud`
+//!   udserve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N] [ps=ib]
+//!   udconnect addr=A data=HEX [qps=K] [msgs=N] [sizes=S,S,...] [replies=N] [ps=ib]
+//!                             UD over RDMA_PS_UDP or RDMA_PS_IB (SIDR), see `ud`
 //!   store addr=A conns=N rounds=N size=N
 //!                             the store sample's client, see `store`
 //!   nvmet addr=A part=cm|capsules iwarp=0|1

@@ -280,6 +280,57 @@ impl Channel {
         })
     }
 
+    /// An id of port space `ps` with QP type UD on this channel, made the
+    /// way librdmacm's public API allows for RDMA_PS_IB (whose ids
+    /// `rdma_create_id` makes RC): `rdma_create_ep` with an `rdma_addrinfo`
+    /// naming port space and QP type, which makes a synchronous id and
+    /// binds it to `addr` (`passive`) or resolves address and route to
+    /// `addr`; then `rdma_migrate_id` moves it onto this channel.
+    fn create_ep_ud(
+        &self,
+        ps: rdma_port_space::Type,
+        addr: &SocketAddr,
+        passive: bool,
+    ) -> Result<Id<'_>> {
+        /// `RAI_PASSIVE` of `<rdma/rdma_cma.h>`.
+        const RAI_PASSIVE: i32 = 1;
+        let mut ss = sockaddr(addr);
+        let len = match addr {
+            SocketAddr::V4(_) => std::mem::size_of::<libc::sockaddr_in>(),
+            SocketAddr::V6(_) => std::mem::size_of::<libc::sockaddr_in6>(),
+        } as socklen_t;
+        // SAFETY: All-zero is a valid `rdma_addrinfo` (null pointers, zero
+        // lengths).
+        let mut ai: rdma_addrinfo = unsafe { std::mem::zeroed() };
+        ai.ai_family = i32::from(ss.ss_family);
+        ai.ai_qp_type = ibv_qp_type::IBV_QPT_UD as i32;
+        ai.ai_port_space = ps as i32;
+        if passive {
+            ai.ai_flags = RAI_PASSIVE;
+            ai.ai_src_addr = ptr::addr_of_mut!(ss).cast();
+            ai.ai_src_len = len;
+        } else {
+            ai.ai_dst_addr = ptr::addr_of_mut!(ss).cast();
+            ai.ai_dst_len = len;
+        }
+        let mut id = ptr::null_mut();
+        // SAFETY: `ai` names one address, `ss`, of length `len`, both live
+        // across the call; no PD and no QP attributes (NULL): no QP is
+        // made.  rdma_create_ep stores the new id in `id` on success (0).
+        let r = unsafe { rdma_create_ep(&mut id, &mut ai, ptr::null_mut(), ptr::null_mut()) };
+        check(r, "rdma_create_ep")?;
+        let id = Id {
+            raw: id,
+            _channel: PhantomData,
+        };
+        // SAFETY: `id.raw` is the live synchronous id just made, with no
+        // event outstanding; `self.raw` is a live channel, which outlives
+        // the id (`'ch`).
+        let r = unsafe { rdma_migrate_id(id.raw, self.raw) };
+        check(r, "rdma_migrate_id")?;
+        Ok(id)
+    }
+
     /// The next event, or an error after `timeout`.
     pub fn next(&self, timeout: Duration) -> Result<CmEvent<'_>> {
         let deadline = Instant::now() + timeout;
@@ -427,6 +478,14 @@ fn listen_id<'ch>(id: Id<'ch>, addr: &SocketAddr, backlog: i32) -> Result<Id<'ch
     let r = unsafe { rdma_bind_addr(id.raw, ptr::addr_of_mut!(ss).cast()) };
     check(r, "rdma_bind_addr")?;
     // SAFETY: `id.raw` is a live id, bound just above.
+    let r = unsafe { rdma_listen(id.raw, backlog) };
+    check(r, "rdma_listen")?;
+    Ok(id)
+}
+
+/// `id`, bound already, listening.
+fn listen_bound(id: Id<'_>, backlog: i32) -> Result<Id<'_>> {
+    // SAFETY: `id.raw` is a live, bound id.
     let r = unsafe { rdma_listen(id.raw, backlog) };
     check(r, "rdma_listen")?;
     Ok(id)

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
-//! The agent's UD verbs: librdmacm over RDMA_PS_UDP ([`crate::cm::ud`]),
-//! a SIDR server and a SIDR client with any number of UD QPs.
+//! The agent's UD verbs: librdmacm over RDMA_PS_UDP, or RDMA_PS_IB with
+//! `ps=ib` ([`crate::cm::ud`]), a SIDR server and a SIDR client with any
+//! number of UD QPs.
 //!
-//!   udserve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N]
+//!   udserve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N] [ps=ib]
 //!       Listens on a UD id (`ready` once it does); for each of N requests
 //!       reports `reqK=` (the SIDR private data as received), then rejects
 //!       it with `rejdata`, or makes a UD QP and accepts with `accept`
@@ -11,7 +12,7 @@
 //!       sending QP, `hashK_I=` FNV-1a of the payload) and sends each back
 //!       to its sender (the address handle from the work completion, the
 //!       completion's source QP) with the same immediate data.
-//!   udconnect addr=A data=HEX [qps=K] [msgs=N] [sizes=S,S,...] [replies=N]
+//!   udconnect addr=A data=HEX [qps=K] [msgs=N] [sizes=S,S,...] [replies=N] [ps=ib]
 //!       Makes K UD QPs (each its own id, resolved to A); the first sends
 //!       the SIDR request with `data` (`event=`, `status=`, `pdata=`; on
 //!       ESTABLISHED also `rqp=`, `rqkey=` of the remote QP and `qpQ=` of
@@ -23,7 +24,7 @@
 
 use super::{Req, T};
 use crate::cm::{
-    ud::{self, UdQp},
+    ud::{self, UdPortSpace, UdQp},
     Channel,
 };
 use crate::payload::{fnv64, hex, pattern};
@@ -47,9 +48,18 @@ fn imm_word(imm: Option<u32>) -> String {
     imm.map_or("-".into(), |v| format!("{v:08x}"))
 }
 
+/// The port space `ps=` names: `udp` (the default) or `ib`.
+fn port_space(req: &Req) -> Result<UdPortSpace> {
+    match req.get("ps").unwrap_or("udp") {
+        "udp" => Ok(UdPortSpace::Udp),
+        "ib" => Ok(UdPortSpace::Ib),
+        other => anyhow::bail!("ps={other}: udp or ib"),
+    }
+}
+
 pub(super) fn udserve(req: &Req, out: &mut TcpStream) -> Result<String> {
     let ch = Channel::new()?;
-    let _listener = ud::listen(&ch, &req.addr()?, 128)?;
+    let _listener = ud::listen_ps(&ch, &req.addr()?, 128, port_space(req)?)?;
     writeln!(out, "ready")?;
     let mut report = String::new();
     // Accepted QPs live until the end: their peers may still send.
@@ -89,9 +99,15 @@ pub(super) fn udserve(req: &Req, out: &mut TcpStream) -> Result<String> {
 pub(super) fn udconnect(req: &Req) -> Result<String> {
     let ch = Channel::new()?;
     let addr = req.addr()?;
+    let ps = port_space(req)?;
     let mut qps = Vec::new();
     for _ in 0..req.num("qps", 1)?.max(1) {
-        qps.push(UdQp::new(ud::resolve(&ch, &addr, Duration::from_secs(5))?)?);
+        qps.push(UdQp::new(ud::resolve_ps(
+            &ch,
+            &addr,
+            Duration::from_secs(5),
+            ps,
+        )?)?);
     }
     qps[0].start_connect(&req.bytes("data")?)?;
     let ev = ch.next(T)?;

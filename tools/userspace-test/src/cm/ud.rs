@@ -9,7 +9,8 @@
 //! work completion.
 
 use super::{
-    check, clear_errno, errno, listen_id, register_buffers, resolve_id, Channel, Conn, Id,
+    check, clear_errno, errno, listen_bound, listen_id, register_buffers, resolve_id, Channel,
+    Conn, Id,
 };
 use anyhow::{bail, Context, Result};
 use std::{fmt, mem::size_of, net::SocketAddr, ptr, time::Duration};
@@ -54,19 +55,50 @@ impl Remote {
     }
 }
 
-/// A UD id of `ch` listening on `addr`.
-pub fn listen<'ch>(ch: &'ch Channel, addr: &SocketAddr, backlog: i32) -> Result<Id<'ch>> {
-    listen_id(
-        ch.create_id_ps(rdma_port_space::RDMA_PS_UDP)?,
-        addr,
-        backlog,
-    )
+/// The port spaces a librdmacm UD id can have here: udaddy's RDMA_PS_UDP,
+/// or RDMA_PS_IB with the UD QP type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UdPortSpace {
+    Udp,
+    Ib,
 }
 
-/// A UD id of `ch` with address and route resolved to `dst` (no QP yet).
-pub fn resolve<'ch>(ch: &'ch Channel, dst: &SocketAddr, timeout: Duration) -> Result<Id<'ch>> {
-    let id = ch.create_id_ps(rdma_port_space::RDMA_PS_UDP)?;
-    resolve_id(ch, id, dst, timeout, &mut |_| {})
+/// A UD id of `ch` in port space `ps` listening on `addr`.
+pub fn listen_ps<'ch>(
+    ch: &'ch Channel,
+    addr: &SocketAddr,
+    backlog: i32,
+    ps: UdPortSpace,
+) -> Result<Id<'ch>> {
+    match ps {
+        UdPortSpace::Udp => listen_id(
+            ch.create_id_ps(rdma_port_space::RDMA_PS_UDP)?,
+            addr,
+            backlog,
+        ),
+        UdPortSpace::Ib => {
+            let id = ch.create_ep_ud(rdma_port_space::RDMA_PS_IB, addr, true)?;
+            listen_bound(id, backlog)
+        }
+    }
+}
+
+/// A UD id of `ch` in port space `ps` with address and route resolved to
+/// `dst` (no QP yet); RDMA_PS_IB ones within librdmacm's own 2 s bounds
+/// (`Channel::create_ep_ud`).
+pub fn resolve_ps<'ch>(
+    ch: &'ch Channel,
+    dst: &SocketAddr,
+    timeout: Duration,
+    ps: UdPortSpace,
+) -> Result<Id<'ch>> {
+    match ps {
+        UdPortSpace::Udp => {
+            let id = ch.create_id_ps(rdma_port_space::RDMA_PS_UDP)?;
+            resolve_id(ch, id, dst, timeout, &mut |_| {})
+        }
+        UdPortSpace::Ib => ch.create_ep_ud(rdma_port_space::RDMA_PS_IB, dst, false),
+    }
 }
 
 /// A peer of a [`UdQp`]: an index into its address handles.

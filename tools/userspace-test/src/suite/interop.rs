@@ -30,7 +30,7 @@
 //!   creation, reposted as they are read), hence `-C` <= 16 and `-S` <=
 //!   4096 (RDMA_CM_RS_MAX_MESSAGE) here.
 
-use super::{field, listen, note, wait, Ctx, T};
+use super::{field, note, wait, Ctx, T};
 use crate::agent::Call;
 use crate::payload::{hex, pattern, unhex, verify};
 use crate::rping;
@@ -227,7 +227,7 @@ fn next_event(dev: &Device) -> Result<Event> {
 /// plus the response timeout).
 pub const FIRST_REQUEST_WAIT_MS: u32 = 30_000;
 
-fn next_event_within(dev: &Device, ms: u32) -> Result<Event> {
+pub(super) fn next_event_within(dev: &Device, ms: u32) -> Result<Event> {
     loop {
         let e = dev.get_event(ms).context("module: waiting for an event")?;
         if e.event != EventType::TimewaitExit {
@@ -254,9 +254,20 @@ fn connect_when_listening(
     param: &Param,
     prepare: impl Fn(u32) -> Result<()>,
 ) -> Result<u32> {
+    connect_when_listening_ps(dev, addr, RDMA_CM_RS_PS_TCP, param, prepare)
+}
+
+/// [`connect_when_listening`] with an id of port space `ps`.
+fn connect_when_listening_ps(
+    dev: &Device,
+    addr: SocketAddr,
+    ps: u32,
+    param: &Param,
+    prepare: impl Fn(u32) -> Result<()>,
+) -> Result<u32> {
     let since = Instant::now();
     loop {
-        let id = dev.create_id(1)?;
+        let id = dev.create_id_ps(1, ps, RDMA_CM_RS_QPT_RC)?;
         prepare(id)?;
         dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
         wait(dev, EventType::AddrResolved)?;
@@ -710,16 +721,20 @@ const UCMATOSE_CLIENT_RUNS: &[Ucmatose] = &[
 /// exits 0 with `data transfers complete`.
 pub(super) fn ucmatose_module_server(ctx: &mut Ctx) -> Result<()> {
     for run in UCMATOSE_CLIENT_RUNS {
-        ucmatose_client_against_module(ctx, run)
+        ucmatose_client_against_module(ctx, run, RDMA_CM_RS_PS_TCP)
             .with_context(|| format!("ucmatose -s ... {}", run.flags))?;
     }
     Ok(())
 }
 
-fn ucmatose_client_against_module(ctx: &mut Ctx, run: &Ucmatose) -> Result<()> {
+/// The module, listening in port space `ps`, against `ucmatose -s` (whose
+/// `-P` in `run` must name the same port space).
+fn ucmatose_client_against_module(ctx: &mut Ctx, run: &Ucmatose, ps: u32) -> Result<()> {
     let dev = Device::open()?;
     let addr = SocketAddr::new(ctx.local4, ctx.port());
-    let l = listen(&dev, addr, 8, 0)?;
+    let l = dev.create_id_ps(0, ps, RDMA_CM_RS_QPT_RC)?;
+    dev.bind(l, &addr).context("bind")?;
+    dev.listen(l, 8).context("listen")?;
     let args = format!("-s {} -p {} {}", addr.ip(), addr.port(), run.flags);
     let args = args.trim_end();
     // The module listens already.
@@ -749,6 +764,7 @@ fn ucmatose_client_against_module(ctx: &mut Ctx, run: &Ucmatose) -> Result<()> {
                         "module: not cmatose's request (1, 1, 5, 0): {}",
                         e.line("module")
                     );
+                    port_space_is(&dev, e.new_id, ps)?;
                     dev.accept(e.new_id, None).context("accept")?;
                 }
                 EventType::Established => conns.push(e.id),
@@ -824,16 +840,19 @@ fn option_name(option: u32) -> &'static str {
 /// server exits 0 with `data transfers complete` and `disconnected`.
 pub(super) fn ucmatose_module_client(ctx: &mut Ctx) -> Result<()> {
     for (run, options) in UCMATOSE_SERVER_RUNS {
-        module_client_against_ucmatose(ctx, run, options)
+        module_client_against_ucmatose(ctx, run, options, RDMA_CM_RS_PS_TCP)
             .with_context(|| format!("ucmatose -b ... {}", run.flags))?;
     }
     Ok(())
 }
 
+/// The module's ids, of port space `ps`, against `ucmatose -b` (whose `-P`
+/// in `run` must name the same port space).
 fn module_client_against_ucmatose(
     ctx: &mut Ctx,
     run: &Ucmatose,
     options: &[(u32, u64)],
+    ps: u32,
 ) -> Result<()> {
     let addr = SocketAddr::new(ctx.peer4, ctx.port());
     let args = format!("-b {} -p {} {}", addr.ip(), addr.port(), run.flags);
@@ -852,12 +871,10 @@ fn module_client_against_ucmatose(
         };
         let mut conns = Vec::new();
         for _ in 0..run.connections {
-            conns.push(connect_when_listening(
-                &dev,
-                addr,
-                &Param::with_data(&[]),
-                set_options,
-            )?);
+            let id =
+                connect_when_listening_ps(&dev, addr, ps, &Param::with_data(&[]), set_options)?;
+            port_space_is(&dev, id, ps)?;
+            conns.push(id);
         }
         for &(option, value) in options {
             if option == rdma_cm_rs_option_RDMA_CM_RS_OPT_TOS {
@@ -927,5 +944,47 @@ fn module_client_against_ucmatose(
             .map(|&(option, value)| format!(", {} {value}", option_name(option)))
             .collect::<String>()
     ));
+    Ok(())
+}
+
+/// QUERY says `id` is of port space `ps`.
+fn port_space_is(dev: &Device, id: u32, ps: u32) -> Result<()> {
+    let q = dev.query(id)?;
+    ensure!(
+        q.port_space == ps,
+        "module: id {id} of port space {:#x}, expected {ps:#x}",
+        q.port_space
+    );
+    Ok(())
+}
+
+/// RDMA_PS_IB over RC (`ucmatose -P ib`): the CM's service ID is the IB
+/// port space's (0x013F << 16 | port, `rdma_get_service_id`), the rest is
+/// RDMA_PS_TCP's exchange.
+const UCMATOSE_PS_IB_RUNS: &[Ucmatose] = &[
+    ucmatose("-P ib", 1, 10, 100),
+    ucmatose("-P ib -c 4 -C 10 -S 1000", 4, 10, 1000),
+];
+
+/// The module's RDMA_PS_IB RC listener against an unmodified `ucmatose -P
+/// ib -s`: the requests reach it (a new id of port space RDMA_PS_IB), it
+/// accepts with their values, the messages go both ways, the client exits
+/// 0 with `data transfers complete`.
+pub(super) fn ucmatose_ps_ib_module_server(ctx: &mut Ctx) -> Result<()> {
+    for run in UCMATOSE_PS_IB_RUNS {
+        ucmatose_client_against_module(ctx, run, RDMA_CM_RS_PS_IB)
+            .with_context(|| format!("ucmatose -s ... {}", run.flags))?;
+    }
+    Ok(())
+}
+
+/// The module's RDMA_PS_IB RC ids against an unmodified `ucmatose -P ib
+/// -b`: they connect, receive the server's messages, answer them and see
+/// its disconnect; the server exits 0 with `data transfers complete`.
+pub(super) fn ucmatose_ps_ib_module_client(ctx: &mut Ctx) -> Result<()> {
+    for run in UCMATOSE_PS_IB_RUNS {
+        module_client_against_ucmatose(ctx, run, &[], RDMA_CM_RS_PS_IB)
+            .with_context(|| format!("ucmatose -b ... {}", run.flags))?;
+    }
     Ok(())
 }

@@ -11,6 +11,7 @@ mod lifecycle;
 mod limits;
 mod mcast;
 mod nvmet;
+mod ps;
 mod rdma;
 mod sync;
 mod ud;
@@ -220,6 +221,30 @@ const TESTS: &[(&str, Test)] = &[
         "interop_ucmatose_module_client",
         interop::ucmatose_module_client,
     ),
+    (
+        "ud_ps_ib_module_client_librdmacm_server",
+        ud::ps_ib_module_client_librdmacm_server,
+    ),
+    (
+        "ud_ps_ib_librdmacm_client_module_listener",
+        ud::ps_ib_librdmacm_client_module_listener,
+    ),
+    (
+        "ps_ib_ucmatose_module_server",
+        interop::ucmatose_ps_ib_module_server,
+    ),
+    (
+        "ps_ib_ucmatose_module_client",
+        interop::ucmatose_ps_ib_module_client,
+    ),
+    (
+        "ps_ib_port_spaces_are_separate",
+        ps::port_spaces_are_separate,
+    ),
+    (
+        "ps_ipoib_refused_off_infiniband",
+        ps::ipoib_refused_off_infiniband,
+    ),
     ("iwarp_ud_refused", iwarp_ud_refused),
     (
         "iwarp_active_side_sends_first",
@@ -300,6 +325,10 @@ const NOT_ON_IWARP: &[(&str, &str)] = &[
     (
         "mcast_module_receives_from_mckey",
         "no UD on iWARP (mcast_join_leave_and_limits checks the refusal)",
+    ),
+    (
+        "ps_ib_ucmatose_",
+        "as interop_ucmatose_module: cmatose's passive side sends first, which iWARP forbids (RDMA_PS_IB RC ids otherwise connect on siw: the iWARP CM uses the TCP port)",
     ),
     (
         "interop_ucmatose_module",

@@ -23,7 +23,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// The Q_Key of RDMA_PS_UDP ids, on both sides.
+/// The Q_Key of RDMA_PS_UDP ids, on both sides; RDMA_PS_IB UD ids have
+/// it too (`cma_set_default_qkey` gives both port spaces RDMA_UDP_QKEY,
+/// and the ABI has no other to accept with).
 const UDP_QKEY: u32 = udaddy::UDP_QKEY;
 /// Path MTUs InfiniBand (and RoCE) define: QUERY's max_datagram is one.
 const IB_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
@@ -31,7 +33,12 @@ const IB_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
 const BUF: usize = RDMA_CM_RS_MAX_MESSAGE as usize;
 
 fn ud_listen(dev: &Device, addr: SocketAddr, context: u64) -> Result<u32> {
-    let id = dev.create_id_ps(context, RDMA_CM_RS_PS_UDP, RDMA_CM_RS_QPT_UD)?;
+    ud_listen_ps(dev, addr, context, RDMA_CM_RS_PS_UDP)
+}
+
+/// A UD listener of port space `ps` on `addr`.
+fn ud_listen_ps(dev: &Device, addr: SocketAddr, context: u64, ps: u32) -> Result<u32> {
+    let id = dev.create_id_ps(context, ps, RDMA_CM_RS_QPT_UD)?;
     dev.bind(id, &addr).context("bind")?;
     dev.listen(id, 8).context("listen")?;
     Ok(id)
@@ -141,6 +148,26 @@ fn imm_word(imm: Option<u32>) -> String {
     imm.map_or("-".into(), |v| format!("{v:08x}"))
 }
 
+/// The agent's words for a UD id of port space `ps`.
+fn agent_ps(ps: u32) -> &'static str {
+    if ps == RDMA_CM_RS_PS_IB {
+        " ps=ib"
+    } else {
+        ""
+    }
+}
+
+/// QUERY says `id` is of port space `ps`.
+fn port_space_is(dev: &Device, id: u32, ps: u32) -> Result<()> {
+    let q = dev.query(id)?;
+    ensure!(
+        q.port_space == ps,
+        "module: UD id {id} of port space {:#x}, expected {ps:#x}",
+        q.port_space
+    );
+    Ok(())
+}
+
 /// The module's UD id connects to a librdmacm UD server: the 181-byte
 /// SIDR request is refused before anything is sent, the 180-byte one gets
 /// there whole; the reply names the server's QP, the UDP Q_Key, a peer
@@ -149,6 +176,20 @@ fn imm_word(imm: Option<u32>) -> String {
 /// reports each and sends it back; the echo comes from the same QP and peer
 /// handle.
 pub(super) fn module_client_librdmacm_server(ctx: &mut Ctx) -> Result<()> {
+    module_client_librdmacm_server_in(ctx, RDMA_CM_RS_PS_UDP)
+}
+
+/// [`module_client_librdmacm_server`] with RDMA_PS_IB UD ids on both
+/// sides (librdmacm's made by `rdma_create_ep`, see `cm/ud.rs`): the same
+/// SIDR exchange and limits (the CM's header is there for IP addresses in
+/// every port space), the QUERY of the module's id says RDMA_PS_IB, and
+/// the Q_Key both sides have and the SIDR reply names is the CM's
+/// RDMA_UDP_QKEY.
+pub(super) fn ps_ib_module_client_librdmacm_server(ctx: &mut Ctx) -> Result<()> {
+    module_client_librdmacm_server_in(ctx, RDMA_CM_RS_PS_IB)
+}
+
+fn module_client_librdmacm_server_in(ctx: &mut Ctx, ps: u32) -> Result<()> {
     let dev = Device::open()?;
     let addr = SocketAddr::new(ctx.peer4, ctx.port());
     let (req_data, acc_data) = (pattern(180, 0x21), pattern(136, 0x22));
@@ -156,12 +197,14 @@ pub(super) fn module_client_librdmacm_server(ctx: &mut Ctx) -> Result<()> {
     let mut call = Call::start(
         &ctx.agent,
         &format!(
-            "udserve addr={addr} count=1 accept={} echo={DATAGRAMS}",
-            hex(&acc_data)
+            "udserve addr={addr} count=1 accept={} echo={DATAGRAMS}{}",
+            hex(&acc_data),
+            agent_ps(ps)
         ),
     )?;
     call.ready()?;
-    let id = ud_resolve(&dev, addr)?;
+    let id = resolve_ps(&dev, addr, ps, RDMA_CM_RS_QPT_UD)?;
+    port_space_is(&dev, id, ps)?;
     expect_errno(
         "UD connect with 181 bytes",
         dev.connect(id, &Param::with_data(&pattern(181, 0x20))),
@@ -241,9 +284,39 @@ pub(super) fn module_client_librdmacm_server(ctx: &mut Ctx) -> Result<()> {
 /// number) or without, from one peer handle, and the module's replies
 /// through that handle arrive whole.
 pub(super) fn librdmacm_client_module_listener(ctx: &mut Ctx) -> Result<()> {
+    librdmacm_client_module_listener_in(ctx, RDMA_CM_RS_PS_UDP)
+}
+
+/// [`librdmacm_client_module_listener`] with RDMA_PS_IB UD ids on both
+/// sides; first a RDMA_PS_UDP request to the same port does not reach the
+/// RDMA_PS_IB listener (the port spaces' service IDs differ): the CM
+/// answers it UNREACHABLE with status 1 (IB_SIDR_UNSUPPORTED: no listener
+/// for the service ID, `cm_sidr_req_handler`) and the module sees nothing.
+pub(super) fn ps_ib_librdmacm_client_module_listener(ctx: &mut Ctx) -> Result<()> {
+    librdmacm_client_module_listener_in(ctx, RDMA_CM_RS_PS_IB)
+}
+
+fn librdmacm_client_module_listener_in(ctx: &mut Ctx, ps: u32) -> Result<()> {
     let dev = Device::open()?;
     let addr = SocketAddr::new(ctx.local4, ctx.port());
-    let l = ud_listen(&dev, addr, 21)?;
+    let l = ud_listen_ps(&dev, addr, 21, ps)?;
+    port_space_is(&dev, l, ps)?;
+    if ps == RDMA_CM_RS_PS_IB {
+        let r = Call::start(
+            &ctx.agent,
+            &format!("udconnect addr={addr} data={}", hex(b"udp space")),
+        )?
+        .result()?;
+        ensure!(
+            (field(&r, "event")?, field(&r, "status")?) == ("UNREACHABLE", "1"),
+            "librdmacm's RDMA_PS_UDP request to a RDMA_PS_IB listener's port: {r:?}"
+        );
+        no_event(
+            &dev,
+            200,
+            "module: RDMA_PS_IB listener after a RDMA_PS_UDP request",
+        )?;
+    }
     let (req_data, acc_data) = (pattern(180, 0x41), pattern(136, 0x42));
     // Within the smallest path MTU.
     let sizes = [1usize, 100, 256];
@@ -251,8 +324,9 @@ pub(super) fn librdmacm_client_module_listener(ctx: &mut Ctx) -> Result<()> {
     let call = Call::start(
         &ctx.agent,
         &format!(
-            "udconnect addr={addr} data={} msgs={MSGS} sizes=1,100,256",
-            hex(&req_data)
+            "udconnect addr={addr} data={} msgs={MSGS} sizes=1,100,256{}",
+            hex(&req_data),
+            agent_ps(ps)
         ),
     )?;
     let req = wait(&dev, EventType::ConnectRequest)?;
@@ -267,6 +341,7 @@ pub(super) fn librdmacm_client_module_listener(ctx: &mut Ctx) -> Result<()> {
         &req.private_data,
     )?;
     let id = req.new_id;
+    port_space_is(&dev, id, ps)?;
     expect_errno(
         "UD accept with 137 bytes",
         dev.accept(id, Some(&Param::with_data(&pattern(137, 0x43)))),
