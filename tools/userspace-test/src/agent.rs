@@ -8,7 +8,9 @@
 //! Requests:
 //!   serve addr=A count=N accept=HEX [reject=1 rejdata=HEX] [echo=N] [disc=self]
 //!         [rdma=LEN [rdmamode=full|victim]]   (see `rdma_peer`)
-//!   connect addr=A data=HEX [rr= id= retry= rnr=] [msg=HEX [bye=HEX]] [disc=self|peer|none]
+//!   connect addr=A data=HEX [rr= id= retry= rnr= fc=] [msg=HEX [bye=HEX]] [disc=self|peer|none]
+//!         [vanish=1]   (`serve` too: the QP destroyed once established,
+//!                      the id kept until the suite's DREQ)
 //!   multi addr=A count=N      N connections, 8 requests in flight at a
 //!                             time (then the suite sends "close")
 //!   burst addr=A count=N data=HEX   (then the suite sends "go"; see `burst`)
@@ -195,12 +197,13 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         let mut ev = ch.expect(EventType::ConnectRequest, T)?;
         let _ = write!(
             report,
-            "req{n}={} rr{n}={} id{n}={} retry{n}={} rnr{n}={} ",
+            "req{n}={} rr{n}={} id{n}={} retry{n}={} rnr{n}={} fc{n}={} ",
             hex(&ev.private_data),
             ev.responder_resources,
             ev.initiator_depth,
             ev.retry_count,
-            ev.rnr_retry_count
+            ev.rnr_retry_count,
+            ev.flow_control
         );
         let request = ev.take_request()?;
         if req.get("reject").is_some() {
@@ -211,6 +214,7 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         let mut param = Param::with_data(&req.bytes("accept")?);
         // The RNR retries of the *peer's* sends (IB CM: the REP's field).
         param.rnr_retry_count = req.num("rnr", 7)? as u8;
+        param.flow_control = req.num("fc", 1)? as u8;
         conn.accept(&param)?;
         let est = ch.next(T)?;
         let exchange =
@@ -225,6 +229,11 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         }
         est.must_be(EventType::Established)?;
         let _ = write!(report, "est{n}={} ", hex(&est.private_data));
+        if req.get("vanish").is_some() {
+            let disc = vanish(&ch, &mut conn)?;
+            let _ = write!(report, "disc{n}={disc} ");
+            continue;
+        }
         if let Some(len) = req.get("rdma") {
             let len = len.parse().context("rdma=")?;
             // `first=recv`: the active side's message comes first.  Over
@@ -284,6 +293,17 @@ fn serve(req: &Req, out: &mut TcpStream) -> Result<String> {
         let _ = write!(report, "disc{n}={} ", disc.name());
     }
     Ok(report.trim_end().to_string())
+}
+
+/// `vanish=1`: the QP goes as soon as the connection is established, the
+/// id stays, so that the suite's sends get no acknowledgement and its QP
+/// runs out of retries; the suite then destroys its id, whose DREQ ends
+/// this side's connection (the event's name is returned).
+fn vanish(ch: &Channel, conn: &mut Conn<'_>) -> Result<&'static str> {
+    conn.vanish();
+    Ok(ch
+        .expect(EventType::Disconnected, Duration::from_secs(60))?
+        .name())
 }
 
 /// The `stop` of [`Conn::flood`] and [`Conn::send_before_close`]: once the
@@ -357,19 +377,26 @@ fn connect(req: &Req) -> Result<String> {
     param.initiator_depth = req.num("id", 1)? as u8;
     param.retry_count = req.num("retry", 7)? as u8;
     param.rnr_retry_count = req.num("rnr", 7)? as u8;
+    param.flow_control = req.num("fc", 1)? as u8;
     if !conn.start_connect_unless_refused(&param)? {
         return Ok(format!("event={REFUSED_AT_CONNECT}"));
     }
     let ev = ch.next(T)?;
     let mut report = format!(
-        "event={} status={} pdata={} rr={} id={}",
+        "event={} status={} pdata={} rr={} id={} fc={}",
         ev.name(),
         ev.status,
         hex(&ev.private_data),
         ev.responder_resources,
-        ev.initiator_depth
+        ev.initiator_depth,
+        ev.flow_control
     );
     if ev.event != EventType::Established {
+        return Ok(report);
+    }
+    if req.get("vanish").is_some() {
+        let disc = vanish(&ch, &mut conn)?;
+        let _ = write!(report, " disc={disc}");
         return Ok(report);
     }
     // `flood=N`: N SENDs of 4096 bytes back to back, reaped until the

@@ -499,6 +499,8 @@ pub struct Param {
     pub initiator_depth: u8,
     pub retry_count: u8,
     pub rnr_retry_count: u8,
+    /// Exchanged with the peer, not used by the QP (`rdma_connect(3)`).
+    pub flow_control: u8,
 }
 
 impl Param {
@@ -509,6 +511,7 @@ impl Param {
             initiator_depth: 1,
             retry_count: 7,
             rnr_retry_count: 7,
+            flow_control: 1,
         }
     }
 
@@ -522,7 +525,7 @@ impl Param {
             private_data_len: self.private_data.len() as u8,
             responder_resources: self.responder_resources,
             initiator_depth: self.initiator_depth,
-            flow_control: 1,
+            flow_control: self.flow_control,
             retry_count: self.retry_count,
             rnr_retry_count: self.rnr_retry_count,
             srq: 0,
@@ -818,6 +821,19 @@ impl<'ch> Conn<'ch> {
         // a request's gets an error return.
         let r = unsafe { rdma_accept(self.id.raw, &mut raw) };
         check(r, "rdma_accept")
+    }
+
+    /// Destroys the QP and keeps the id, sending nothing: to the peer this
+    /// side vanished (its packets find no QP and are dropped, none is
+    /// acknowledged), while the CM still holds the connection.
+    pub fn vanish(&mut self) {
+        if self.has_qp {
+            // SAFETY: The id is live with the QP `new` made; nothing of
+            // this side posts to it any more, and `drop` sees `has_qp`
+            // false.
+            unsafe { rdma_destroy_qp(self.id.raw) };
+            self.has_qp = false;
+        }
     }
 
     pub fn disconnect(&self) -> Result<()> {

@@ -176,6 +176,8 @@ pub struct Param {
     pub initiator_depth: u8,
     pub retry_count: u8,
     pub rnr_retry_count: u8,
+    /// Exchanged with the peer, not used by the QP (`rdma_connect(3)`).
+    pub flow_control: u8,
 }
 
 impl Param {
@@ -186,6 +188,7 @@ impl Param {
             initiator_depth: 1,
             retry_count: 7,
             rnr_retry_count: 7,
+            flow_control: 0,
         }
     }
 
@@ -196,6 +199,7 @@ impl Param {
             initiator_depth: self.initiator_depth,
             retry_count: self.retry_count,
             rnr_retry_count: self.rnr_retry_count,
+            flow_control: self.flow_control,
             ..Default::default()
         };
         let n = self.private_data.len().min(p.private_data.len());

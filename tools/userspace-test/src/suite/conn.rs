@@ -637,3 +637,176 @@ fn rnr_peer_sent(flood: &str, got: usize) -> Result<()> {
     );
     Ok(())
 }
+
+/// How long a SEND to a peer that vanished takes to fail: the QP retries
+/// `retry_count` times, each after the local ACK timeout (4.096 us x
+/// 2^`ack_timeout`), then fails with RETRY_EXC_ERR.
+fn retry_exhaustion(retry_count: u8, ack_timeout: u8) -> Duration {
+    Duration::from_nanos((4096u64 << ack_timeout) * (u64::from(retry_count) + 1))
+}
+
+/// Sends until a SEND fails (the peer's QP may still be there for the
+/// first) and returns how long the failing one took: post to completion.
+fn time_to_retry_exhaustion(dev: &Device, id: u32) -> Result<Duration> {
+    // The peer destroys its QP as soon as it is established.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..5 {
+        let start = Instant::now();
+        match dev.send_flags(id, b"anybody there?", 30_000, 0) {
+            Ok(()) => std::thread::sleep(Duration::from_millis(300)),
+            Err(_) => return Ok(start.elapsed()),
+        }
+    }
+    bail!("5 SENDs to a peer whose QP is gone completed")
+}
+
+/// `retry_count` (of `rdma_connect(3)`) and `RDMA_OPTION_ID_ACK_TIMEOUT`
+/// (`rdma_set_option(3)`) take effect: against a peer whose QP vanished
+/// (the agent's `vanish=1`: destroyed once established, its id kept, so
+/// nothing answers and nothing disconnects), a SEND fails after
+/// (retry_count + 1) ACK timeouts.  Connecting with retry counts 1 and 5
+/// at ACK timeout 16 (268 ms), and 1 at 18 (1.07 s): each time within
+/// 0.85x to 1.3x (+ 250 ms) of that, windows that do not overlap.
+/// Accepting, the retry count is the requester's (the agent's 1), not the
+/// one given to `rdma_accept` (7), as `rdma_accept(3)` says.
+pub(super) fn retry_count_and_ack_timeout_take_effect(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let check = |what: &str, took: Duration, retry: u8, timeout: u8| -> Result<String> {
+        let want = retry_exhaustion(retry, timeout);
+        let (lo, hi) = (
+            want.mul_f64(0.85),
+            want.mul_f64(1.3) + Duration::from_millis(250),
+        );
+        ensure!(
+            (lo..=hi).contains(&took),
+            "{what}: retry_count {retry}, ACK timeout {timeout}: the SEND failed after {took:?}, expected {want:?} ({lo:?} to {hi:?})"
+        );
+        Ok(format!(
+            "{what} {retry}/{timeout}: {} ms (expected {})",
+            took.as_millis(),
+            want.as_millis()
+        ))
+    };
+    let mut seen = Vec::new();
+    for (retry, timeout) in [(1u8, 16u8), (5, 16), (1, 18)] {
+        let addr = SocketAddr::new(ctx.peer4, ctx.port());
+        let mut call = Call::start(
+            &ctx.agent,
+            &format!("serve addr={addr} count=1 accept=00 vanish=1"),
+        )?;
+        call.ready()?;
+        let id = dev.create_id(1)?;
+        dev.set_option(
+            id,
+            rdma_cm_rs_option_RDMA_CM_RS_OPT_ACK_TIMEOUT,
+            timeout.into(),
+        )?;
+        dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
+        wait(&dev, EventType::AddrResolved)?;
+        dev.resolve_route(id, 2000).context("resolve_route")?;
+        wait(&dev, EventType::RouteResolved)?;
+        let mut p = Param::with_data(b"retry");
+        p.retry_count = retry;
+        dev.connect(id, &p)?;
+        wait(&dev, EventType::Established)?;
+        let took = time_to_retry_exhaustion(&dev, id)?;
+        dev.destroy(id)?;
+        let r = call.result()?;
+        ensure!(field(&r, "disc0")? == "DISCONNECTED", "the peer: {r:?}");
+        seen.push(check("connect", took, retry, timeout)?);
+    }
+    // Accepting: the agent connects with retry_count 1.
+    let addr = SocketAddr::new(ctx.local4, ctx.port());
+    let listener = listen(&dev, addr, 4, 0)?;
+    let call = Call::start(
+        &ctx.agent,
+        &format!("connect addr={addr} data=01 retry=1 vanish=1"),
+    )?;
+    let req = wait(&dev, EventType::ConnectRequest)?;
+    ensure!(
+        req.retry_count == 1,
+        "the request's retry_count {}",
+        req.retry_count
+    );
+    dev.set_option(req.new_id, rdma_cm_rs_option_RDMA_CM_RS_OPT_ACK_TIMEOUT, 16)?;
+    let mut p = Param::with_data(b"ignored");
+    p.retry_count = 7;
+    dev.accept(req.new_id, Some(&p))?;
+    wait(&dev, EventType::Established)?;
+    let took = time_to_retry_exhaustion(&dev, req.new_id)?;
+    dev.destroy(req.new_id)?;
+    let r = call.result()?;
+    ensure!(field(&r, "disc")? == "DISCONNECTED", "the peer: {r:?}");
+    dev.destroy(listener)?;
+    seen.push(check(
+        "accept (given 7, the requester's 1 applies)",
+        took,
+        1,
+        16,
+    )?);
+    note(&seen.join("; "));
+    Ok(())
+}
+
+/// `flow_control` (`rdma_connect(3)`, `rdma_accept(3)`: "exchanged with
+/// the remote peer and not used to configure the QP") reaches the peer
+/// both ways, each value: the module's connect in librdmacm's
+/// CONNECT_REQUEST and librdmacm's accept in the module's ESTABLISHED;
+/// librdmacm's connect in the module's CONNECT_REQUEST and the module's
+/// accept in librdmacm's ESTABLISHED.
+pub(super) fn flow_control_exchanged_both_ways(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let mut seen = Vec::new();
+    for (ours, theirs) in [(0u8, 1u8), (1, 0)] {
+        // The module connects with `ours`, librdmacm accepts with `theirs`.
+        let addr = SocketAddr::new(ctx.peer4, ctx.port());
+        let mut call = Call::start(
+            &ctx.agent,
+            &format!("serve addr={addr} count=1 accept=00 fc={theirs} disc=self"),
+        )?;
+        call.ready()?;
+        let id = resolve(&dev, addr)?;
+        let mut p = Param::with_data(b"fc");
+        p.flow_control = ours;
+        dev.connect(id, &p)?;
+        let est = wait(&dev, EventType::Established)?;
+        wait(&dev, EventType::Disconnected)?;
+        dev.destroy(id)?;
+        let r = call.result()?;
+        ensure!(
+            field(&r, "fc0")? == ours.to_string() && est.flow_control == theirs,
+            "connect with {ours}: librdmacm's request said {}; its accept with {theirs}: the module's ESTABLISHED said {}",
+            field(&r, "fc0")?,
+            est.flow_control
+        );
+        // librdmacm connects with `ours`, the module accepts with `theirs`.
+        let addr = SocketAddr::new(ctx.local4, ctx.port());
+        let l = listen(&dev, addr, 4, 0)?;
+        let call = Call::start(
+            &ctx.agent,
+            &format!("connect addr={addr} data=01 fc={ours} disc=self"),
+        )?;
+        let req = wait(&dev, EventType::ConnectRequest)?;
+        let mut p = Param::with_data(b"fc");
+        p.flow_control = theirs;
+        dev.accept(req.new_id, Some(&p))?;
+        wait(&dev, EventType::Established)?;
+        wait(&dev, EventType::Disconnected)?;
+        dev.disconnect(req.new_id)?;
+        let r = call.result()?;
+        dev.destroy(req.new_id)?;
+        dev.destroy(l)?;
+        ensure!(
+            req.flow_control == ours && field(&r, "fc")? == theirs.to_string(),
+            "librdmacm's connect with {ours}: the module's request said {}; the module's accept with {theirs}: librdmacm's ESTABLISHED said {}",
+            req.flow_control,
+            field(&r, "fc")?
+        );
+        seen.push(format!("{ours}/{theirs}"));
+    }
+    note(&format!(
+        "flow_control exchanged both ways: {}",
+        seen.join(", ")
+    ));
+    Ok(())
+}

@@ -15,6 +15,7 @@ mod ps;
 mod rdma;
 mod sync;
 mod ud;
+mod wire;
 
 #[allow(unused_imports)]
 use self::{conn::*, data::*, faults::*, lifecycle::*, limits::*, rdma::*};
@@ -134,6 +135,14 @@ const TESTS: &[(&str, Test)] = &[
     ("accept_with_request_param", accept_with_request_param),
     ("conn_param_negotiation", conn_param_negotiation),
     ("rnr_retry_count_takes_effect", rnr_retry_count_takes_effect),
+    (
+        "flow_control_exchanged_both_ways",
+        flow_control_exchanged_both_ways,
+    ),
+    (
+        "retry_count_and_ack_timeout_take_effect",
+        retry_count_and_ack_timeout_take_effect,
+    ),
     ("messages_1_to_4096_bytes_both_ways", messages_all_sizes),
     ("send_window_nowait", send_window_nowait),
     ("busy_poll_data_path", busy_poll_data_path),
@@ -197,6 +206,7 @@ const TESTS: &[(&str, Test)] = &[
     ("ud_udaddy_module_server", ud::udaddy_module_server),
     ("ud_udaddy_module_client", ud::udaddy_module_client),
     ("mcast_join_leave_and_limits", mcast::join_leave_and_limits),
+    ("tos_on_the_wire", wire::tos_on_the_wire),
     (
         "mcast_mckey_receives_from_module",
         mcast::mckey_receives_from_module,
@@ -302,6 +312,14 @@ const NOT_SYNCHRONOUS: &[(&str, &str)] = &[
 /// Scenarios a pass on iWARP (siw) does not run, and why.
 const NOT_ON_IWARP: &[(&str, &str)] = &[
     (
+        "retry_count_and_ack_timeout_take_effect",
+        "iWARP has neither: TCP retransmits, with its own timers",
+    ),
+    (
+        "tos_on_the_wire",
+        "it reads RoCE v2 packets (UDP 4791); siw's TOS is its TCP socket's",
+    ),
+    (
         "rnr_retry_count_takes_effect",
         "iWARP has no RNR retries: a SEND that finds no receive posted ends the connection (RDMAP TERMINATE)",
     ),
@@ -365,6 +383,10 @@ const ALONE: &[(&str, &str)] = &[
 /// Scenarios that mean something only with the agent on another machine,
 /// and why.
 const TWO_MACHINES_ONLY: &[(&str, &str)] = &[
+    (
+        "tos_on_the_wire",
+        "one machine has no wire to capture: rxe hands a packet for its own address to its receive path, past the netdev",
+    ),
     (
         "nvmet_link_deleted_under_io",
         "host and target share the device: its removal deletes the host's controller (nvme-rdma's ib_client remove, nvmet-plan.md §0.2), there is no reconnect to test",
