@@ -107,6 +107,9 @@ pub(crate) struct IdState {
     pub(crate) mcast: KVec<(SocketAddr, u64)>,
     /// Synchronous UD ids: the last multicast event as user space sees it.
     pub(crate) mcast_event: Option<abi::Event>,
+    /// Synchronous UD ids: the group a JOIN_MCAST waits for, which a leave
+    /// would cancel (the CM drops the join's event).
+    pub(crate) joining: Option<SocketAddr>,
 }
 
 #[pin_data]
@@ -150,6 +153,7 @@ impl IdShared {
                     ud_established: None,
                     mcast: KVec::new(),
                     mcast_event: None,
+                    joining: None,
                 }),
                 sync,
                 busy_poll,

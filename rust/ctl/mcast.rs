@@ -10,7 +10,7 @@
 use super::{addr_from_abi, conn::Conn, read_arg, require_zero, write_arg, CtlFile, CtlId};
 use crate::{
     abi,
-    rdma::{JoinState, LockedId, QpType, SocketAddr, SyncOp},
+    rdma::{EventType, JoinState, LockedId, QpType, SocketAddr, SyncOp},
 };
 use kernel::prelude::*;
 
@@ -26,9 +26,33 @@ impl CtlFile {
         };
         let id = self.get(c.id)?;
         let context = c.context;
+        let shared = Self::shared(&id);
+        if shared.sync {
+            let mut st = shared.state.lock();
+            // One blocking call at a time: the waiter refuses another.
+            if st.joining.is_none() {
+                st.joining = Some(group);
+            }
+        }
         let start = || id.with_lock(|l| Self::start_join(&id, l, &group, state, context));
-        let (result, write_back) =
+        let (mut result, write_back) =
             Self::run(&id, SyncOp::JoinMulticast, &mut c.sync, nonblock, start);
+        if shared.sync {
+            // An interrupted or timed-out call leaves the join in flight,
+            // for the call that resumes it.
+            // A call refused for another's in flight leaves that one's.
+            let in_flight = matches!(result, Err(e) if e == EINTR || e == ERESTARTSYS || e == ETIMEDOUT || e == EBUSY);
+            let mut st = shared.state.lock();
+            if !in_flight && st.joining == Some(group) {
+                st.joining = None;
+            }
+        }
+        // The group as a peer may have failed after the CM's join
+        // succeeded: the event user space gets says so, and so does the
+        // call.
+        if write_back && c.sync.event.event == EventType::MulticastError as u32 {
+            result = Err(Error::from_errno(c.sync.event.status.min(-1)));
+        }
         if write_back {
             write_arg(arg, &c)?;
         }
@@ -93,6 +117,11 @@ impl CtlFile {
         require_zero(&[c.reserved])?;
         let group = addr_from_abi(&c.addr.bytes)?.ok_or(EINVAL)?;
         let id = self.get(c.id)?;
+        // A synchronous join of the group still waiting would wait for an
+        // event the leave cancels.
+        if Self::shared(&id).state.lock().joining == Some(group) {
+            return Err(EBUSY);
+        }
         // The leave waits for the group's join event if it is in flight,
         // whose handling needs the id's state: not held here.
         id.leave_multicast(&group)?;

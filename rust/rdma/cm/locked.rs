@@ -552,9 +552,11 @@ impl<'a> LockedId<'a> {
         UdDest::new(ah, ud.qp_num(), ud.qkey(), gid)
     }
 
-    /// Creates the id's QP (`rdma_create_qp`) on `pd`, completing on `cq`,
-    /// of the id's QP type (a UD QP gets the port space's Q_Key and is
-    /// ready to send and receive at once).
+    /// Creates the id's QP on `pd`, completing on `cq`, of the id's QP
+    /// type: through the CM (`rdma_create_qp`) on an RC id, by the layer on
+    /// a UD id (see `ud_qp.rs`), which gets the port space's Q_Key, is
+    /// ready to send and receive at once and is attached to the multicast
+    /// groups the id joined.
     ///
     /// The id owns the QP: its destruction drains and destroys it.  `EXDEV` if `pd` or
     /// `cq` is of another device than the id's, `ENOSPC` if `cq` has no
@@ -652,7 +654,8 @@ impl<'a> LockedId<'a> {
         if iwarp && self.request_param.is_some() {
             qp.hold_sends_until_first_message();
         }
-        let raw = if self.qp_type == QpType::Ud {
+        let ud = self.qp_type == QpType::Ud;
+        let raw = if ud {
             // SAFETY: `attr` was made for the id's device, that of `pd`
             // and of the CQs (checked by `prepare`), which `qp` keeps alive.
             unsafe { self.create_ud_qp(pd, &mut attr) }?
@@ -666,10 +669,11 @@ impl<'a> LockedId<'a> {
             let raw = unsafe { (*self.as_ptr()).qp };
             NonNull::new(raw).ok_or(EINVAL)?
         };
+        let ready = if ud { self.init_ud_qp(raw) } else { Ok(()) };
         // SAFETY: `raw` was created from `attr`; the slot keeps `qp` until
         // the id's destruction or `destroy_qp` shuts it down and only then
         // destroys it (or it is destroyed below, never recorded).
-        if let Err(e) = unsafe { qp.set_created(raw) } {
+        if let Err(e) = ready.and_then(|()| unsafe { qp.set_created(raw) }) {
             // SAFETY: The id is live and locked, of this QP type; its QP
             // was just created, nothing was posted to it and nobody else
             // knows it.  A QP that stays keeps `qp` for its events.

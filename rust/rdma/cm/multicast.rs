@@ -91,6 +91,15 @@ impl Groups {
     fn by_token(&mut self, token: usize) -> Option<&mut Group> {
         self.list.iter_mut().find(|g| g.token == token)
     }
+
+    /// Whether a full member's group other than `token` holds the QP's
+    /// attachment `at`: two addresses may map to one MGID (the same group
+    /// with another port, or scope), which the QP is attached to once.
+    fn still_attached(&self, at: Attachment, token: usize) -> bool {
+        self.list
+            .iter()
+            .any(|g| g.token != token && g.state == JoinState::FullMember && g.joined == Some(at))
+    }
 }
 
 /// The token of a multicast event (the join's context).
@@ -130,7 +139,7 @@ impl LockedId<'_> {
     /// address only (`EINVAL`); one join per group (`EADDRINUSE`: leave
     /// it first); at most [`MAX_GROUPS`] (`ENOSPC`).  `EOPNOTSUPP` for a
     /// group the device's protocol cannot join (IPv6 on RoCE v2), `EBUSY`
-    /// while a leave or a disconnect of the id runs.
+    /// while a leave or a listen of the id runs.
     pub fn join_multicast(&self, group: &SocketAddr, state: JoinState) -> Result {
         let groups = self.groups()?;
         if self.qp_type() != QpType::Ud || !group.is_multicast() {
@@ -213,8 +222,8 @@ impl LockedId<'_> {
         // SAFETY: `attr` is the group's address vector the CM filled for
         // this MULTICAST_JOIN (`cma_make_mc_event`), whose source GID
         // reference it drops only after the handler returned
-        // (`cma_iboe_join_work_handler`), which this call (borrowing the
-        // event) does not outlive.
+        // (`cma_iboe_join_work_handler` on RoCE, `cma_ib_mc_handler` on
+        // IB), which this call (borrowing the event) does not outlive.
         let ah = unsafe { Ah::from_attr(pd, attr) }?;
         // SAFETY: Any bytes are a valid GID.
         let mgid = unsafe { attr.grh.dgid.raw };
@@ -234,8 +243,13 @@ impl LockedId<'_> {
         if event.kind() == EventType::MulticastError {
             // The group failed (on IB, after a join the SA reported): the
             // QP no longer receives from it.
-            if let (Some(at), Some(qp)) = (group.joined.take(), self.live_qp()) {
-                let _ = qp.detach_multicast(at);
+            let (joined, full) = (group.joined.take(), group.state == JoinState::FullMember);
+            if let (Some(at), true) = (joined, full) {
+                if !g.still_attached(at, token) {
+                    if let Some(qp) = self.live_qp() {
+                        let _ = qp.detach_multicast(at);
+                    }
+                }
             }
             return;
         }
@@ -300,18 +314,25 @@ pub(super) unsafe fn leave(
     let mut g = groups.lock();
     let index = g.list.iter().position(|x| x.token == token).ok_or(ENOENT)?;
     let left = g.list.remove(index).map_err(|_| EINVAL)?;
-    if let Some(at) = left.joined {
-        let qp = match &*qp_slot.lock() {
-            QpSlot::Live(qp) => Some(qp.clone()),
-            _ => None,
-        };
-        if let Some(qp) = qp {
-            // ENOENT: not attached (send-only, or the QP was shut down).
-            match qp.detach_multicast(at) {
-                Ok(()) => {}
-                Err(e) if e == ENOENT => {}
-                Err(e) => return Err(e),
-            }
+    // The group is left from here on, whatever the detach does.
+    let Some(at) = left.joined.filter(|_| left.state == JoinState::FullMember) else {
+        return Ok(());
+    };
+    if g.still_attached(at, token) {
+        return Ok(());
+    }
+    let qp = match &*qp_slot.lock() {
+        QpSlot::Live(qp) => Some(qp.clone()),
+        _ => None,
+    };
+    if let Some(qp) = qp {
+        // ENOENT: not attached (the QP was shut down, or made anew after a
+        // failed attach).  Another failure leaves the attachment to the
+        // QP's shutdown, which detaches what is left.
+        match qp.detach_multicast(at) {
+            Ok(()) => {}
+            Err(e) if e == ENOENT => {}
+            Err(e) => pr_warn!("a QP stays attached to a group it left ({e:?})\n"),
         }
     }
     Ok(())

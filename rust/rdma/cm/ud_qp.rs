@@ -9,7 +9,9 @@
 //! would (`ib_create_qp` on the id's port, then INIT with the id's P_Key
 //! index, port and Q_Key from `rdma_init_qp_attr`, RTR and RTS), as
 //! librdmacm does for the QPs of user space, and names it in the SIDR
-//! reply itself.  The CM uses a UD id's QP for nothing else.
+//! reply itself.  Otherwise the CM only reads a UD id's `qp` to move it to
+//! the error state when an accept fails (the layer's shutdown does that)
+//! and to show its number (nldev: `rdma res show cm_id` has none).
 
 use super::locked::{to_result, LockedId};
 use crate::rdma::{bindings, pd::Pd, verbs::QpType};
@@ -17,8 +19,8 @@ use core::ptr::NonNull;
 use kernel::{prelude::*, sync::Arc};
 
 impl LockedId<'_> {
-    /// Creates the QP of this UD id from `attr` on `pd`, ready to send and
-    /// receive (RTS).
+    /// Creates the QP of this UD id from `attr` on `pd`, in RESET: the
+    /// caller moves it to RTS ([`Self::init_ud_qp`]).
     ///
     /// # Safety
     ///
@@ -40,18 +42,13 @@ impl LockedId<'_> {
             bindings::ib_create_qp_kernel(pd.as_ptr(), attr, self.owner().name().as_char_ptr())
         };
         let raw = kernel::error::from_err_ptr(raw)?;
-        let raw = NonNull::new(raw).ok_or(ENOMEM)?;
-        if let Err(e) = self.init_ud_qp(raw) {
-            // SAFETY: Just created, not known to anyone else, nothing posted.
-            unsafe { bindings::ib_destroy_qp_user(raw.as_ptr(), core::ptr::null_mut()) };
-            return Err(e);
-        }
-        Ok(raw)
+        NonNull::new(raw).ok_or(ENOMEM)
     }
 
     /// Moves a new UD QP of this id to RTS, through INIT with the
-    /// attributes the CM gives (`cma_init_ud_qp`'s steps).
-    fn init_ud_qp(&self, raw: NonNull<bindings::ib_qp>) -> Result {
+    /// attributes the CM gives (`cma_init_ud_qp`'s steps).  `raw` is a QP
+    /// [`Self::create_ud_qp`] just made, which nobody else modifies.
+    pub(super) fn init_ud_qp(&self, raw: NonNull<bindings::ib_qp>) -> Result {
         // SAFETY: `ib_qp_attr` is a C struct of integers, pointers and
         // unions of such, for which all zeroes is a valid value (C's `{}`);
         // bindgen cannot derive that through the address vectors' unions.
@@ -61,8 +58,8 @@ impl LockedId<'_> {
         // SAFETY: The id is live and its handler mutex held (type
         // invariants), as ucma holds its context's mutex around the call;
         // both outputs are writable.  For a UD id it fills the P_Key index,
-        // the port and the Q_Key (the port space's, set now if the id has
-        // none yet).
+        // the port and the Q_Key (`cma_set_default_qkey`: the port space's,
+        // as for `rdma_create_qp`'s QPs).
         to_result(unsafe { bindings::rdma_init_qp_attr(self.as_ptr(), &mut attr, &mut mask) })?;
         let modify = |attr: &mut bindings::ib_qp_attr, mask: u32| {
             // SAFETY: `raw` is live (just created by the caller) and

@@ -144,6 +144,7 @@ mod cq;
 mod fixture;
 mod getaddrinfo;
 mod ids;
+mod multicast;
 mod qp;
 mod rdma;
 mod regions;

@@ -13,8 +13,10 @@ use crate::rdma::bindings;
 use core::ptr::NonNull;
 use kernel::prelude::*;
 
-/// The most groups one QP is attached to: the smallest
-/// `max_mcast_qp_attach` a RoCE device reports is 56 (rxe).
+/// The most groups one QP is attached to: the layer's bound on what a
+/// consumer makes the QP hold.  (The devices bound the QPs of one group:
+/// rxe's `max_mcast_qp_attach`, 56, beyond which an attach fails with
+/// `ENOMEM`.)
 pub const MAX_ATTACHMENTS: usize = 56;
 
 /// One group a QP is attached to: its MGID and MLID as the join reported

@@ -311,7 +311,7 @@ impl<C: CompletionHandler> Qp<C> {
     /// `raw` must be a live QP created from those attributes (on this
     /// object's PD and CQ, with this object as the context of its events),
     /// which its owner destroys only after [`QpShutdown::shutdown`]
-    /// returned `true`, or at once if this fails (nothing was posted to it,
+    /// returned it, or at once if this fails (nothing was posted to it,
     /// nothing else knows it), and in either case while it still holds a
     /// reference to this object.
     pub(crate) unsafe fn set_created(&self, raw: NonNull<bindings::ib_qp>) -> Result {
