@@ -5,10 +5,11 @@
 //! destruction.
 
 use super::{
-    locked::{to_result, IdState, LockedId, QpSlot},
-    multicast::{self, Groups},
+    groups::Groups,
+    locked::{to_result, IdState, LockedId},
+    multicast,
     port_space::PortSpace,
-    ud_qp::destroy_id_qp,
+    qp_slot::{destroy_id_qp, QpSlot},
 };
 use crate::rdma::{
     addr::SocketAddr,

@@ -3,7 +3,11 @@
 //! [`LockedId`]: an id whose handler mutex is held, the only type with CM
 //! operations, and the QP an id owns.
 
-use super::{multicast::Groups, port_space::PortSpace, ud_qp::destroy_id_qp};
+use super::{
+    groups::Groups,
+    port_space::PortSpace,
+    qp_slot::{destroy_id_qp, QpSlot},
+};
 use crate::rdma::{
     addr::{SockaddrBuf, SocketAddr},
     ah::{Ah, UdDest},
@@ -26,22 +30,6 @@ use kernel::{
     sync::{aref::ARef, Arc, Mutex, MutexGuard},
     time::Delta,
 };
-
-/// The QP an id owns.
-pub(super) enum QpSlot {
-    /// None yet (or destroyed by [`LockedId::destroy_qp`]).
-    Empty,
-    /// The id's live QP.
-    Live(Arc<dyn QpShutdown>),
-    /// [`LockedId::destroy_qp`] is tearing the QP down: its teardown runs
-    /// completion handlers in the caller's task, which may reach this id
-    /// again (a nested `with_lock`), and must find neither a QP to destroy
-    /// nor room for a new one, which `rdma_create_qp` would put in the
-    /// id's `qp` over the one being destroyed.
-    TearingDown,
-    /// The id is being destroyed: no QP may be created any more.
-    Dying,
-}
 
 /// An id whose handler mutex is held: the CM operations live here.
 ///

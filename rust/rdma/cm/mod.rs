@@ -62,15 +62,17 @@
 //!   before the device goes.  Consumers drop their ids on that event (from
 //!   the handler, which defers the destruction).
 
+mod groups;
 mod id;
 mod locked;
 mod multicast;
 mod port_space;
+mod qp_slot;
 mod ud_qp;
 
 pub use self::{
+    groups::{JoinState, MAX_GROUPS},
     id::{CmId, ConnectRequest, Handler},
     locked::{LockedId, MAX_RESOLVE_TIMEOUT},
-    multicast::{JoinState, MAX_GROUPS},
     port_space::PortSpace,
 };

@@ -18,7 +18,11 @@
 //! derives the MGID from the address, sends the IGMP report and makes the
 //! event itself); on RoCE v2 it refuses IPv6 groups.
 
-use super::locked::{LockedId, QpSlot};
+use super::{
+    groups::{Group, Groups, JoinState, MAX_GROUPS},
+    locked::LockedId,
+    qp_slot::QpSlot,
+};
 use crate::rdma::{
     addr::SocketAddr,
     ah::{Ah, UdDest},
@@ -26,81 +30,12 @@ use crate::rdma::{
     device::Transport,
     event::{Event, EventType},
     pd::Pd,
-    verbs::{Attachment, QpShutdown, QpType, MAX_ATTACHMENTS},
+    verbs::{Attachment, QpShutdown, QpType},
 };
 use kernel::{
     prelude::*,
     sync::{Arc, Mutex},
 };
-
-/// The most groups one id joins: as many as its QP can be attached to.
-pub const MAX_GROUPS: usize = MAX_ATTACHMENTS;
-
-/// How an id joins a group (`rdma_join_multicast`'s `join_state`; the two
-/// states the CM offers on RoCE, as ucma offers them).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum JoinState {
-    /// A full member: sends to the group and receives its datagrams.
-    FullMember,
-    /// A send-only full member: sends only.  On RoCE the CM sends no IGMP
-    /// report for it, and the layer does not attach the QP.
-    SendOnlyFullMember,
-}
-
-impl JoinState {
-    fn raw(self) -> u8 {
-        // `join_state` is a bit mask of IBTA's JoinState bits
-        // (`enum ib_sa_mc_join_states`).
-        match self {
-            Self::FullMember => 1 << bindings::ib_sa_mc_join_states_FULLMEMBER_JOIN,
-            Self::SendOnlyFullMember => {
-                1 << bindings::ib_sa_mc_join_states_SENDONLY_FULLMEMBER_JOIN
-            }
-        }
-    }
-}
-
-/// A group an id joined.
-struct Group {
-    addr: SocketAddr,
-    state: JoinState,
-    /// The join's context for the CM: it comes back in the group's
-    /// events (never dereferenced: a number, not a pointer).
-    token: usize,
-    /// The group as its `MULTICAST_JOIN` reported it, once it came.
-    joined: Option<Attachment>,
-    /// The outcome of attaching the id's QP to the group (`Ok` when
-    /// nothing is attached: no QP yet, a send-only member).
-    attached: Result,
-}
-
-/// The groups of one id.
-pub(super) struct Groups {
-    list: KVec<Group>,
-    next_token: usize,
-}
-
-impl Groups {
-    pub(super) fn new() -> Self {
-        Self {
-            list: KVec::new(),
-            next_token: 1,
-        }
-    }
-
-    fn by_token(&mut self, token: usize) -> Option<&mut Group> {
-        self.list.iter_mut().find(|g| g.token == token)
-    }
-
-    /// Whether a full member's group other than `token` holds the QP's
-    /// attachment `at`: two addresses may map to one MGID (the same group
-    /// with another port, or scope), which the QP is attached to once.
-    fn still_attached(&self, at: Attachment, token: usize) -> bool {
-        self.list
-            .iter()
-            .any(|g| g.token != token && g.state == JoinState::FullMember && g.joined == Some(at))
-    }
-}
 
 /// The token of a multicast event (the join's context).
 fn token_of(event: &Event<'_>) -> Option<usize> {

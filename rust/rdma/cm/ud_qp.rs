@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The QP of a UD id, which the layer creates and destroys itself, and the
-//! destruction of any id's QP.
+//! The QP of a UD id, which the layer creates itself.
 //!
 //! The CM refuses `rdma_join_multicast` on an id whose `qp` is set (a
 //! kernel QP: it warns, and since 5.10 never attaches one), so a UD id's
@@ -14,7 +13,7 @@
 //! and to show its number (nldev: `rdma res show cm_id` has none).
 
 use super::locked::{to_result, LockedId};
-use crate::rdma::{bindings, pd::Pd, verbs::QpType};
+use crate::rdma::{bindings, pd::Pd};
 use core::ptr::NonNull;
 use kernel::{prelude::*, sync::Arc};
 
@@ -75,43 +74,5 @@ impl LockedId<'_> {
             &mut attr,
             bindings::ib_qp_attr_mask_IB_QP_STATE | bindings::ib_qp_attr_mask_IB_QP_SQ_PSN,
         )
-    }
-}
-
-/// Destroys the QP of `id` that its shutdown returned: through the CM
-/// (`rdma_destroy_qp`) for an RC id, whose QP the CM holds, directly for a
-/// UD id, whose QP it does not know.  `EBUSY` if the QP stayed (a UD QP
-/// a driver refused to destroy): its events may still come, so the
-/// caller must keep the QP object for good, and not reclaim it.
-///
-/// # Safety
-///
-/// `id` must be a live id of QP type `qp_type` and `qp` its QP, shut down
-/// ([`crate::rdma::verbs::QpShutdown::shutdown`] returned it): nothing
-/// posts to it any more and nobody else destroys it.
-pub(super) unsafe fn destroy_id_qp(
-    id: *mut bindings::rdma_cm_id,
-    qp_type: QpType,
-    qp: NonNull<bindings::ib_qp>,
-) -> Result {
-    match qp_type {
-        QpType::Rc => {
-            // SAFETY: By the safety requirements; `rdma_destroy_qp` takes
-            // the id's `qp_mutex` against the CM's own uses of the QP.
-            unsafe { bindings::rdma_destroy_qp(id) };
-            Ok(())
-        }
-        QpType::Ud => {
-            // SAFETY: By the safety requirements; the shutdown detached
-            // every multicast group, so the QP counts no user.
-            let ret = unsafe { bindings::ib_destroy_qp_user(qp.as_ptr(), core::ptr::null_mut()) };
-            if ret != 0 {
-                // Kernel QPs do not fail to go but for a count of users
-                // (an attachment a driver failed to drop).
-                pr_err!("a UD QP could not be destroyed ({ret}): it is kept\n");
-                return Err(EBUSY);
-            }
-            Ok(())
-        }
     }
 }

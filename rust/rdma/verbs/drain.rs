@@ -5,10 +5,10 @@
 //! driver never flushed, and the marker that ends a flush.
 
 use super::{
+    attachment::Attachment,
     completion::CompletionHandler,
     cq::PollContext,
     credits::{PostedCqe, Signaling, WrQueue, FLUSH_TIMEOUT},
-    multicast::Attachment,
     qp::{Qp, QpShutdown},
     request::{hand_back_rw, marker_done, DrainMarker, RwWork},
 };

@@ -76,6 +76,7 @@
 //! [`SgBuffer`]: super::sg::SgBuffer
 //! [`UdDest`]: super::ah::UdDest
 
+mod attachment;
 mod buffer;
 mod caps;
 mod completion;
@@ -90,19 +91,19 @@ mod request;
 mod rw;
 mod srq;
 
+pub(crate) use self::{
+    attachment::Attachment,
+    qp::{CommEstNotify, QpQueues, QpShutdown},
+};
 pub use self::{
+    attachment::MAX_ATTACHMENTS,
     buffer::{RecvBuffer, SendBuffer},
     caps::{QpCaps, QpType, RW_SLOTS_PER_CTX},
     completion::{CompletionHandler, QpEvent, RwDone, RwOp, WorkDone, WorkOp},
     cq::{Cq, PollContext},
     credits::FLUSH_TIMEOUT,
     mem::PreparedRegistration,
-    multicast::MAX_ATTACHMENTS,
     post_error::PostError,
     qp::Qp,
     srq::{Srq, SrqCaps, SrqEvent, SrqEvents},
-};
-pub(crate) use self::{
-    multicast::Attachment,
-    qp::{CommEstNotify, QpQueues, QpShutdown},
 };

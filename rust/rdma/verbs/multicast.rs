@@ -8,30 +8,15 @@
 //! `ib_destroy_qp` refuses (`EBUSY`) a QP that is still attached, which
 //! would leave it, and its CQs and PD, alive for good.
 
-use super::{completion::CompletionHandler, qp::Qp, QpType};
+use super::{
+    attachment::{Attachment, MAX_ATTACHMENTS},
+    completion::CompletionHandler,
+    qp::Qp,
+    QpType,
+};
 use crate::rdma::bindings;
 use core::ptr::NonNull;
 use kernel::prelude::*;
-
-/// The most groups one QP is attached to: the layer's bound on what a
-/// consumer makes the QP hold.  (The devices bound the QPs of one group:
-/// rxe's `max_mcast_qp_attach`, 56, beyond which an attach fails with
-/// `ENOMEM`.)
-pub const MAX_ATTACHMENTS: usize = 56;
-
-/// One group a QP is attached to: its MGID and MLID as the join reported
-/// them (the MLID is 0 on RoCE).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Attachment {
-    pub(crate) mgid: [u8; 16],
-    pub(crate) mlid: u16,
-}
-
-impl Attachment {
-    fn gid(&self) -> bindings::ib_gid {
-        bindings::ib_gid { raw: self.mgid }
-    }
-}
 
 impl<C: CompletionHandler> Qp<C> {
     /// Attaches the QP to a multicast group: the device delivers the

@@ -4,12 +4,12 @@
 //! their connection, posting sends and receives.
 
 use super::{
+    attachment::Attachment,
     buffer::{RecvBuffer, SendBuffer, SgeList},
     caps::{QpCaps, QpType, RW_SLOTS_PER_CTX},
     completion::{CompletionHandler, QpEvent},
     cq::Cq,
     credits::{Credit, PostedCqe, Signaling, WorkLedger, WrQueue},
-    multicast::Attachment,
     post_error::PostError,
     request::{post_recv_buffer, send_done},
     srq::Srq,
