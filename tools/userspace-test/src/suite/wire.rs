@@ -53,7 +53,7 @@ fn parse(p: &[u8]) -> Option<Seen> {
     })
 }
 
-/// Captures the IPv4 packets of a netdev, both ways, until stopped.
+/// Captures the packets of a netdev, both ways, until stopped.
 struct Capture {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<Vec<Seen>>,
@@ -65,7 +65,10 @@ impl Capture {
         // SAFETY: A NUL-terminated name.
         let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
         ensure!(ifindex != 0, "no netdev {netdev}");
-        let proto = (libc::ETH_P_IP as u16).to_be();
+        // ETH_P_ALL: a socket of one protocol sees only what arrives, the
+        // taps of every protocol what leaves too (`dev_queue_xmit_nit`).
+        // What is not IPv4 fails `parse`.
+        let proto = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: Plain socket creation.
         let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM, i32::from(proto)) };
         ensure!(
@@ -150,8 +153,9 @@ fn classes(seen: &[Seen], src: IpAddr, dest_qp: u32, what: &str) -> Result<Vec<u
         .collect();
     ensure!(
         !tos.is_empty(),
-        "{what}: no RoCE packet from {src} to QP {dest_qp:#x} among the {} captured",
-        seen.len()
+        "{what}: no RoCE packet from {src} to QP {dest_qp:#x} among the {} captured: {:x?}",
+        seen.len(),
+        seen.iter().map(|s| (s.src, s.dest_qp, s.tos)).collect::<Vec<_>>()
     );
     tos.sort_unstable();
     tos.dedup();
@@ -183,10 +187,12 @@ pub(super) fn tos_on_the_wire(ctx: &mut Ctx) -> Result<()> {
     wait(&dev, EventType::AddrResolved)?;
     dev.resolve_route(id, 2000).context("resolve_route")?;
     wait(&dev, EventType::RouteResolved)?;
-    dev.connect(id, &Param::with_data(b"tos"))?;
+    // 56 bytes: the CM pads a REQ's private data to that.
+    let req_data = [0x7a; 56];
+    dev.connect(id, &Param::with_data(&req_data))?;
     let est = wait(&dev, EventType::Established)?;
     let (peer_qp, own_qp) = (est.qp_num, dev.query(id)?.qp_num);
-    super::conn::echo_then_peer_disconnects(&dev, id, call, b"tos", b"with TOS 0x48")?;
+    super::conn::echo_then_peer_disconnects(&dev, id, call, &req_data, b"with TOS 0x48")?;
     dev.destroy(id)?;
     // The module accepts on a listener with TOS 0x28; the peer sets none.
     let addr = SocketAddr::new(ctx.local4, ctx.port());
