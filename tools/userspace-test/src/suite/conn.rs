@@ -695,16 +695,12 @@ pub(super) fn retry_count_and_ack_timeout_take_effect(ctx: &mut Ctx) -> Result<(
             &format!("serve addr={addr} count=1 accept=00 vanish=1"),
         )?;
         call.ready()?;
-        let id = dev.create_id(1)?;
-        dev.set_option(
-            id,
+        let id = resolve_with_option(
+            &dev,
+            addr,
             rdma_cm_rs_option_RDMA_CM_RS_OPT_ACK_TIMEOUT,
             timeout.into(),
         )?;
-        dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
-        wait(&dev, EventType::AddrResolved)?;
-        dev.resolve_route(id, 2000).context("resolve_route")?;
-        wait(&dev, EventType::RouteResolved)?;
         let mut p = Param::with_data(b"retry");
         p.retry_count = retry;
         dev.connect(id, &p)?;

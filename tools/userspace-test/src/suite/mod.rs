@@ -745,6 +745,18 @@ fn resolve(dev: &Device, dst: SocketAddr) -> Result<u32> {
     resolve_ps(dev, dst, RDMA_CM_RS_PS_TCP, RDMA_CM_RS_QPT_RC)
 }
 
+/// [`resolve`] with `option` set to `value` on the id first: before its
+/// route, where the TOS and the ACK timeout take effect.
+fn resolve_with_option(dev: &Device, dst: SocketAddr, option: u32, value: u64) -> Result<u32> {
+    let id = dev.create_id(1)?;
+    dev.set_option(id, option, value).context("set_option")?;
+    dev.resolve_addr(id, &dst, 2000).context("resolve_addr")?;
+    wait(dev, EventType::AddrResolved)?;
+    dev.resolve_route(id, 2000).context("resolve_route")?;
+    wait(dev, EventType::RouteResolved)?;
+    Ok(id)
+}
+
 /// [`resolve`] with an id of port space `ps` and QP type `qpt`.
 fn resolve_ps(dev: &Device, dst: SocketAddr, ps: u32, qpt: u32) -> Result<u32> {
     let id = dev.create_id_ps(1, ps, qpt)?;

@@ -5,7 +5,7 @@
 //! has no wire to look at: rxe hands a packet for its own address to its
 //! receive path without the netdev.
 
-use super::{note, wait, Ctx, T};
+use super::{note, resolve_with_option, wait, Ctx, T};
 use crate::agent::Call;
 use crate::payload::hex;
 use crate::uapi::*;
@@ -155,7 +155,9 @@ fn classes(seen: &[Seen], src: IpAddr, dest_qp: u32, what: &str) -> Result<Vec<u
         !tos.is_empty(),
         "{what}: no RoCE packet from {src} to QP {dest_qp:#x} among the {} captured: {:x?}",
         seen.len(),
-        seen.iter().map(|s| (s.src, s.dest_qp, s.tos)).collect::<Vec<_>>()
+        seen.iter()
+            .map(|s| (s.src, s.dest_qp, s.tos))
+            .collect::<Vec<_>>()
     );
     tos.sort_unstable();
     tos.dedup();
@@ -181,12 +183,7 @@ pub(super) fn tos_on_the_wire(ctx: &mut Ctx) -> Result<()> {
         &format!("serve addr={addr} count=1 accept=00 echo=1 disc=self"),
     )?;
     call.ready()?;
-    let id = dev.create_id(1)?;
-    dev.set_option(id, rdma_cm_rs_option_RDMA_CM_RS_OPT_TOS, 0x48)?;
-    dev.resolve_addr(id, &addr, 2000).context("resolve_addr")?;
-    wait(&dev, EventType::AddrResolved)?;
-    dev.resolve_route(id, 2000).context("resolve_route")?;
-    wait(&dev, EventType::RouteResolved)?;
+    let id = resolve_with_option(&dev, addr, rdma_cm_rs_option_RDMA_CM_RS_OPT_TOS, 0x48)?;
     // 56 bytes: the CM pads a REQ's private data to that.
     let req_data = [0x7a; 56];
     dev.connect(id, &Param::with_data(&req_data))?;
