@@ -12,7 +12,7 @@
 //! [`IdState`] locked, so that an id marked `retired` (under that lock)
 //! never queues another one.
 
-use super::{conn::Conn, CtlFile};
+use super::{conn::Conn, event_queue::EventQueue, CtlFile};
 use crate::{
     abi,
     rdma::{
@@ -99,7 +99,7 @@ pub(crate) struct IdState {
     /// Synchronous listeners: connection requests not yet fetched, oldest
     /// first.  Its capacity is the backlog, reserved by LISTEN: a request
     /// holds a backlog slot from its arrival, so pushing never allocates.
-    pub(crate) requests: KVec<abi::Event>,
+    pub(crate) requests: EventQueue,
     /// Synchronous UD ids: the event as user space sees it of the last
     /// ESTABLISHED (the SIDR reply), with the peer handle made for it.
     pub(crate) ud_established: Option<abi::Event>,
@@ -149,7 +149,7 @@ impl IdShared {
                     conn: None,
                     responder_resources: 0,
                     initiator_depth: 0,
-                    requests: KVec::new(),
+                    requests: EventQueue::new(),
                     ud_established: None,
                     mcast: KVec::new(),
                     mcast_event: None,

@@ -23,6 +23,7 @@
 
 mod addrinfo;
 mod conn;
+mod event_queue;
 mod id;
 mod mcast;
 mod wait;
@@ -37,6 +38,7 @@ use crate::{
     },
 };
 use core::mem::size_of;
+use event_queue::EventQueue;
 use id::{Backlog, CtlId, IdEvents, IdShared};
 use kernel::{
     fs::{file::flags::O_NONBLOCK, File},
@@ -107,7 +109,7 @@ impl PollMiscDevice for Ctl {
 
 struct FileState {
     /// Events not yet read, oldest first.
-    events: KVec<abi::Event>,
+    events: EventQueue,
     /// Room in `events` promised to connection requests whose new id is
     /// being made: `events` always has capacity for that many more, so
     /// the request's event cannot be lost once its id exists.
@@ -183,7 +185,7 @@ impl CtlFile {
             pin_init!(Self {
                 ids <- XArray::new(AllocKind::Alloc),
                 state <- new_mutex!(FileState {
-                    events: KVec::new(),
+                    events: EventQueue::new(),
                     reserved: 0,
                     handles: KVec::new(),
                     next_handle: 1,
@@ -322,9 +324,7 @@ impl CtlFile {
             return false;
         }
         let room = st.reserved + 1;
-        if st.events.reserve(room, GFP_KERNEL).is_err()
-            || st.events.push_within_capacity(event).is_err()
-        {
+        if st.events.reserve(room).is_err() || st.events.push_within_capacity(event).is_err() {
             return false;
         }
         self.events_ready.notify_all();
@@ -343,7 +343,7 @@ impl CtlFile {
             return Err(EMFILE);
         }
         let room = st.reserved + 1;
-        st.events.reserve(room, GFP_KERNEL)?;
+        st.events.reserve(room)?;
         st.reserved += 1;
         Ok(())
     }
@@ -587,7 +587,7 @@ impl CtlFile {
             }
             if shared.sync {
                 // Room for every request the backlog admits (see `IdState`).
-                st.requests.reserve(backlog as usize, GFP_KERNEL)?;
+                st.requests.reserve(backlog as usize)?;
             }
             st.backlog = Some(slots);
         }
@@ -863,7 +863,7 @@ impl CtlFile {
         // request's), so that a failed copy puts it back first: a bad
         // pointer loses no event.
         let mut out = req;
-        out.event = st.events.remove(0)?;
+        out.event = st.events.pop_front().ok_or(EAGAIN)?;
         st.reserved += 1;
         drop(st);
         let copied = write_arg(arg, &out);
@@ -884,7 +884,7 @@ impl CtlFile {
             return Err(e);
         }
         // The room promised above: this does not allocate.
-        if st.events.insert_within_capacity(0, out.event).is_err() {
+        if st.events.push_front_within_capacity(out.event).is_err() {
             // Unreachable by the promise; the new id must not linger
             // unknown to user space.
             drop(st);
@@ -919,7 +919,7 @@ impl CtlFile {
         // Dequeued, then copied out without the listener's lock, which its
         // callbacks take (see `get_event`); a failed copy puts it back.
         let mut out = req;
-        out.event = st.requests.remove(0)?;
+        out.event = st.requests.pop_front().ok_or(EAGAIN)?;
         drop(st);
         let copied = write_arg(arg, &out);
         let Err(e) = copied else {
@@ -928,9 +928,9 @@ impl CtlFile {
         let mut st = shared.state.lock();
         // Room the request left, unless another took it meanwhile.
         let requeued = !st.retired
-            && (st.requests.insert_within_capacity(0, out.event).is_ok()
-                || (st.requests.reserve(1, GFP_KERNEL).is_ok()
-                    && st.requests.insert_within_capacity(0, out.event).is_ok()));
+            && (st.requests.push_front_within_capacity(out.event).is_ok()
+                || (st.requests.reserve(1).is_ok()
+                    && st.requests.push_front_within_capacity(out.event).is_ok()));
         drop(st);
         if !requeued {
             // The listener was destroyed meanwhile (and the requests it
