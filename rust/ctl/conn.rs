@@ -19,7 +19,7 @@ use kernel::{
     new_condvar, new_mutex,
     prelude::*,
     sync::{Arc, CondVar, Mutex, MutexGuard},
-    uaccess::UserSliceWriter,
+    uaccess::{UserSliceReader, UserSliceWriter},
 };
 
 /// Completions and their waiters; shared by the CQ handler and the ioctls.
@@ -138,6 +138,12 @@ impl CompletionHandler for ConnCompletions {
 
 /// The regions of a connection, by handle - 1.
 type MrTable = [Option<Arc<Mr>>; abi::MAX_MRS];
+
+/// The bytes of a send in user memory: a reader of exactly `len` bytes.
+pub(crate) struct UserData {
+    pub(crate) reader: UserSliceReader,
+    pub(crate) len: usize,
+}
 
 /// The peers of a UD id, by handle - 1: a peer stays until the id goes, so
 /// a handle user space holds never names another peer.
@@ -286,7 +292,7 @@ impl Conn {
 
     /// Sends one message and waits for its completion, or with `nowait`
     /// returns once it is posted.
-    pub(crate) fn send(&self, data: &[u8], timeout_ms: u32, nowait: bool) -> Result {
+    pub(crate) fn send(&self, data: UserData, timeout_ms: u32, nowait: bool) -> Result {
         self.send_with(data, None, timeout_ms, nowait, |buf| self.qp.post_send(buf))
     }
 
@@ -295,7 +301,7 @@ impl Conn {
     pub(crate) fn ud_send(
         &self,
         peer: u32,
-        data: &[u8],
+        data: UserData,
         imm: Option<u32>,
         timeout_ms: u32,
     ) -> Result {
@@ -303,7 +309,7 @@ impl Conn {
             let index = usize::try_from(peer).map_err(|_| EINVAL)?.wrapping_sub(1);
             self.peers.lock().get(index).cloned().ok_or(EINVAL)?
         };
-        if data.len() > self.max_datagram() {
+        if data.len > self.max_datagram() {
             return Err(EMSGSIZE);
         }
         self.send_with(data, imm, timeout_ms, false, |buf| {
@@ -359,7 +365,7 @@ impl Conn {
     /// [`TxState::unreported`].
     fn send_with(
         &self,
-        data: &[u8],
+        mut data: UserData,
         imm: Option<u32>,
         timeout_ms: u32,
         nowait: bool,
@@ -385,7 +391,13 @@ impl Conn {
             tx = waited.0;
             waited.1?;
         };
-        if let Err(e) = buf.fill(data) {
+        // Straight from user memory into the buffer, without the lock,
+        // which the send's completion takes: a copy that user space stalls
+        // (userfaultfd, FUSE) must not stall the connection's completions.
+        drop(tx);
+        let filled = buf.fill_with(data.len, |dst| data.reader.read_slice(dst));
+        let mut tx = shared.tx.lock();
+        if let Err(e) = filled {
             let _ = tx.free.push_within_capacity(buf);
             return Err(e);
         }

@@ -56,8 +56,10 @@ use kernel::{
 };
 use wait::{wait_for, Wait};
 
-/// Ids one file may hold.
-pub(crate) const MAX_IDS: usize = 1024;
+/// Ids one file may hold: a bound on what one opener makes the kernel
+/// keep (ucma has none), above the 2,000 connections at once that
+/// `make bench` opens.
+pub(crate) const MAX_IDS: usize = 4096;
 /// Events one file may have queued; connection requests beyond are refused.
 const MAX_QUEUED_EVENTS: usize = 4096;
 /// The backlog the char device gives the CM: 0, its default.  No CM
@@ -983,9 +985,11 @@ impl CtlFile {
             return Err(EINVAL);
         }
         let conn = self.live_conn_of(c.id, QpType::Rc)?;
-        let mut data = KVec::new();
-        UserSlice::new(UserPtr::from_addr(c.buf as usize), len).read_all(&mut data, GFP_KERNEL)?;
-        conn.send(&data, c.timeout_ms, c.flags & abi::SEND_NOWAIT != 0)
+        let data = conn::UserData {
+            reader: UserSlice::new(UserPtr::from_addr(c.buf as usize), len).reader(),
+            len,
+        };
+        conn.send(data, c.timeout_ms, c.flags & abi::SEND_NOWAIT != 0)
     }
 
     fn recv(&self, arg: usize, nonblock: bool) -> Result {
@@ -1012,9 +1016,11 @@ impl CtlFile {
             return Err(EINVAL);
         }
         let conn = self.live_conn_of(c.id, QpType::Ud)?;
-        let mut data = KVec::new();
-        UserSlice::new(UserPtr::from_addr(c.buf as usize), len).read_all(&mut data, GFP_KERNEL)?;
-        conn.ud_send(c.peer, &data, imm, c.timeout_ms)
+        let data = conn::UserData {
+            reader: UserSlice::new(UserPtr::from_addr(c.buf as usize), len).reader(),
+            len,
+        };
+        conn.ud_send(c.peer, data, imm, c.timeout_ms)
     }
 
     fn ud_recv(&self, arg: usize, nonblock: bool) -> Result {

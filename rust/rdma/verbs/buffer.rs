@@ -569,11 +569,23 @@ impl SendBuffer {
 
     /// Replaces the contents; `EMSGSIZE` if `data` does not fit.
     pub fn fill(&mut self, data: &[u8]) -> Result {
-        if data.len() > self.0.data.len() {
+        self.fill_with(data.len(), |dst| {
+            dst.copy_from_slice(data);
+            Ok(())
+        })
+    }
+
+    /// Replaces the contents with `len` bytes that `write` puts in the
+    /// slice it gets (from user memory, say, with no copy in between);
+    /// `EMSGSIZE` if `len` does not fit.  If `write` fails, the buffer
+    /// holds no contents.
+    pub fn fill_with(&mut self, len: usize, write: impl FnOnce(&mut [u8]) -> Result) -> Result {
+        if len > self.0.data.len() {
             return Err(EMSGSIZE);
         }
-        self.0.data[..data.len()].copy_from_slice(data);
-        self.0.len = data.len();
+        self.0.len = 0;
+        write(&mut self.0.data[..len])?;
+        self.0.len = len;
         Ok(())
     }
 

@@ -307,6 +307,14 @@ const NOT_SYNCHRONOUS: &[(&str, &str)] = &[
         "nvmet_",
         "the kernel's NVMe host against the NVMe target sample: no id of the tool's, mode-blind",
     ),
+    (
+        "mcast_m",
+        "mckey's side of a group is mode-blind; mcast_join_leave_and_limits runs the synchronous JOIN_MCAST (make check's time)",
+    ),
+    (
+        "retry_count_and_ack_timeout_take_effect",
+        "the QP's retry timers, mode-blind: the asynchronous passes time them (make check's time)",
+    ),
 ];
 
 /// Scenarios a pass on iWARP (siw) does not run, and why.
