@@ -640,7 +640,9 @@ pub fn run(ctx: &mut Ctx, filter: Option<&str>, left_out: bool, alone_pass: bool
         .filter(|(name, _)| filter.is_none_or(|f| name.contains(f)))
         .filter(|(name, _)| !alone_pass || alone(name))
         .map(|(name, test)| {
-            let why = left_out_because(name, pass).or_else(|| needs_fix_because(ctx, name));
+            let why = left_out_because(name, pass)
+                .or_else(|| needs_fix_because(ctx, name))
+                .or_else(|| wire::kernel_lacks_because(name));
             (*name, *test, why)
         })
         .filter(|(_, _, why)| !left_out || why.is_some())

@@ -34,6 +34,25 @@ struct Seen {
     dest_qp: u32,
 }
 
+/// Why the running kernel cannot run `name`, if it cannot: the capture
+/// needs packet sockets (`CONFIG_PACKET`), which a user's own kernel may
+/// lack (the test kernel has them).
+pub(super) fn kernel_lacks_because(name: &str) -> Option<String> {
+    if name != "tos_on_the_wire" {
+        return None;
+    }
+    // SAFETY: Plain socket creation; the descriptor is closed at once.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM, 0) };
+    if fd >= 0 {
+        // SAFETY: Ours, open.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    (std::io::Error::last_os_error().raw_os_error() == Some(libc::EAFNOSUPPORT)).then(|| {
+        "needs packet sockets (CONFIG_PACKET) in the kernel, to capture the wire".to_string()
+    })
+}
+
 /// The RoCE v2 packet in an IPv4 packet, if it is one.
 fn parse(p: &[u8]) -> Option<Seen> {
     if p.len() < 20 || p[0] >> 4 != 4 || p[9] != 17 {
