@@ -732,11 +732,10 @@ impl<'a> LockedId<'a> {
             qp
         };
         if let Some(raw) = qp.shutdown() {
-            // SAFETY: The id is live and locked, of this QP type; its QP is
-            // shut down and nothing posts to it any more.  It is the QP
-            // `create_qp` made: while the slot says `TearingDown`, no
-            // `create_qp` replaces it, nested in this teardown's handlers
-            // or not.
+            // While the slot says `TearingDown`, no `create_qp` (nested in
+            // this teardown's handlers or not) replaces the QP.
+            // SAFETY: The id is live and locked, of this QP type; `raw` is
+            // its QP, shut down: nothing posts to it any more.
             match unsafe { destroy_id_qp(self.as_ptr(), self.qp_type, raw) } {
                 Ok(()) => qp.reclaim(),
                 // Still live: its events may still reach the object.

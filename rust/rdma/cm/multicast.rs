@@ -154,11 +154,11 @@ impl LockedId<'_> {
             .attached?;
         self.device()?.check_same(pd.device())?;
         let attr = &ud.raw.ah_attr;
-        // SAFETY: `attr` is the group's address vector the CM filled for
-        // this MULTICAST_JOIN (`cma_make_mc_event`), whose source GID
-        // reference it drops only after the handler returned
-        // (`cma_iboe_join_work_handler` on RoCE, `cma_ib_mc_handler` on
-        // IB), which this call (borrowing the event) does not outlive.
+        // The CM drops the vector's source GID reference only after the
+        // handler returned (`cma_iboe_join_work_handler` on RoCE,
+        // `cma_ib_mc_handler` on IB).
+        // SAFETY: `attr` is this MULTICAST_JOIN's vector (`cma_make_mc_event`),
+        // its reference held while the borrowed event lives.
         let ah = unsafe { Ah::from_attr(pd, attr) }?;
         // SAFETY: Any bytes are a valid GID.
         let mgid = unsafe { attr.grh.dgid.raw };

@@ -54,11 +54,10 @@ impl LockedId<'_> {
         let mut attr: bindings::ib_qp_attr = unsafe { core::mem::zeroed() };
         let mut mask: core::ffi::c_int = 0;
         attr.qp_state = bindings::ib_qp_state_IB_QPS_INIT;
+        // For a UD id it fills the P_Key index, the port and the Q_Key
+        // (`cma_set_default_qkey`: the port space's, as `rdma_create_qp`).
         // SAFETY: The id is live and its handler mutex held (type
-        // invariants), as ucma holds its context's mutex around the call;
-        // both outputs are writable.  For a UD id it fills the P_Key index,
-        // the port and the Q_Key (`cma_set_default_qkey`: the port space's,
-        // as for `rdma_create_qp`'s QPs).
+        // invariants), as ucma holds its mutex; both outputs are writable.
         to_result(unsafe { bindings::rdma_init_qp_attr(self.as_ptr(), &mut attr, &mut mask) })?;
         let modify = |attr: &mut bindings::ib_qp_attr, mask: u32| {
             // SAFETY: `raw` is live (just created by the caller) and
