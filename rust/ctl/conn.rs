@@ -6,7 +6,7 @@
 //! the peers the id knows: the one its SIDR lookup found, and every sender
 //! it received from.
 
-use super::wait::{wait_for, wait_polled, Wait};
+use super::wait::{wait_notified, wait_polled, Wait, POLL_BUDGET};
 use crate::{
     abi,
     rdma::{
@@ -16,32 +16,26 @@ use crate::{
 };
 use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
-    new_condvar, new_mutex,
+    new_mutex,
     prelude::*,
-    sync::{Arc, CondVar, Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard},
     uaccess::{UserSliceReader, UserSliceWriter},
 };
 
-/// Completions and their waiters; shared by the CQ handler and the ioctls.
+/// What completions changed, shared by the CQ handler and the ioctls, whose
+/// waits run the handler themselves (they poll the CQ).
 #[pin_data]
 pub(crate) struct ConnShared {
     /// Received messages, oldest first; their buffers are reposted once read.
     #[pin]
     rx: Mutex<KVec<RecvBuffer>>,
-    #[pin]
-    rx_ready: CondVar,
     /// The QP flushed its receives (disconnect, device removal, teardown):
     /// nothing more will arrive, so RECV must not wait.
     rx_closed: AtomicBool,
     #[pin]
     tx: Mutex<TxState>,
-    /// A send completed (its buffer is back).
-    #[pin]
-    tx_done: CondVar,
     #[pin]
     work: Mutex<WorkState>,
-    #[pin]
-    work_done: CondVar,
 }
 
 /// Memory work requests, tagged 1, 2, ... in posting order; the send queue
@@ -105,7 +99,6 @@ impl CompletionHandler for ConnCompletions {
             // Flushed: the buffer is freed; waiting readers must give up.
             self.shared.rx_closed.store(true, Ordering::Release);
         }
-        self.shared.rx_ready.notify_all();
     }
 
     fn send_done(&self, buf: SendBuffer, result: Result) {
@@ -120,7 +113,6 @@ impl CompletionHandler for ConnCompletions {
                 tx.unreported = Some(e);
             }
         }
-        self.shared.tx_done.notify_all();
     }
 
     fn work_done(&self, done: WorkDone, result: Result) {
@@ -128,7 +120,6 @@ impl CompletionHandler for ConnCompletions {
             let mut work = self.shared.work.lock();
             work.completed = done.tag;
             work.result = result;
-            self.shared.work_done.notify_all();
         }
         // The region's reference goes here, outside the lock: the last one
         // deregisters it, which may sleep.
@@ -163,9 +154,11 @@ pub(crate) struct DatagramInfo {
 #[pin_data]
 pub(crate) struct Conn {
     qp: Arc<Qp<ConnCompletions>>,
-    /// A busy-polling connection's CQ (`RDMA_CM_RS_ID_BUSY_POLL`), which
-    /// only its waiters process; `None` when a workqueue does.
-    polled_cq: Option<Arc<Cq<ConnCompletions>>>,
+    /// The connection's CQ, which only its callers process: busy-polled by
+    /// their waits on a busy-polling id (`RDMA_CM_RS_ID_BUSY_POLL`,
+    /// [`PollContext::Direct`]), else polled and slept on until the device
+    /// notifies a completion ([`PollContext::Notified`]).
+    cq: Arc<Cq<ConnCompletions>>,
     pd: Arc<Pd>,
     shared: Arc<ConnShared>,
     #[pin]
@@ -182,9 +175,6 @@ pub(crate) struct Conn {
     peers: Mutex<PeerTable>,
 }
 
-/// Completions a busy-polling waiter takes from the CQ in one poll.
-const POLL_BUDGET: u32 = 16;
-
 /// Send and memory work timeout when the caller gives none.
 const DEFAULT_SEND_TIMEOUT_MS: u32 = 5000;
 
@@ -198,8 +188,10 @@ fn timeout_or_default(timeout_ms: u32) -> u32 {
 
 impl Conn {
     /// Creates PD, CQ and QP (of the id's type) on a locked id and posts
-    /// the receives.  With `busy_poll` the CQ is polled by the waits of
-    /// the connection's calls, in their callers' tasks.  On failure the
+    /// the receives.  The connection's calls process its CQ in their
+    /// callers' tasks: with `busy_poll` their waits poll it until what they
+    /// wait for came, otherwise they sleep until the device notifies a
+    /// completion.  On failure the
     /// caller destroys the QP, if one was made.
     pub(crate) fn setup(id: &LockedId<'_>, busy_poll: bool) -> Result<Arc<Self>> {
         let dev = id.device()?;
@@ -210,7 +202,6 @@ impl Conn {
         let shared = Arc::pin_init(
             pin_init!(ConnShared {
                 rx <- new_mutex!(rx),
-                rx_ready <- new_condvar!(),
                 rx_closed: AtomicBool::new(false),
                 tx <- new_mutex!(TxState {
                     free: KVec::new(),
@@ -220,13 +211,11 @@ impl Conn {
                     waited_result: None,
                     unreported: None,
                 }),
-                tx_done <- new_condvar!(),
                 work <- new_mutex!(WorkState {
                     posted: 0,
                     completed: 0,
                     result: Ok(()),
                 }),
-                work_done <- new_condvar!(),
             }),
             GFP_KERNEL,
         )?;
@@ -241,7 +230,7 @@ impl Conn {
         let poll = if busy_poll {
             PollContext::Direct
         } else {
-            PollContext::Workqueue
+            PollContext::Notified
         };
         let cq = Cq::alloc_with(
             id.owner(),
@@ -278,7 +267,7 @@ impl Conn {
         Arc::pin_init(
             pin_init!(Self {
                 qp,
-                polled_cq: busy_poll.then_some(cq),
+                cq,
                 pd,
                 shared,
                 mrs <- new_mutex!([const { None }; abi::MAX_MRS]),
@@ -385,9 +374,7 @@ impl Conn {
             if let Some(buf) = tx.take_free(&self.pd)? {
                 break buf;
             }
-            let waited = self.wait_until(&shared.tx, tx, &shared.tx_done, wait, |t| {
-                !t.free.is_empty()
-            });
+            let waited = self.wait_until(&shared.tx, tx, wait, |t| !t.free.is_empty());
             tx = waited.0;
             waited.1?;
         };
@@ -422,9 +409,7 @@ impl Conn {
         if nowait {
             return Ok(());
         }
-        let (mut tx, r) = self.wait_until(&shared.tx, tx, &shared.tx_done, wait, |t| {
-            t.completed >= seq
-        });
+        let (mut tx, r) = self.wait_until(&shared.tx, tx, wait, |t| t.completed >= seq);
         tx.waited = None;
         r?;
         match tx.waited_result.take() {
@@ -496,7 +481,7 @@ impl Conn {
             let shared = &self.shared;
             let rx = shared.rx.lock();
             let closed = &shared.rx_closed;
-            let (mut rx, r) = self.wait_until(&shared.rx, rx, &shared.rx_ready, wait, |q| {
+            let (mut rx, r) = self.wait_until(&shared.rx, rx, wait, |q| {
                 !q.is_empty() || closed.load(Ordering::Acquire)
             });
             r?;
@@ -535,49 +520,40 @@ impl Conn {
         self.poll_now();
         let shared = &self.shared;
         let work = shared.work.lock();
-        let (mut work, r) = self.wait_until(&shared.work, work, &shared.work_done, wait, |w| {
-            w.completed == w.posted
-        });
+        let (mut work, r) = self.wait_until(&shared.work, work, wait, |w| w.completed == w.posted);
         r?;
         let tag = work.posted + 1;
         // The completion may run at once on another CPU; it waits for this
         // lock, so `posted` is updated before it is compared.
         let value = post(tag)?;
         work.posted = tag;
-        let (mut work, r) = self.wait_until(&shared.work, work, &shared.work_done, wait, |w| {
-            w.completed >= tag
-        });
+        let (mut work, r) = self.wait_until(&shared.work, work, wait, |w| w.completed >= tag);
         r?;
         core::mem::replace(&mut work.result, Ok(()))?;
         Ok(value)
     }
 
-    /// On a busy-polling connection, runs the handler for what its CQ holds
-    /// (nothing to do on another: its worker does).
+    /// Runs the handler for what the CQ holds.
     fn poll_now(&self) {
-        if let Some(cq) = &self.polled_cq {
-            // `EBUSY`: another caller polls, and its poll runs the handler
-            // that changes what this one checks.
-            let _ = cq.poll(POLL_BUDGET);
-        }
+        // `EBUSY`: another caller polls, and its poll runs the handler that
+        // changes what this one checks.
+        let _ = self.cq.poll(POLL_BUDGET);
     }
 
-    /// Waits until `ready` holds for the state `mutex` guards: until the
-    /// CQ's handler notifies `cv`, or on a busy-polling connection while
-    /// the caller polls the CQ itself.
+    /// Waits until `ready` holds for the state `mutex` guards, processing
+    /// the CQ in the caller's task: polling it in a loop on a busy-polling
+    /// connection, else polling it and sleeping until the device notifies.
     fn wait_until<'a, T>(
         &self,
         mutex: &'a Mutex<T>,
-        mut guard: MutexGuard<'a, T>,
-        cv: &CondVar,
+        guard: MutexGuard<'a, T>,
         wait: Wait,
         ready: impl Fn(&T) -> bool,
     ) -> (MutexGuard<'a, T>, Result) {
-        if self.polled_cq.is_none() {
-            let r = wait_for(cv, &mut guard, wait, ready);
-            return (guard, r);
+        if self.cq.poll_context() == PollContext::Direct {
+            return wait_polled(mutex, guard, wait, || self.poll_now(), ready);
         }
-        wait_polled(mutex, guard, wait, || self.poll_now(), ready)
+        wait_notified(mutex, guard, wait, &self.cq, ready)
     }
 
     fn mr(&self, handle: u32) -> Result<Arc<Mr>> {

@@ -2,11 +2,14 @@
 
 //! Bounded, interruptible waits for the ioctls that block.
 
-use crate::abi;
+use crate::{
+    abi,
+    rdma::{CompletionHandler, Cq},
+};
 use kernel::{
     prelude::*,
     sync::{CondVar, CondVarTimeoutResult, Mutex, MutexGuard},
-    time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
+    time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Jiffies, Monotonic},
 };
 
 /// How long a caller is willing to wait.
@@ -120,5 +123,68 @@ pub(crate) fn wait_polled<'a, T>(
         poll();
         polled = true;
         guard = mutex.lock();
+    }
+}
+
+/// Completions a waiter takes from its CQ in one poll.
+pub(crate) const POLL_BUDGET: u32 = 16;
+
+/// Waits until `ready` holds for the state `mutex` guards, on a connection
+/// whose CQ only its callers process ([`crate::rdma::PollContext::Notified`]):
+/// polls it, and when that changed nothing sleeps until the device
+/// notifies a completion or another caller's poll ran some.  One wake-up
+/// between the device and the caller, where a CQ polled from a workqueue
+/// takes two (its worker's, then the caller's).  The poll runs with the
+/// lock released, since the handler it runs takes it.
+///
+/// Polls once before it gives up with `EAGAIN`; `ETIMEDOUT` and
+/// `ERESTARTSYS` as [`wait_for`].  The guard comes back in every case.
+pub(crate) fn wait_notified<'a, T, C: CompletionHandler>(
+    mutex: &'a Mutex<T>,
+    mut guard: MutexGuard<'a, T>,
+    wait: Wait,
+    cq: &Cq<C>,
+    ready: impl Fn(&T) -> bool,
+) -> (MutexGuard<'a, T>, Result) {
+    let mut left: Jiffies = if wait.timeout_ms == abi::TIMEOUT_INFINITE {
+        Jiffies::MAX
+    } else {
+        msecs_to_jiffies(wait.timeout_ms)
+    };
+    loop {
+        if ready(&guard) {
+            return (guard, Ok(()));
+        }
+        drop(guard);
+        // Before the poll: what happens after it ends the sleep below.
+        let mark = cq.mark();
+        // `EBUSY`: another caller polls; its end is news after `mark`.
+        let _ = cq.poll(POLL_BUDGET);
+        guard = mutex.lock();
+        if ready(&guard) {
+            return (guard, Ok(()));
+        }
+        if wait.nonblock || wait.timeout_ms == 0 {
+            return (guard, Err(EAGAIN));
+        }
+        drop(guard);
+        let slept = cq.wait_since(mark, left);
+        guard = mutex.lock();
+        match slept {
+            Ok(jiffies) => left = jiffies,
+            Err(e) if e == ETIMEDOUT => {
+                // What the last completions changed, polled once more.
+                drop(guard);
+                let _ = cq.poll(POLL_BUDGET);
+                guard = mutex.lock();
+                let r = if ready(&guard) {
+                    Ok(())
+                } else {
+                    Err(ETIMEDOUT)
+                };
+                return (guard, r);
+            }
+            Err(e) => return (guard, Err(e)),
+        }
     }
 }

@@ -33,6 +33,12 @@ __rust_helper void rust_helper_put_net(struct net *net)
 	put_net(net);
 }
 
+__rust_helper int rust_helper_ib_req_notify_cq(struct ib_cq *cq,
+						enum ib_cq_notify_flags flags)
+{
+	return ib_req_notify_cq(cq, flags);
+}
+
 __rust_helper int rust_helper_cond_resched(void)
 {
 	return cond_resched();

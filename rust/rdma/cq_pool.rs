@@ -72,7 +72,8 @@ struct PooledCq<C: CompletionHandler> {
 impl<C: CompletionHandler + Clone> CqPool<C> {
     /// A pool of CQs of at least `cq_entries` on `dev`, polled from `poll`,
     /// each with a clone of `handler`; none is allocated yet.  `EINVAL` for
-    /// 0 entries or [`PollContext::Direct`] (nobody would poll those; see
+    /// 0 entries or a poll context whose CQs only their owner polls
+    /// ([`PollContext::owner_polls`]: nobody would; see
     /// [`CqPool::busy_polled`]).
     pub fn new(
         owner: &Owner,
@@ -81,7 +82,7 @@ impl<C: CompletionHandler + Clone> CqPool<C> {
         poll: PollContext,
         handler: C,
     ) -> Result<Arc<Self>> {
-        if poll == PollContext::Direct {
+        if poll.owner_polls() {
             return Err(EINVAL);
         }
         Self::with_poll(owner, dev, cq_entries, poll, handler, None)

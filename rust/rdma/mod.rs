@@ -86,8 +86,8 @@ pub use self::{
     sg::SgBuffer,
     synchronous::{EventWaiter, OwnedEvent, SyncOp, SyncOutcome, SyncResult},
     verbs::{
-        CompletionHandler, Cq, PollContext, PostError, Qp, QpCaps, QpEvent, QpType, RecvBuffer,
-        RwDone, RwOp, SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone, WorkOp,
+        CompletionHandler, Cq, CqMark, PollContext, PostError, Qp, QpCaps, QpEvent, QpType,
+        RecvBuffer, RwDone, RwOp, SendBuffer, Srq, SrqCaps, SrqEvent, SrqEvents, WorkDone, WorkOp,
     },
 };
 

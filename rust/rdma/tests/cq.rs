@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! KUnit: how CQs are processed: `Direct` polling, busy polling, a busy-polled
-//! CQ pool, and a teardown's poll.
+//! CQ pool, a teardown's poll, and sleeping on a `Notified` CQ.
 
 use super::fixture::*;
 use super::wait_until;
@@ -10,13 +10,14 @@ use crate::rdma::{
     net::NetNs,
     pd::Pd,
     poller::BusyPoller,
-    verbs::{PollContext, RecvBuffer},
+    verbs::{Cq, PollContext, RecvBuffer},
 };
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     prelude::*,
     sync::Arc,
-    time::{delay::fsleep, Delta},
+    time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
+    workqueue,
 };
 
 #[kunit_tests(rdma_cm_rs_cq)]
@@ -181,5 +182,72 @@ mod cq_tests {
         };
         assert_eq!(client.recvs_flushed.load(Ordering::Acquire), 4);
         assert_eq!(client.send_log.load(Ordering::Acquire), 9);
+    }
+
+    /// A `Notified` CQ runs its handler only when polled, like a `Direct`
+    /// one, and its owner can sleep until there is something to poll:
+    /// nothing comes, and the wait times out after its time; a message
+    /// posted while the owner sleeps wakes it (the device's notification),
+    /// well before its time, and the poll that follows reports it; news
+    /// since the mark (another poll that ran completions) ends a wait at
+    /// once.  Other CQs refuse the wait.
+    #[test]
+    fn notified_cq_wakes_its_sleeping_owner() {
+        let owner = owner();
+        let Some(pair) = connected_pair_polled(&owner, &NetNs::init(), 7213, PollContext::Notified)
+        else {
+            return;
+        };
+        let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
+        let cq = &pair.client_cq;
+        // Nothing to poll: the wait takes its time.
+        let mark = cq.mark();
+        let empty = cq.poll(16);
+        let start = Instant::<Monotonic>::now();
+        let quiet = cq.wait_since(mark, msecs_to_jiffies(100)).err();
+        let quiet_ms = start.elapsed().as_millis();
+        // A message posted 200 ms into a wait of 5 s.
+        let posted = Arc::new(AtomicBool::new(false), GFP_KERNEL).unwrap();
+        let (server_qp, posted_flag) = (pair.server_qp.clone(), posted.clone());
+        let spawned = workqueue::system().try_spawn(GFP_KERNEL, move || {
+            fsleep(Delta::from_millis(200));
+            posted_flag.store(post_marked(&server_qp, 9, false), Ordering::Release);
+        });
+        let mark = cq.mark();
+        let start = Instant::<Monotonic>::now();
+        let woken = cq.wait_since(mark, msecs_to_jiffies(5000));
+        let woken_ms = start.elapsed().as_millis();
+        let before_poll = client.received.load(Ordering::Acquire);
+        let polled = cq.poll(16);
+        let sent = spawned.is_ok() && wait_until(|| posted.load(Ordering::Acquire));
+        let acked = wait_until(|| server.sends_back.load(Ordering::Acquire) == 1);
+        // A poll that ran a completion after the mark: news.
+        let mark = cq.mark();
+        let answered = post_marked(&pair.server_qp, 10, false);
+        let arrived = wait_until(|| cq.poll(16) == Ok(1));
+        let start = Instant::<Monotonic>::now();
+        let news = cq.wait_since(mark, msecs_to_jiffies(5000));
+        let news_ms = start.elapsed().as_millis();
+        // Not a `Notified` CQ: no wait.
+        let other = Cq::alloc(&owner, cq.device(), 4, Nop);
+        let other_refuses = other
+            .as_ref()
+            .ok()
+            .and_then(|o| o.wait_since(o.mark(), 1).err());
+        drop(other);
+        drop(pair);
+        assert_eq!(empty, Ok(0));
+        assert_eq!(quiet, Some(ETIMEDOUT));
+        assert!(quiet_ms >= 90);
+        assert!(woken.is_ok() && (150..2000).contains(&woken_ms));
+        assert_eq!(before_poll, 0);
+        assert_eq!(polled, Ok(1));
+        assert!(sent && acked && answered && arrived);
+        assert_eq!(
+            client.last_digest.load(Ordering::Acquire),
+            digest(&[10; 16])
+        );
+        assert!(news.is_ok() && news_ms < 50);
+        assert_eq!(other_refuses, Some(EINVAL));
     }
 }

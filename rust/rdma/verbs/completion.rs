@@ -79,7 +79,8 @@ pub struct RwDone {
 /// send CQ's handler.
 ///
 /// Runs in process context: on the CQ's workqueue, or for a
-/// [`PollContext::Direct`] CQ in the task that polls it ([`Cq::poll`],
+/// [`PollContext::Direct`] or [`PollContext::Notified`] CQ in the task that
+/// polls it ([`Cq::poll`],
 /// a [`crate::rdma::BusyPoller`] loop, a QP's teardown), under whatever
 /// that task holds: a poller that holds a lock its handler takes
 /// deadlocks.  Requests the driver never flushed are completed as flushed
@@ -90,6 +91,7 @@ pub struct RwDone {
 /// this very context.
 ///
 /// [`PollContext::Direct`]: crate::rdma::PollContext::Direct
+/// [`PollContext::Notified`]: crate::rdma::PollContext::Notified
 /// [`Cq::poll`]: crate::rdma::Cq::poll
 pub trait CompletionHandler: Send + Sync + 'static {
     /// A receive completed: `Ok(len)` bytes arrived (into the buffer, and

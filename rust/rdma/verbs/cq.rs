@@ -2,7 +2,10 @@
 
 //! Completion queues ([`Cq`]) and how they are processed ([`PollContext`]).
 
-use super::completion::CompletionHandler;
+use super::{
+    completion::CompletionHandler,
+    cq_wait::{CqMark, CqWaiters},
+};
 use crate::rdma::{
     bindings,
     callback::current_task,
@@ -16,13 +19,13 @@ use core::{
 use kernel::{
     prelude::*,
     sync::{aref::ARef, Arc},
-    time::{delay::fsleep, Delta},
+    time::{delay::fsleep, Delta, Jiffies},
 };
 
-/// Where a CQ's completions run its handler (`enum ib_poll_context`).
-/// All three are process context, where a [`CompletionHandler`] may sleep;
-/// the atomic one (`IB_POLL_SOFTIRQ`) is not offered (see the design
-/// notes).
+/// Where a CQ's completions run its handler (`enum ib_poll_context`, and
+/// [`PollContext::Notified`], which the core does not poll).  All are
+/// process context, where a [`CompletionHandler`] may sleep; the atomic
+/// one (`IB_POLL_SOFTIRQ`) is not offered (see the design notes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollContext {
     /// `IB_POLL_WORKQUEUE`: `ib_comp_wq`, a per-CPU workqueue; the
@@ -39,15 +42,30 @@ pub enum PollContext {
     /// a worker.  A QP's teardown polls it too, until its requests are
     /// flushed.
     Direct,
+    /// Only the CQ's owner polls it, as a [`PollContext::Direct`] one, and
+    /// a task that found nothing may sleep until the device notifies a
+    /// completion ([`Cq::wait_since`]): the notification wakes that task
+    /// itself, with no worker in between, as a user-space completion
+    /// channel wakes its reader.  A `__ib_create_cq` CQ with the layer's
+    /// completion handler, armed only by a waiter.
+    Notified,
 }
 
 impl PollContext {
-    fn as_raw(self) -> bindings::ib_poll_context {
+    /// The core's poll context; `None` for [`PollContext::Notified`], which
+    /// the core does not poll.
+    fn as_raw(self) -> Option<bindings::ib_poll_context> {
         match self {
-            Self::Workqueue => bindings::ib_poll_context_IB_POLL_WORKQUEUE,
-            Self::UnboundWorkqueue => bindings::ib_poll_context_IB_POLL_UNBOUND_WORKQUEUE,
-            Self::Direct => bindings::ib_poll_context_IB_POLL_DIRECT,
+            Self::Workqueue => Some(bindings::ib_poll_context_IB_POLL_WORKQUEUE),
+            Self::UnboundWorkqueue => Some(bindings::ib_poll_context_IB_POLL_UNBOUND_WORKQUEUE),
+            Self::Direct => Some(bindings::ib_poll_context_IB_POLL_DIRECT),
+            Self::Notified => None,
         }
+    }
+
+    /// Whether only the CQ's owner polls it ([`Cq::poll`]).
+    pub fn owner_polls(self) -> bool {
+        matches!(self, Self::Direct | Self::Notified)
     }
 }
 
@@ -60,9 +78,12 @@ impl PollContext {
 /// as `poll` says, whose `cq_context` is this object; `committed` is the
 /// sum of the reservations of the QPs that complete on it, at most
 /// `entries`.  A [`PollContext::Direct`] CQ is never armed (no
-/// `ib_req_notify_cq`: the IB core warns of an unsolicited completion),
-/// and its completions run only in the task that set `polling`, while it
-/// is set (a poll, or a QP's reclaim).
+/// `ib_req_notify_cq`: the IB core warns of an unsolicited completion); a
+/// [`PollContext::Notified`] one was made by `__ib_create_cq` with
+/// [`notified`] as its completion handler, and is armed only by
+/// [`Cq::wait_since`].  The completions of either run only in the task
+/// that set `polling`, while it is set (a poll, or a QP's reclaim).
+#[pin_data(PinnedDrop)]
 pub struct Cq<C: CompletionHandler> {
     raw: AtomicPtr<bindings::ib_cq>,
     entries: u32,
@@ -74,6 +95,9 @@ pub struct Cq<C: CompletionHandler> {
     polling: AtomicPtr<bindings::task_struct>,
     committed: AtomicU32,
     pub(super) handler: C,
+    /// [`PollContext::Notified`]: the tasks sleeping until it has news.
+    #[pin]
+    waiters: CqWaiters,
     dev: ARef<Device>,
     /// Counted on its owner while the C side may call into the module
     /// through this object (see [`CallbackTarget`]).
@@ -108,8 +132,9 @@ impl<C: CompletionHandler> Cq<C> {
             return Err(EINVAL);
         }
         let vector = i32::try_from(comp_vector).map_err(|_| EINVAL)?;
-        let cq = Arc::new(
-            Self {
+        let target = CallbackTarget::new(owner)?;
+        let cq = Arc::pin_init(
+            pin_init!(Self {
                 raw: AtomicPtr::new(ptr::null_mut()),
                 entries,
                 comp_vector,
@@ -117,25 +142,50 @@ impl<C: CompletionHandler> Cq<C> {
                 polling: AtomicPtr::new(ptr::null_mut()),
                 committed: AtomicU32::new(0),
                 handler,
+                waiters <- CqWaiters::new(c"Cq::waiters", kernel::static_lock_class!()),
                 dev: dev.into(),
-                _target: CallbackTarget::new(owner)?,
-            },
+                _target: target,
+            }),
             GFP_KERNEL,
         )?;
         let context: *const Self = &*cq;
-        // SAFETY: `dev` is valid; `context` outlives the CQ (freed in `drop`);
-        // the vector is the device's (checked above); the caller's name is
-        // the owner's, a static string of the module, which the CQ's target
-        // keeps loaded.
-        let raw = unsafe {
-            bindings::__ib_alloc_cq(
-                dev.as_ptr(),
-                context.cast_mut().cast(),
-                nr_cqe,
-                vector,
-                poll.as_raw(),
-                owner.name().as_char_ptr(),
-            )
+        let raw = match poll.as_raw() {
+            // SAFETY: `dev` is valid; `context` outlives the CQ (freed in
+            // `drop`); the vector is the device's (checked above); the
+            // caller's name is the owner's, a static string of the module,
+            // which the CQ's target keeps loaded.
+            Some(raw_poll) => unsafe {
+                bindings::__ib_alloc_cq(
+                    dev.as_ptr(),
+                    context.cast_mut().cast(),
+                    nr_cqe,
+                    vector,
+                    raw_poll,
+                    owner.name().as_char_ptr(),
+                )
+            },
+            None => {
+                let attr = bindings::ib_cq_init_attr {
+                    cqe: entries,
+                    comp_vector,
+                    flags: 0,
+                };
+                // The driver calls `notified` with `context` for each
+                // notification a `wait_since` asked for, until the CQ is
+                // destroyed (`drop`); no event handler (a CQ error ends its
+                // QPs, whose own events report it).
+                // SAFETY: As above; `attr` is read during the call only.
+                unsafe {
+                    bindings::__ib_create_cq(
+                        dev.as_ptr(),
+                        Some(notified::<C>),
+                        None,
+                        context.cast_mut().cast(),
+                        &attr,
+                        owner.name().as_char_ptr(),
+                    )
+                }
+            }
         };
         let raw = kernel::error::from_err_ptr(raw)?;
         // INVARIANT: Just allocated with this object as its context.
@@ -182,8 +232,11 @@ impl<C: CompletionHandler> Cq<C> {
     /// `EBUSY` while another poll of the CQ runs (another task's, or the
     /// one whose handler is calling): its completions reach the handler
     /// through that poll.
+    ///
+    /// A [`PollContext::Notified`] CQ's poll does not give the CPU away: its
+    /// caller sleeps next if it found nothing ([`Cq::wait_since`]).
     pub fn poll(&self, budget: u32) -> Result<u32> {
-        if self.poll != PollContext::Direct || budget == 0 {
+        if !self.poll.owner_polls() || budget == 0 {
             return Err(EINVAL);
         }
         let budget = i32::try_from(budget).unwrap_or(i32::MAX);
@@ -199,10 +252,45 @@ impl<C: CompletionHandler> Cq<C> {
             // ownership of its request; the budget is positive.
             let done = unsafe { bindings::ib_process_cq_direct(self.as_ptr(), budget) };
             // At most `budget`, never negative.
-            Ok(u32::try_from(done).unwrap_or(0))
+            let done = u32::try_from(done).unwrap_or(0);
+            _polling.ran(done as usize);
+            Ok(done)
         };
-        yield_after_poll(matches!(done, Ok(n) if n > 0));
+        if self.poll == PollContext::Direct {
+            yield_after_poll(matches!(done, Ok(n) if n > 0));
+        }
         done
+    }
+
+    /// A [`PollContext::Notified`] CQ's mark, to take before a poll whose
+    /// caller may then [`wait`](Cq::wait_since).
+    pub fn mark(&self) -> CqMark {
+        self.waiters.mark()
+    }
+
+    /// Sleeps until a [`PollContext::Notified`] CQ has news after `mark`:
+    /// the device notified a completion, or another task's poll ran
+    /// completions (which may be what the caller waits for); at once if
+    /// that happened since the mark.  Interruptible; at most `timeout`
+    /// (`Jiffies::MAX`: without limit).  Then the caller polls again.
+    ///
+    /// The jiffies left; `ETIMEDOUT`, `ERESTARTSYS` on a signal, `EINVAL`
+    /// for a CQ of another poll context.  Process context, no lock held
+    /// that the CQ's handler takes.
+    pub fn wait_since(&self, mark: CqMark, timeout: Jiffies) -> Result<Jiffies> {
+        if self.poll != PollContext::Notified {
+            return Err(EINVAL);
+        }
+        self.waiters.wait_since(mark, timeout, || {
+            let flags = bindings::ib_cq_notify_flags_IB_CQ_NEXT_COMP
+                | bindings::ib_cq_notify_flags_IB_CQ_REPORT_MISSED_EVENTS;
+            // SAFETY: Live CQ (type invariants) made by `__ib_create_cq`
+            // with `notified` as its handler, which any number of arming
+            // calls and notifications may run; exactly one of NEXT_COMP
+            // and SOLICITED is given.
+            let armed = unsafe { bindings::ib_req_notify_cq(self.as_ptr(), flags) };
+            kernel::error::to_result(armed.min(0)).map(|()| armed > 0)
+        })
     }
 
     /// For a QP's teardown: processes a [`PollContext::Direct`] CQ until
@@ -210,7 +298,7 @@ impl<C: CompletionHandler> Cq<C> {
     /// what it finds).  Nothing for a CQ polled from a workqueue.
     /// Gives the CPU away as [`Self::poll`] does: the caller polls again.
     pub(super) fn poll_for_teardown(&self) {
-        if self.poll != PollContext::Direct {
+        if !self.poll.owner_polls() {
             return;
         }
         let found = DirectPoll::try_start(self).is_some_and(|polling| polling.drain() > 0);
@@ -226,7 +314,7 @@ impl<C: CompletionHandler> Cq<C> {
     /// for: `LockedId::destroy_qp` refuses a task inside one, and a `CmId`
     /// dropped there is destroyed later, on the module's queue.
     pub(super) fn quiesce(&self) -> Option<DirectPoll<'_, C>> {
-        if self.poll != PollContext::Direct {
+        if !self.poll.owner_polls() {
             // SAFETY: The CQ is live and polled from a workqueue, whose
             // poll work this waits for.
             unsafe { bindings::rdma_cm_rs_flush_cq_work(self.as_ptr()) };
@@ -235,6 +323,9 @@ impl<C: CompletionHandler> Cq<C> {
         loop {
             if let Some(polling) = DirectPoll::try_start(self) {
                 polling.drain();
+                // The reclaim completes leftovers under it: its end wakes
+                // a notified CQ's waiters.
+                polling.ran(1);
                 return Some(polling);
             }
             // Another task's poll is running handlers; it finishes its
@@ -262,8 +353,12 @@ impl<C: CompletionHandler> Cq<C> {
     }
 }
 
-/// The right to process a [`PollContext::Direct`] CQ, held by one task.
-pub(super) struct DirectPoll<'a, C: CompletionHandler>(&'a Cq<C>);
+/// The right to process a CQ its owner polls ([`PollContext::owner_polls`]),
+/// held by one task; and whether that task ran completions under it.
+pub(super) struct DirectPoll<'a, C: CompletionHandler> {
+    cq: &'a Cq<C>,
+    ran: core::cell::Cell<bool>,
+}
 
 impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
     fn try_start(cq: &'a Cq<C>) -> Option<Self> {
@@ -275,7 +370,17 @@ impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
                 Ordering::Relaxed,
             )
             .ok()
-            .map(|_| Self(cq))
+            .map(|_| Self {
+                cq,
+                ran: core::cell::Cell::new(false),
+            })
+    }
+
+    /// Notes that `n` completions ran under this poll.
+    pub(super) fn ran(&self, n: usize) {
+        if n > 0 {
+            self.ran.set(true);
+        }
     }
 
     /// Processes the CQ until a batch finds it empty; how many completions
@@ -286,9 +391,11 @@ impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
         loop {
             // SAFETY: As in `Cq::poll`: a live `IB_POLL_DIRECT` CQ processed
             // by this task alone, whose entries' `done` are this layer's.
-            let done = unsafe { bindings::ib_process_cq_direct(self.0.as_ptr(), BATCH) };
+            let done = unsafe { bindings::ib_process_cq_direct(self.cq.as_ptr(), BATCH) };
             // Between 0 and `BATCH`.
-            total += usize::try_from(done).unwrap_or(0);
+            let n = usize::try_from(done).unwrap_or(0);
+            self.ran(n);
+            total += n;
             if done < BATCH {
                 return total;
             }
@@ -317,21 +424,58 @@ fn yield_after_poll(found: bool) {
 
 impl<C: CompletionHandler> Drop for DirectPoll<'_, C> {
     fn drop(&mut self) {
-        self.0.polling.store(ptr::null_mut(), Ordering::Release);
+        self.cq.polling.store(ptr::null_mut(), Ordering::Release);
+        // After letting go: a waiter woken here may poll at once.  It may
+        // have found this poll running and gone to sleep while this poll
+        // ran the completion it waits for.
+        if self.ran.get() && self.cq.poll == PollContext::Notified {
+            self.cq.waiters.wake();
+        }
     }
 }
 
-impl<C: CompletionHandler> Drop for Cq<C> {
-    fn drop(&mut self) {
+/// The completion handler of a [`PollContext::Notified`] CQ: the driver
+/// calls it once per arming, on the next completion; it wakes the waiters.
+///
+/// # Safety
+///
+/// `context` is the `cq_context` of a live CQ made by [`Cq::alloc_with`]
+/// for a `Cq<C>`.
+unsafe extern "C" fn notified<C: CompletionHandler>(
+    _cq: *mut bindings::ib_cq,
+    context: *mut core::ffi::c_void,
+) {
+    // SAFETY: By the safety requirements, `context` is the `Cq<C>` that
+    // owns the live CQ.  That object is freed only after
+    // `ib_destroy_cq_user`, which runs once every QP of the CQ is destroyed
+    // (each holds it): the driver notifies completions its QPs post, under
+    // its CQ lock, so none comes after.
+    let cq = unsafe { &*context.cast::<Cq<C>>() };
+    cq.waiters.wake();
+}
+
+#[pinned_drop]
+impl<C: CompletionHandler> PinnedDrop for Cq<C> {
+    fn drop(self: Pin<&mut Self>) {
         let raw = self.as_ptr();
-        if !raw.is_null() {
-            // No poll runs: `ib_free_cq` cancels a workqueue CQ's poll
-            // work, and a `Cq::poll` of a direct CQ (for which
-            // `ib_free_cq` waits for nothing) borrows this object.
-            // SAFETY: Live CQ whose QPs are gone (each QP holds the CQ
-            // alive), polled by nothing.
-            unsafe { bindings::ib_free_cq(raw) };
+        if raw.is_null() {
+            return;
         }
+        if self.poll == PollContext::Notified {
+            // No waiter is left (each borrows this object); the driver
+            // calls `notified` no more once this returns.  It cannot fail
+            // with `EBUSY`: no QP uses the CQ.
+            // SAFETY: Live CQ of `__ib_create_cq` whose QPs are gone (each
+            // holds the CQ alive), polled by nothing; no user data.
+            unsafe { bindings::ib_destroy_cq_user(raw, ptr::null_mut()) };
+            return;
+        }
+        // No poll runs: `ib_free_cq` cancels a workqueue CQ's poll work,
+        // and a `Cq::poll` of a direct CQ (for which `ib_free_cq` waits
+        // for nothing) borrows this object.
+        // SAFETY: Live CQ of `__ib_alloc_cq` whose QPs are gone (each QP
+        // holds the CQ alive), polled by nothing.
+        unsafe { bindings::ib_free_cq(raw) };
     }
 }
 

@@ -7,7 +7,6 @@
 use super::{
     attachment::Attachment,
     completion::CompletionHandler,
-    cq::PollContext,
     credits::{PostedCqe, Signaling, WrQueue, FLUSH_TIMEOUT},
     qp::{Qp, QpShutdown},
     request::{hand_back_rw, marker_done, DrainMarker, RwWork},
@@ -100,8 +99,7 @@ impl<C: CompletionHandler> QpShutdown for Qp<C> {
                 self.send_cq.poll_for_teardown();
                 self.recv_cq.poll_for_teardown();
             };
-            let direct = self.send_cq.poll == PollContext::Direct
-                || self.recv_cq.poll == PollContext::Direct;
+            let direct = self.send_cq.poll.owner_polls() || self.recv_cq.poll.owner_polls();
             self.credits
                 .wait_flushed(FLUSH_TIMEOUT, direct.then_some(&poll_direct as &dyn Fn()));
         }

@@ -81,6 +81,7 @@ mod buffer;
 mod caps;
 mod completion;
 mod cq;
+mod cq_wait;
 mod credits;
 mod drain;
 mod mem;
@@ -101,6 +102,7 @@ pub use self::{
     caps::{QpCaps, QpType, RW_SLOTS_PER_CTX},
     completion::{CompletionHandler, QpEvent, RwDone, RwOp, WorkDone, WorkOp},
     cq::{Cq, PollContext},
+    cq_wait::CqMark,
     credits::FLUSH_TIMEOUT,
     mem::PreparedRegistration,
     post_error::PostError,

@@ -126,7 +126,7 @@ pub(super) fn disconnect_under_incoming_sends(ctx: &mut Ctx) -> Result<()> {
 }
 
 /// Busy-polling ids (RDMA_CM_RS_ID_BUSY_POLL): the connection's CQ is
-/// one the module's calls poll (`rdma res show cq`: poll-ctx DIRECT); a
+/// one the module's calls poll (`rdma res show cq`: IB_POLL_DIRECT); a
 /// RECV with nothing arrived polls and fails (EAGAIN at once, ETIMEDOUT
 /// after its limit); then four data-path scenarios again on such ids, made
 /// by the module's connect and by its listener (whose requests' ids
@@ -140,14 +140,14 @@ pub(super) fn busy_poll_data_path(ctx: &mut Ctx) -> Result<()> {
     let req_data = pattern(56, 5);
     let (call, id) =
         connect_to_serving_peer(ctx, &dev, "count=1 accept=- echo=1 disc=self", &req_data)?;
-    // iproute2 up to at least 6.1 (Debian's) names the kernel's `enum
+    // iproute2 (6.1, and its tree since) names the kernel's `enum
     // ib_poll_context` one off ("DIRECT", "SOFTIRQ", "WORKQUEUE",
     // "UNBOUND_WORKQUEUE" for 0-3, where the kernel has SOFTIRQ,
     // WORKQUEUE, UNBOUND_WORKQUEUE, DIRECT): IB_POLL_DIRECT, 3, prints as
-    // "UNBOUND_WORKQUEUE" there, and the char device makes no unbound
-    // CQs.
-    let direct =
-        |cq: &String| cq.contains("poll-ctx DIRECT ") || cq.contains("poll-ctx UNBOUND_WORKQUEUE ");
+    // "UNBOUND_WORKQUEUE", and the char device makes no unbound CQs.  Its
+    // other ids' CQs (`__ib_create_cq`, which leaves the field 0) print as
+    // "DIRECT": that name cannot tell them apart.
+    let direct = |cq: &String| cq.contains("poll-ctx UNBOUND_WORKQUEUE ");
     // nldev resumes a dump of many CQs by position (`res_get_common_dumpit`
     // skips the first `cb->args[0]` entries it finds), so CQs the other
     // passes destroy meanwhile make it skip some it never printed: one
