@@ -132,7 +132,7 @@ pub(crate) const POLL_BUDGET: u32 = 16;
 /// Waits until `ready` holds for the state `mutex` guards, on a connection
 /// whose CQ only its callers process ([`crate::rdma::PollContext::Notified`]):
 /// polls it, and when that changed nothing sleeps until the device
-/// notifies a completion or another caller's poll ran some.  One wake-up
+/// notifies a completion or another caller's poll ends.  One wake-up
 /// between the device and the caller, where a CQ polled from a workqueue
 /// takes two (its worker's, then the caller's).  The poll runs with the
 /// lock released, since the handler it runs takes it.
@@ -156,10 +156,11 @@ pub(crate) fn wait_notified<'a, T, C: CompletionHandler>(
             return (guard, Ok(()));
         }
         drop(guard);
-        // Before the poll: what happens after it ends the sleep below.
-        let mark = cq.mark();
-        // `EBUSY`: another caller polls; its end is news after `mark`.
+        // `EBUSY`: another caller polls; the end of its poll is news.
         let _ = cq.poll(POLL_BUDGET);
+        // After this caller's poll (whose end is news too) and before the
+        // check: what changes after the check ends the sleep below.
+        let mark = cq.mark();
         guard = mutex.lock();
         if ready(&guard) {
             return (guard, Ok(()));

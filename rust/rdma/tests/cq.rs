@@ -189,8 +189,8 @@ mod cq_tests {
     /// nothing comes, and the wait times out after its time; a message
     /// posted while the owner sleeps wakes it (the device's notification),
     /// well before its time, and the poll that follows reports it; news
-    /// since the mark (another poll that ran completions) ends a wait at
-    /// once.  Other CQs refuse the wait.
+    /// since the mark (a poll that ended after it) ends a wait at once.
+    /// Other CQs refuse the wait.
     #[test]
     fn notified_cq_wakes_its_sleeping_owner() {
         let owner = owner();
@@ -201,8 +201,8 @@ mod cq_tests {
         let (client, server) = (pair.client_seen.clone(), pair.server_seen.clone());
         let cq = &pair.client_cq;
         // Nothing to poll: the wait takes its time.
-        let mark = cq.mark();
         let empty = cq.poll(16);
+        let mark = cq.mark();
         let start = Instant::<Monotonic>::now();
         let quiet = cq.wait_since(mark, msecs_to_jiffies(100)).err();
         let quiet_ms = start.elapsed().as_millis();
@@ -221,7 +221,7 @@ mod cq_tests {
         let polled = cq.poll(16);
         let sent = spawned.is_ok() && wait_until(|| posted.load(Ordering::Acquire));
         let acked = wait_until(|| server.sends_back.load(Ordering::Acquire) == 1);
-        // A poll that ran a completion after the mark: news.
+        // A poll that ended after the mark: news.
         let mark = cq.mark();
         let answered = post_marked(&pair.server_qp, 10, false);
         let arrived = wait_until(|| cq.poll(16) == Ok(1));

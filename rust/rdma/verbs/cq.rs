@@ -172,8 +172,10 @@ impl<C: CompletionHandler> Cq<C> {
                 };
                 // The driver calls `notified` with `context` for each
                 // notification a `wait_since` asked for, until the CQ is
-                // destroyed (`drop`); no event handler (a CQ error ends its
-                // QPs, whose own events report it).
+                // destroyed (`drop`), in any context (hard interrupt, or
+                // under the driver's CQ lock): it only counts and wakes.
+                // No event handler: the drivers check for none, and the
+                // reservations keep the CQ from overflowing.
                 // SAFETY: As above; `attr` is read during the call only.
                 unsafe {
                     bindings::__ib_create_cq(
@@ -244,17 +246,17 @@ impl<C: CompletionHandler> Cq<C> {
             let Some(_polling) = DirectPoll::try_start(self) else {
                 break 'poll Err(EBUSY);
             };
-            // An `IB_POLL_DIRECT` CQ has no work item or softirq, and this
-            // object is its only caller of `ib_process_cq_direct`, which
-            // `_polling` makes one task at a time.
+            // An `IB_POLL_DIRECT` CQ, and a `__ib_create_cq` one whose
+            // handler only wakes waiters, has no work item or softirq
+            // polling it, and this object is its only caller of
+            // `ib_process_cq_direct`, which `_polling` makes one task at a
+            // time.
             // SAFETY: Live CQ (type invariants) processed by this task
             // alone; every entry's `done` is this layer's, which takes
             // ownership of its request; the budget is positive.
             let done = unsafe { bindings::ib_process_cq_direct(self.as_ptr(), budget) };
             // At most `budget`, never negative.
-            let done = u32::try_from(done).unwrap_or(0);
-            _polling.ran(done as usize);
-            Ok(done)
+            Ok(u32::try_from(done).unwrap_or(0))
         };
         if self.poll == PollContext::Direct {
             yield_after_poll(matches!(done, Ok(n) if n > 0));
@@ -269,10 +271,16 @@ impl<C: CompletionHandler> Cq<C> {
     }
 
     /// Sleeps until a [`PollContext::Notified`] CQ has news after `mark`:
-    /// the device notified a completion, or another task's poll ran
-    /// completions (which may be what the caller waits for); at once if
-    /// that happened since the mark.  Interruptible; at most `timeout`
-    /// (`Jiffies::MAX`: without limit).  Then the caller polls again.
+    /// the device notified a completion, or a poll of the CQ ended (which
+    /// may have run what the caller waits for); at once if that happened
+    /// since the mark.  While another task polls, the wait is for the end
+    /// of its poll; otherwise it arms the CQ, and ends at once if a
+    /// completion may have come unnotified.  Interruptible; at most
+    /// `timeout` (`Jiffies::MAX`: without limit), rounded up to a tick.
+    /// Then the caller polls again.
+    ///
+    /// The caller takes the mark after its own poll (whose end is news
+    /// too) and before it checks what the poll changed.
     ///
     /// The jiffies left; `ETIMEDOUT`, `ERESTARTSYS` on a signal, `EINVAL`
     /// for a CQ of another poll context.  Process context, no lock held
@@ -282,6 +290,11 @@ impl<C: CompletionHandler> Cq<C> {
             return Err(EINVAL);
         }
         self.waiters.wait_since(mark, timeout, || {
+            // Arming while another task polls would report what that poll
+            // has yet to take, again and again: its end wakes this one.
+            if !self.polling.load(Ordering::Acquire).is_null() {
+                return Ok(false);
+            }
             let flags = bindings::ib_cq_notify_flags_IB_CQ_NEXT_COMP
                 | bindings::ib_cq_notify_flags_IB_CQ_REPORT_MISSED_EVENTS;
             // SAFETY: Live CQ (type invariants) made by `__ib_create_cq`
@@ -323,9 +336,6 @@ impl<C: CompletionHandler> Cq<C> {
         loop {
             if let Some(polling) = DirectPoll::try_start(self) {
                 polling.drain();
-                // The reclaim completes leftovers under it: its end wakes
-                // a notified CQ's waiters.
-                polling.ran(1);
                 return Some(polling);
             }
             // Another task's poll is running handlers; it finishes its
@@ -354,10 +364,9 @@ impl<C: CompletionHandler> Cq<C> {
 }
 
 /// The right to process a CQ its owner polls ([`PollContext::owner_polls`]),
-/// held by one task; and whether that task ran completions under it.
+/// held by one task.
 pub(super) struct DirectPoll<'a, C: CompletionHandler> {
     cq: &'a Cq<C>,
-    ran: core::cell::Cell<bool>,
 }
 
 impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
@@ -370,17 +379,7 @@ impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
                 Ordering::Relaxed,
             )
             .ok()
-            .map(|_| Self {
-                cq,
-                ran: core::cell::Cell::new(false),
-            })
-    }
-
-    /// Notes that `n` completions ran under this poll.
-    pub(super) fn ran(&self, n: usize) {
-        if n > 0 {
-            self.ran.set(true);
-        }
+            .map(|_| Self { cq })
     }
 
     /// Processes the CQ until a batch finds it empty; how many completions
@@ -389,13 +388,11 @@ impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
         const BATCH: i32 = 16;
         let mut total = 0;
         loop {
-            // SAFETY: As in `Cq::poll`: a live `IB_POLL_DIRECT` CQ processed
+            // SAFETY: As in `Cq::poll`: a live CQ its owner polls, processed
             // by this task alone, whose entries' `done` are this layer's.
             let done = unsafe { bindings::ib_process_cq_direct(self.cq.as_ptr(), BATCH) };
             // Between 0 and `BATCH`.
-            let n = usize::try_from(done).unwrap_or(0);
-            self.ran(n);
-            total += n;
+            total += usize::try_from(done).unwrap_or(0);
             if done < BATCH {
                 return total;
             }
@@ -425,10 +422,11 @@ fn yield_after_poll(found: bool) {
 impl<C: CompletionHandler> Drop for DirectPoll<'_, C> {
     fn drop(&mut self) {
         self.cq.polling.store(ptr::null_mut(), Ordering::Release);
-        // After letting go: a waiter woken here may poll at once.  It may
-        // have found this poll running and gone to sleep while this poll
-        // ran the completion it waits for.
-        if self.ran.get() && self.cq.poll == PollContext::Notified {
+        // After letting go, so that a waiter woken here may poll at once:
+        // it found this poll running (`EBUSY`, or `Cq::wait_since` did not
+        // arm the CQ for it), and this poll may have run the completion it
+        // waits for, or left some in the CQ.
+        if self.cq.poll == PollContext::Notified {
             self.cq.waiters.wake();
         }
     }
@@ -446,10 +444,11 @@ unsafe extern "C" fn notified<C: CompletionHandler>(
     context: *mut core::ffi::c_void,
 ) {
     // SAFETY: By the safety requirements, `context` is the `Cq<C>` that
-    // owns the live CQ.  That object is freed only after
-    // `ib_destroy_cq_user`, which runs once every QP of the CQ is destroyed
-    // (each holds it): the driver notifies completions its QPs post, under
-    // its CQ lock, so none comes after.
+    // owns the live CQ.  That object is freed after `ib_destroy_cq_user`,
+    // which runs once every QP of the CQ is destroyed (each holds it): a
+    // driver notifies only for completions its QPs post, and its QP's
+    // destruction waits for those (rxe's `rxe_cleanup` of the QP, siw's
+    // wait for `qp_free`), so none comes after.
     let cq = unsafe { &*context.cast::<Cq<C>>() };
     cq.waiters.wake();
 }
@@ -462,12 +461,14 @@ impl<C: CompletionHandler> PinnedDrop for Cq<C> {
             return;
         }
         if self.poll == PollContext::Notified {
-            // No waiter is left (each borrows this object); the driver
-            // calls `notified` no more once this returns.  It cannot fail
-            // with `EBUSY`: no QP uses the CQ.
+            // No waiter is left (each borrows this object), no QP uses the
+            // CQ.  A kernel CQ's destruction failing is a driver bug, which
+            // `ib_free_cq` warns of (and frees its context all the same):
+            // the same here.
             // SAFETY: Live CQ of `__ib_create_cq` whose QPs are gone (each
             // holds the CQ alive), polled by nothing; no user data.
-            unsafe { bindings::ib_destroy_cq_user(raw, ptr::null_mut()) };
+            let destroyed = unsafe { bindings::ib_destroy_cq_user(raw, ptr::null_mut()) };
+            kernel::warn_on!(destroyed != 0);
             return;
         }
         // No poll runs: `ib_free_cq` cancels a workqueue CQ's poll work,
