@@ -3,21 +3,27 @@
 //! [`EventQueue`]: events not yet read, oldest first: a file's, and a
 //! synchronous listener's connection requests.
 //!
-//! A vector read from a moving front: taking the oldest event costs the
-//! same however many wait behind it.  (`KVec::remove(0)` moved all of
-//! them, 320 bytes each, on every `GET_EVENT`: with a thousand
-//! connections being set up at once, the setup's cost per connection grew
-//! with their number.)  The read part is reclaimed when the queue
-//! empties, or when it is at least half the vector and room is needed.
+//! A vector read from a moving front, whose events a destroyed id takes
+//! with it are discarded in place: taking the oldest event, and discarding
+//! some, moves none of the others.  (`KVec::remove(0)` moved all of them,
+//! 320 bytes each, on every `GET_EVENT`, and `KVec::retain` those behind
+//! a destroyed id's: with a thousand connections set up, or destroyed, at
+//! once, the cost per connection grew with their number.)  The read and
+//! discarded slots are reclaimed when the queue empties, or when they are
+//! at least half the vector and room is needed.
 
 use crate::abi;
 use kernel::prelude::*;
 
 #[derive(Default)]
 pub(crate) struct EventQueue {
-    buf: KVec<abi::Event>,
-    /// The oldest unread event's index; those before it were read.
+    /// From `head` on, the unread events, oldest first; `None` for one
+    /// discarded in place.
+    buf: KVec<Option<abi::Event>>,
+    /// The oldest unread slot's index; those before it were read.
     head: usize,
+    /// The events from `head` on (the `Some`s).
+    live: usize,
 }
 
 impl EventQueue {
@@ -25,43 +31,54 @@ impl EventQueue {
         Self {
             buf: KVec::new(),
             head: 0,
+            live: 0,
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.buf.len() - self.head
+        self.live
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.live == 0
     }
 
     /// Room for `n` more events, so that as many pushes do not allocate.
     pub(crate) fn reserve(&mut self, n: usize) -> Result {
-        if self.head > 0 && self.head * 2 >= self.buf.len() {
+        if (self.buf.len() - self.live) * 2 >= self.buf.len() {
             self.compact();
         }
         Ok(self.buf.reserve(n, GFP_KERNEL)?)
     }
 
-    /// Appends an event in reserved room (what was read makes room too);
-    /// `ENOMEM` without room.
+    /// Appends an event in reserved room (what was read or discarded makes
+    /// room too); `ENOMEM` without room.
     pub(crate) fn push_within_capacity(&mut self, event: abi::Event) -> Result {
         if self.buf.len() == self.buf.capacity() {
             self.compact();
         }
-        self.buf.push_within_capacity(event).map_err(|_| ENOMEM)
+        self.buf
+            .push_within_capacity(Some(event))
+            .map_err(|_| ENOMEM)?;
+        self.live += 1;
+        Ok(())
     }
 
     /// Takes the oldest event.
     pub(crate) fn pop_front(&mut self) -> Option<abi::Event> {
-        let event = *self.buf.get(self.head)?;
-        self.head += 1;
+        let mut event = None;
+        while event.is_none() && self.head < self.buf.len() {
+            event = self.buf[self.head].take();
+            self.head += 1;
+        }
         if self.head == self.buf.len() {
             self.buf.clear();
             self.head = 0;
         }
-        Some(event)
+        if event.is_some() {
+            self.live -= 1;
+        }
+        event
     }
 
     /// Puts back an event taken by [`Self::pop_front`], as the oldest, in
@@ -69,38 +86,50 @@ impl EventQueue {
     pub(crate) fn push_front_within_capacity(&mut self, event: abi::Event) -> Result {
         if self.head > 0 {
             self.head -= 1;
-            self.buf[self.head] = event;
-            return Ok(());
+            self.buf[self.head] = Some(event);
+        } else {
+            self.buf
+                .insert_within_capacity(0, Some(event))
+                .map_err(|_| ENOMEM)?;
         }
-        self.buf
-            .insert_within_capacity(0, event)
-            .map_err(|_| ENOMEM)
+        self.live += 1;
+        Ok(())
     }
 
     /// The unread events, oldest first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &abi::Event> {
-        self.buf[self.head..].iter()
+        self.buf[self.head..].iter().flatten()
     }
 
-    /// Keeps the events `keep` says yes to.
-    pub(crate) fn retain(&mut self, keep: impl FnMut(&mut abi::Event) -> bool) {
-        self.compact();
-        self.buf.retain(keep);
+    /// Discards the events `gone` says yes to, in place.
+    pub(crate) fn discard(&mut self, mut gone: impl FnMut(&abi::Event) -> bool) {
+        for slot in self.buf[self.head..].iter_mut() {
+            if slot.as_ref().is_some_and(&mut gone) {
+                *slot = None;
+                self.live -= 1;
+            }
+        }
     }
 
     pub(crate) fn clear(&mut self) {
         self.buf.clear();
         self.head = 0;
+        self.live = 0;
     }
 
-    /// Moves the unread events to the front of the vector.
+    /// Moves the unread events, in order, to the front of the vector.
     fn compact(&mut self) {
-        if self.head == 0 {
+        if self.live == self.buf.len() {
             return;
         }
-        let unread = self.len();
-        self.buf.as_mut_slice().copy_within(self.head.., 0);
-        self.buf.truncate(unread);
+        let mut to = 0;
+        for from in self.head..self.buf.len() {
+            if let Some(event) = self.buf[from].take() {
+                self.buf[to] = Some(event);
+                to += 1;
+            }
+        }
+        self.buf.truncate(to);
         self.head = 0;
     }
 }

@@ -123,6 +123,17 @@ struct FileState {
     closing: bool,
 }
 
+impl FileState {
+    /// Frees a handle (the set's order means nothing).
+    fn forget_handle(&mut self, handle: u32) {
+        if let Some(at) = self.handles.iter().position(|h| *h == handle) {
+            let last = self.handles.len() - 1;
+            self.handles.swap(at, last);
+            self.handles.pop();
+        }
+    }
+}
+
 /// One open file of the device.
 #[pin_data]
 pub(crate) struct CtlFile {
@@ -239,7 +250,7 @@ impl CtlFile {
         let closing = {
             let mut st = self.state.lock();
             if stored.is_err() {
-                st.handles.retain(|h| *h != handle);
+                st.forget_handle(handle);
             }
             st.closing
         };
@@ -249,7 +260,7 @@ impl CtlFile {
             // through `destroy`: a connection request calls this with its
             // listener's state locked, the lock `retire` would take again.)
             let id = self.ids.lock().remove(handle as usize);
-            self.state.lock().handles.retain(|h| *h != handle);
+            self.state.lock().forget_handle(handle);
             drop(id);
             return Err(ENODEV);
         }
@@ -268,7 +279,7 @@ impl CtlFile {
     /// queued events stay for user space to read.
     pub(crate) fn detach(&self, handle: u32) -> Option<Arc<CtlId>> {
         let id = self.ids.lock().remove(handle as usize)?;
-        self.state.lock().handles.retain(|h| *h != handle);
+        self.state.lock().forget_handle(handle);
         Some(id)
     }
 
@@ -302,8 +313,8 @@ impl CtlFile {
                     orphans.push(e.new_id, GFP_KERNEL)?;
                 }
             }
-            st.events.retain(|e| e.id != handle);
-            st.handles.retain(|h| *h != handle);
+            st.events.discard(|e| e.id == handle);
+            st.forget_handle(handle);
             orphans
         };
         // Outside the locks: destruction takes the CM's handler mutexes.
