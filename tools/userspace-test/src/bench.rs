@@ -101,6 +101,8 @@ pub struct Block {
     /// A figure over the whole run: (value, unit, target).
     pub rate: Option<(f64, &'static str, Target)>,
     pub cpu: CpuPerOp,
+    /// The target of the driving thread's CPU per operation.
+    pub cpu_target: Target,
 }
 
 /// Per-step times of connection cycles.
@@ -140,6 +142,7 @@ impl Steps {
                 Target::AtLeast(1.3),
             )),
             cpu: c,
+            cpu_target: Target::None,
         }
     }
 }
@@ -255,13 +258,17 @@ fn record(res: &mut Results, what: &str, s: &Slot<'_>, r: Result<Vec<Block>>) {
                 Sample::value(x, b.ops),
             );
         }
-        let mut cpu = vec![("CPU of the driving thread per op", Some(b.cpu.thread_us))];
-        cpu.push(("guest CPU busy per op", b.cpu.guest_us));
+        let mut cpu = vec![(
+            "CPU of the driving thread per op",
+            Some(b.cpu.thread_us),
+            b.cpu_target,
+        )];
+        cpu.push(("guest CPU busy per op", b.cpu.guest_us, Target::None));
         line += &format!(", thread CPU {:.0} us/op", b.cpu.thread_us);
         if let Some(g) = b.cpu.guest_us {
             line += &format!(", guest busy {g:.0} us/op");
         }
-        for (what, v) in cpu {
+        for (what, v, target) in cpu {
             let Some(v) = v else {
                 continue;
             };
@@ -273,7 +280,7 @@ fn record(res: &mut Results, what: &str, s: &Slot<'_>, r: Result<Vec<Block>>) {
                     role: s.role,
                     unit: "us/op",
                     kind: Kind::Value,
-                    target: Target::None,
+                    target,
                     compare_with: compare(&name).as_deref(),
                 },
                 s.rep,
@@ -522,8 +529,9 @@ pub fn run(o: Options) -> Result<()> {
                 }
             }
         }
-        // The module's side with its waits sleeping until the CQ's worker
-        // reports a completion (no RDMA_CM_RS_ID_BUSY_POLL, no busy_poll=1),
+        // The module's side with its waits sleeping (no
+        // RDMA_CM_RS_ID_BUSY_POLL: until the device notifies a completion;
+        // no busy_poll=1: the samples' CQs polled from a workqueue),
         // compared with the same user-space rows.
         let sleeping = |role| Slot {
             compare_suffix: Some(WAITS_SLEEP),
@@ -636,8 +644,8 @@ fn notes(large: usize, groups: &[&str]) -> Vec<String> {
         "the librdmacm side under test and the counterpart busy-poll their CQs (yielding between \
          polls); so does the module's caller in the data group (a busy-polling id, \
          RDMA_CM_RS_ID_BUSY_POLL: its RECV, SEND and RDMA poll the connection's CQ in the \
-         caller's task), while in the rows marked (waits sleep) it sleeps until the CQ's worker \
-         reports the completion; the connection groups' ids do not busy-poll"
+         caller's task), while in the rows marked (waits sleep) it polls the CQ and sleeps until \
+         the device notifies a completion; the connection groups' ids do not busy-poll"
             .into(),
         "CPU: the driving thread's getrusage(RUSAGE_THREAD) per operation (the module's work in \
          its ioctls included, not its work items or interrupts); guest: /proc/stat busy time of \

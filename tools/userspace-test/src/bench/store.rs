@@ -78,6 +78,7 @@ fn client(dst: SocketAddr, ops: usize) -> Result<Vec<Block>> {
                 dist_target: Target::AtMost(0.8),
                 rate: Some((mbs, "MB/s", Target::AtLeast(1.0))),
                 cpu: c,
+                cpu_target: Target::None,
             });
         }
         // The last GET brought back what the PUTs wrote there.
