@@ -74,6 +74,10 @@ pub const FIXES: &[KernelFix] = &[
         "0015",
         "RDMA/siw: flush the ORQ when a closing QP moves to ERROR",
     ),
+    fix(
+        "0016",
+        "RDMA/nldev: resume a resource dump after the last entry it sent",
+    ),
 ];
 
 const fn fix(number: &'static str, subject: &'static str) -> KernelFix {

@@ -13,6 +13,7 @@ mod mcast;
 mod nvmet;
 mod ps;
 mod rdma;
+mod restrack;
 mod sync;
 mod ud;
 mod wire;
@@ -154,6 +155,10 @@ const TESTS: &[(&str, Test)] = &[
     ("rdma_bad_key_and_bad_requests", rdma_errors),
     ("hundred_connections", hundred_connections),
     (
+        "res_dump_lists_every_live_id",
+        restrack::res_dump_lists_every_live_id,
+    ),
+    (
         "first_message_right_after_established",
         first_message_right_after_established,
     ),
@@ -282,6 +287,10 @@ const TESTS: &[(&str, Test)] = &[
 
 /// Scenarios `suite --sync` does not run on synchronous ids, and why.
 const NOT_SYNCHRONOUS: &[(&str, &str)] = &[
+    (
+        "res_dump_lists_every_live_id",
+        "the kernel's resource dump, mode-blind: the asynchronous passes run it",
+    ),
     ("info_reports_abi", "no id"),
     ("malformed_ioctls", "the ABI's checks, mode-blind"),
     ("getaddrinfo_matches_librdmacm", "no id"),
@@ -504,6 +513,20 @@ const NEEDS_FIX: &[NeedsFix] = &[
     ),
     // The 37th user CQ's mmap key is the one libsiw takes for "invalid".
     needs("hundred_connections", Transport::Siw, false, &["0005"]),
+    // A resource dump resumed by count skips live ids once earlier ones
+    // are destroyed (0016): the scenario is its reproducer.
+    needs(
+        "res_dump_lists_every_live_id",
+        Transport::Rxe,
+        false,
+        &["0016"],
+    ),
+    needs(
+        "res_dump_lists_every_live_id",
+        Transport::Siw,
+        false,
+        &["0016"],
+    ),
     // Across two machines: the CM's state_change under siw's TX thread
     // (lockdep, 0001), a CEP freed under its waker (KASAN, 0007), a
     // reject's reply lost with the FIN (0010 to 0012).
