@@ -49,7 +49,7 @@ pub(super) fn kernel_host(ctx: &mut Ctx) -> Result<()> {
         note_ready(&call.ready()?, addr);
         nvmet::judge_host(&call.result()?, note)
     });
-    let clean = nvmet::target_log_clean(port, note);
+    let clean = nvmet::target_log_clean(port, &[], note);
     outcome?;
     clean
 }
@@ -105,7 +105,11 @@ pub(super) fn link_deleted_under_io(ctx: &mut Ctx) -> Result<()> {
     });
     // Back whatever happened: the scenarios after this one need it.
     let restored = link.restore();
-    let clean = nvmet::target_log_clean(port, note);
+    // siw ends a QP whose send failed under the deletion (its socket
+    // going) with IB_EVENT_QP_FATAL (`siw_qp_sq_process`), which may reach
+    // the target before the CM's DEVICE_REMOVAL (seen 2026-11-29 across
+    // two VMs: "queue 1: QP error"); the C target logs it as an error too.
+    let clean = nvmet::target_log_clean(port, &[": QP error: disconnecting"], note);
     outcome?;
     restored?;
     clean
