@@ -60,8 +60,28 @@ result $? "device removal: two of the module's ids connected to the storage samp
 $tool ctl rping "$ip:7174" --count 100000000 --size 64 --interval-ms 50 >/dev/null 2>&1 &
 pinger=$!
 sleep 2
+# A watchdog: `rdma link delete` waits in the kernel for every reference to
+# the device, without limit; if the removal takes more than 90 s, what still
+# holds it is printed (the tasks inside the module or the RDMA core, the
+# kernel consumers' resources) before the result, so that a hang says where.
+(
+	sleep 90
+	echo "# watchdog: the removal still runs after 90 s"
+	for t in /proc/[0-9]*/task/[0-9]*; do
+		st=$(cat "$t/stack" 2>/dev/null) || continue
+		grep -qE 'rdma_cm_rs|ib_|rdma_|rxe_' <<<"$st" || continue
+		echo "# watchdog: task $(basename "$t") ($(cat "$t/comm" 2>/dev/null)), $(awk '/^State:/ { print $2 $3 }' "$t/status" 2>/dev/null):"
+		sed 's/^/# watchdog:   /' <<<"$st"
+	done
+	for r in cq pd qp mr cm_id; do
+		echo "# watchdog: rdma res show $r: $(rdma res show "$r" 2>/dev/null | grep -c 'rdma_cm_rs') of the module's"
+	done
+) &
+watchdog=$!
 out=$($tool ctl device-removal "$ip:7610" --connections 100 --bound-ms 30000 2>&1)
 rc=$?
+kill $watchdog 2>/dev/null
+wait $watchdog 2>/dev/null
 echo "$out" | grep -E "established in|link delete returned|removed|added back|Error|error" | sed 's/^/# /' | cut -c1-400
 result $rc "device removal: rdma link delete within 30 s under 101 connections with unread events and messages, UD ids with peers and unread datagrams, and an rping session"
 # The pinging client fails once its device is gone (bounded: 30 s).
