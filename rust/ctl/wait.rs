@@ -151,6 +151,8 @@ pub(crate) fn wait_notified<'a, T, C: CompletionHandler>(
     } else {
         msecs_to_jiffies(wait.timeout_ms)
     };
+    // Once the time ran out, one more poll decides.
+    let mut timed_out = false;
     loop {
         if ready(&guard) {
             return (guard, Ok(()));
@@ -165,6 +167,9 @@ pub(crate) fn wait_notified<'a, T, C: CompletionHandler>(
         if ready(&guard) {
             return (guard, Ok(()));
         }
+        if timed_out {
+            return (guard, Err(ETIMEDOUT));
+        }
         if wait.nonblock || wait.timeout_ms == 0 {
             return (guard, Err(EAGAIN));
         }
@@ -173,18 +178,7 @@ pub(crate) fn wait_notified<'a, T, C: CompletionHandler>(
         guard = mutex.lock();
         match slept {
             Ok(jiffies) => left = jiffies,
-            Err(e) if e == ETIMEDOUT => {
-                // What the last completions changed, polled once more.
-                drop(guard);
-                let _ = cq.poll(POLL_BUDGET);
-                guard = mutex.lock();
-                let r = if ready(&guard) {
-                    Ok(())
-                } else {
-                    Err(ETIMEDOUT)
-                };
-                return (guard, r);
-            }
+            Err(e) if e == ETIMEDOUT => timed_out = true,
             Err(e) => return (guard, Err(e)),
         }
     }

@@ -264,8 +264,8 @@ impl<C: CompletionHandler> Cq<C> {
         done
     }
 
-    /// A [`PollContext::Notified`] CQ's mark, to take before a poll whose
-    /// caller may then [`wait`](Cq::wait_since).
+    /// A [`PollContext::Notified`] CQ's mark, which a caller takes after
+    /// its own poll, before it may [`wait`](Cq::wait_since).
     pub fn mark(&self) -> CqMark {
         self.waiters.mark()
     }
@@ -443,12 +443,12 @@ unsafe extern "C" fn notified<C: CompletionHandler>(
     _cq: *mut bindings::ib_cq,
     context: *mut core::ffi::c_void,
 ) {
-    // SAFETY: By the safety requirements, `context` is the `Cq<C>` that
-    // owns the live CQ.  That object is freed after `ib_destroy_cq_user`,
-    // which runs once every QP of the CQ is destroyed (each holds it): a
-    // driver notifies only for completions its QPs post, and its QP's
-    // destruction waits for those (rxe's `rxe_cleanup` of the QP, siw's
-    // wait for `qp_free`), so none comes after.
+    // The `Cq<C>` is freed after `ib_destroy_cq_user`, which runs once
+    // every QP of the CQ is destroyed (each holds it): a driver notifies
+    // only for completions its QPs post, and its QP's destruction waits for
+    // those (rxe's `rxe_cleanup` of the QP, siw's wait for `qp_free`).
+    // SAFETY: By the above and the safety requirements, `context` is the
+    // live `Cq<C>` that owns the CQ.
     let cq = unsafe { &*context.cast::<Cq<C>>() };
     cq.waiters.wake();
 }
