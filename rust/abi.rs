@@ -24,6 +24,7 @@ pub use b::{
     rdma_cm_rs_mr_reg as MrReg, rdma_cm_rs_query as Query, rdma_cm_rs_rdma as Rdma,
     rdma_cm_rs_recv as Recv, rdma_cm_rs_reject as Reject, rdma_cm_rs_resolve_addr as ResolveAddr,
     rdma_cm_rs_resolve_route as ResolveRoute, rdma_cm_rs_send as Send,
+    rdma_cm_rs_send_recv as SendRecv,
     rdma_cm_rs_set_option as SetOption, rdma_cm_rs_sync as Sync, rdma_cm_rs_ud_recv as UdRecv,
     rdma_cm_rs_ud_send as UdSend,
 };
@@ -206,6 +207,8 @@ pub mod cmd {
     pub const JOIN_MCAST: u32 = _IOWR::<JoinMcast>(MAGIC, 0x19);
     /// `RDMA_CM_RS_IOC_LEAVE_MCAST`.
     pub const LEAVE_MCAST: u32 = _IOW::<LeaveMcast>(MAGIC, 0x1a);
+    /// `RDMA_CM_RS_IOC_SEND_RECV`.
+    pub const SEND_RECV: u32 = _IOWR::<SendRecv>(MAGIC, 0x1b);
 }
 
 /// Marks ABI structures as plain old data.
@@ -242,6 +245,7 @@ abi_pod!(
     GetEvent = 328,
     Send = 24,
     Recv = 24,
+    SendRecv = 40,
     MrReg = 48,
     MrCmd = 16,
     MrCopy = 24,

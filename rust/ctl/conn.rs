@@ -280,9 +280,16 @@ impl Conn {
     }
 
     /// Sends one message and waits for its completion, or with `nowait`
-    /// returns once it is posted.
-    pub(crate) fn send(&self, data: UserData, timeout_ms: u32, nowait: bool) -> Result {
-        self.send_with(data, None, timeout_ms, nowait, |buf| self.qp.post_send(buf))
+    /// returns once it is posted.  `wait` bounds each wait: for a free
+    /// buffer, then for the completion.
+    pub(crate) fn send(&self, data: UserData, wait: Wait, nowait: bool) -> Result {
+        self.send_with(data, None, wait, nowait, |buf| self.qp.post_send(buf))
+    }
+
+    /// The send and receive timeout of SEND and UD_SEND: `timeout_ms`, or
+    /// the default for 0; never non-blocking (the file's flag is RECV's).
+    pub(crate) fn send_wait(timeout_ms: u32) -> Wait {
+        Wait::new(timeout_or_default(timeout_ms), false)
     }
 
     /// Sends one datagram to a peer and waits for its completion: `EINVAL`
@@ -301,7 +308,7 @@ impl Conn {
         if data.len > self.max_datagram() {
             return Err(EMSGSIZE);
         }
-        self.send_with(data, imm, timeout_ms, false, |buf| {
+        self.send_with(data, imm, Self::send_wait(timeout_ms), false, |buf| {
             self.qp.post_send_ud(buf, &dest)
         })
     }
@@ -356,11 +363,10 @@ impl Conn {
         &self,
         mut data: UserData,
         imm: Option<u32>,
-        timeout_ms: u32,
+        wait: Wait,
         nowait: bool,
         post: impl FnOnce(SendBuffer) -> Result<(), PostError<SendBuffer>>,
     ) -> Result {
-        let wait = Wait::new(timeout_or_default(timeout_ms), false);
         let _waited = (!nowait).then(|| self.waited_sends.lock());
         // What came meanwhile first: buffers back, and on iWARP's passive
         // side the peer's first message, which lets sends go.

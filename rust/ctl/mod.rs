@@ -431,6 +431,7 @@ impl CtlFile {
             GET_REQUEST => this.get_request(arg, nonblock),
             SEND => this.send(arg),
             RECV => this.recv(arg, nonblock),
+            SEND_RECV => this.send_recv(arg, nonblock),
             MR_REG => this.mr_reg(arg),
             MR_DEREG => this.mr_dereg(arg),
             MR_WRITE => this.mr_copy(arg, CopyDirection::ToRegion),
@@ -1000,7 +1001,37 @@ impl CtlFile {
             reader: UserSlice::new(UserPtr::from_addr(c.buf as usize), len).reader(),
             len,
         };
-        conn.send(data, c.timeout_ms, c.flags & abi::SEND_NOWAIT != 0)
+        let nowait = c.flags & abi::SEND_NOWAIT != 0;
+        conn.send(data, conn::Conn::send_wait(c.timeout_ms), nowait)
+    }
+
+    /// SEND (NOWAIT) and RECV in one call; `sent` says whether an error
+    /// came after the send was posted.
+    fn send_recv(&self, arg: usize, nonblock: bool) -> Result {
+        let mut c: abi::SendRecv = read_arg(arg)?;
+        require_zero(&[c.sent, c.reserved])?;
+        let len = c.send_len as usize;
+        if len == 0 || len > abi::MAX_MESSAGE {
+            return Err(EINVAL);
+        }
+        let conn = self.live_conn_of(c.id, QpType::Rc)?;
+        let wait = Wait::new(c.timeout_ms, nonblock);
+        let data = conn::UserData {
+            reader: UserSlice::new(UserPtr::from_addr(c.send_buf as usize), len).reader(),
+            len,
+        };
+        conn.send(data, wait, true)?;
+        c.sent = 1;
+        let capacity = c.recv_len as usize;
+        let mut writer =
+            UserSlice::new(UserPtr::from_addr(c.recv_buf as usize), capacity).writer();
+        let received = conn.recv(&mut writer, capacity, wait);
+        if let Ok(n) = received {
+            c.recv_len = n as u32;
+        }
+        write_arg(arg, &c)?;
+        // A restart would send again.
+        received.map(|_| ()).map_err(|e| if e == ERESTARTSYS { EINTR } else { e })
     }
 
     fn recv(&self, arg: usize, nonblock: bool) -> Result {

@@ -20,7 +20,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define RDMA_CM_RS_ABI_VERSION 6
+#define RDMA_CM_RS_ABI_VERSION 7
 #define RDMA_CM_RS_DEVICE_NAME "rdma_cm_rs"
 
 /* Largest private data any CM message can carry (the IB CM's RTU: 224). */
@@ -296,6 +296,26 @@ struct rdma_cm_rs_recv {
 };
 
 /*
+ * RDMA_CM_RS_IOC_SEND_RECV: a request and its answer in one call: a SEND
+ * with RDMA_CM_RS_SEND_NOWAIT, then a RECV.  timeout_ms bounds each half
+ * (the wait for a free send slot, then the wait for the answer); 0 = wait
+ * for neither.  Once the send is posted, sent is 1, also when the receive
+ * half fails (its errors: ETIMEDOUT, EAGAIN, EINTR, EMSGSIZE, ENOTCONN,
+ * EFAULT, as RECV's, with EINTR for a signal: the call is not restarted,
+ * which would send again).
+ */
+struct rdma_cm_rs_send_recv {
+	__u32 id;
+	__u32 send_len;			/* 1..RDMA_CM_RS_MAX_MESSAGE */
+	__u64 send_buf;			/* user pointer */
+	__u64 recv_buf;			/* user pointer */
+	__u32 recv_len;			/* in: buffer size; out: the answer's length */
+	__u32 timeout_ms;		/* each half; 0 = do not wait; RDMA_CM_RS_TIMEOUT_INFINITE */
+	__u32 sent;			/* in: 0; out: 1 once the send is posted */
+	__u32 reserved;
+};
+
+/*
  * Registered memory and RDMA READ/WRITE, on a connection the module made
  * (after CONNECT or ACCEPT).  A region is module memory registered with fast
  * registration (FRWR) on the connection's QP; its handle is local to the id.
@@ -491,5 +511,6 @@ struct rdma_cm_rs_getaddrinfo {
 #define RDMA_CM_RS_IOC_GETADDRINFO	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x18, struct rdma_cm_rs_getaddrinfo)
 #define RDMA_CM_RS_IOC_JOIN_MCAST	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x19, struct rdma_cm_rs_join_mcast)
 #define RDMA_CM_RS_IOC_LEAVE_MCAST	_IOW(RDMA_CM_RS_IOCTL_MAGIC, 0x1a, struct rdma_cm_rs_leave_mcast)
+#define RDMA_CM_RS_IOC_SEND_RECV	_IOWR(RDMA_CM_RS_IOCTL_MAGIC, 0x1b, struct rdma_cm_rs_send_recv)
 
 #endif /* _UAPI_RDMA_CM_RS_H */

@@ -67,6 +67,7 @@ pub const IOC_GET_REQUEST: u32 = iowr::<rdma_cm_rs_get_request>(0x17);
 pub const IOC_GETADDRINFO: u32 = iowr::<rdma_cm_rs_getaddrinfo>(0x18);
 pub const IOC_JOIN_MCAST: u32 = iowr::<rdma_cm_rs_join_mcast>(0x19);
 pub const IOC_LEAVE_MCAST: u32 = iow::<rdma_cm_rs_leave_mcast>(0x1a);
+pub const IOC_SEND_RECV: u32 = iowr::<rdma_cm_rs_send_recv>(0x1b);
 
 /// Whether [`Device::open`] opens devices in synchronous mode (the suite's
 /// `--sync`): see [`SyncStream`].
@@ -335,6 +336,21 @@ pub struct Device {
 }
 
 pub type Result<T> = std::result::Result<T, io::Error>;
+
+/// A failed SEND_RECV: the error, and whether the send half had been posted.
+#[derive(Debug)]
+pub struct SendRecvError {
+    pub error: io::Error,
+    pub sent: u32,
+}
+
+impl std::fmt::Display for SendRecvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (sent {})", self.error, self.sent)
+    }
+}
+
+impl std::error::Error for SendRecvError {}
 
 impl Device {
     /// Opens the device; synchronous when the suite runs with `--sync`.
@@ -921,6 +937,44 @@ impl Device {
         buf.truncate(r.len as usize);
         Ok(buf)
     }
+
+    /// SEND_RECV: `data` sent (NOWAIT) and the answer received in one call,
+    /// each half waiting up to `timeout_ms`.  On an error, whether the send
+    /// was posted (`sent`).
+    pub fn send_recv(
+        &self,
+        id: u32,
+        data: &[u8],
+        capacity: usize,
+        timeout_ms: u32,
+    ) -> std::result::Result<Vec<u8>, SendRecvError> {
+        let mut buf = vec![0u8; capacity];
+        let mut r = rdma_cm_rs_send_recv {
+            id,
+            send_len: data.len() as u32,
+            send_buf: data.as_ptr() as u64,
+            recv_buf: buf.as_mut_ptr() as u64,
+            recv_len: capacity as u32,
+            timeout_ms,
+            ..Default::default()
+        };
+        match self.call(IOC_SEND_RECV, &mut r) {
+            Ok(()) => {
+                buf.truncate(r.recv_len as usize);
+                Ok(buf)
+            }
+            Err(error) => Err(SendRecvError {
+                error,
+                sent: r.sent,
+            }),
+        }
+    }
+
+    /// SEND_RECV with the arguments as given, pointers included: for the
+    /// checks of bad input.  Returns the call's result and `sent`.
+    pub fn send_recv_raw(&self, r: &mut rdma_cm_rs_send_recv) -> Result<()> {
+        self.call(IOC_SEND_RECV, r)
+    }
 }
 
 #[cfg(test)]
@@ -1046,6 +1100,13 @@ mod tests {
         assert_eq!(size_of::<rdma_cm_rs_recv>(), 24);
         assert_eq!(offset_of!(rdma_cm_rs_recv, len), 4);
         assert_eq!(offset_of!(rdma_cm_rs_recv, timeout_ms), 16);
+        assert_eq!(size_of::<rdma_cm_rs_send_recv>(), 40);
+        assert_eq!(offset_of!(rdma_cm_rs_send_recv, send_buf), 8);
+        assert_eq!(offset_of!(rdma_cm_rs_send_recv, recv_buf), 16);
+        assert_eq!(offset_of!(rdma_cm_rs_send_recv, recv_len), 24);
+        assert_eq!(offset_of!(rdma_cm_rs_send_recv, timeout_ms), 28);
+        assert_eq!(offset_of!(rdma_cm_rs_send_recv, sent), 32);
+        assert_eq!(offset_of!(rdma_cm_rs_send_recv, reserved), 36);
 
         assert_eq!(size_of::<rdma_cm_rs_ud_send>(), 32);
         assert_eq!(offset_of!(rdma_cm_rs_ud_send, peer), 4);
@@ -1092,7 +1153,7 @@ mod tests {
 
     #[test]
     fn constants_match_the_header() {
-        assert_eq!(RDMA_CM_RS_ABI_VERSION, 6);
+        assert_eq!(RDMA_CM_RS_ABI_VERSION, 7);
         assert_eq!(RDMA_CM_RS_ID_SYNC, 1);
         assert_eq!(RDMA_CM_RS_ID_BUSY_POLL, 2);
         assert_eq!(RDMA_CM_RS_SYNC_EVENT, 1);
@@ -1150,6 +1211,7 @@ mod tests {
         // 472 = 0x1d8, 136 = 0x88.
         assert_eq!(IOC_JOIN_MCAST, 0xc1d8_d719);
         assert_eq!(IOC_LEAVE_MCAST, 0x4088_d71a);
+        assert_eq!(IOC_SEND_RECV, 0xc028_d71b);
     }
 
     #[test]

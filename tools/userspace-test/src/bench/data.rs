@@ -2,7 +2,8 @@
 //! The data path over one connection to the counterpart's data server
 //! ([`super::peer::data_server`]): round trips (a message and its echo),
 //! send throughput, RDMA WRITE and READ throughput.  The module moves at
-//! most `max_message` bytes a SEND (INFO; 4096).  Both sides send without
+//! most `max_message` bytes a SEND (INFO; 4096); a round trip is one
+//! SEND_RECV, as the librdmacm side's is one post and its polls.  Both sides send without
 //! waiting for each send's completion: the module with
 //! `RDMA_CM_RS_SEND_NOWAIT` (up to `send_window`, 16, in flight), the
 //! librdmacm side with up to as many posted; in a round trip neither waits
@@ -110,11 +111,9 @@ pub fn kernel(dst: SocketAddr, s: Sizes, busy_poll: bool) -> Result<Vec<Block>> 
         let cpu = Cpu::start();
         for i in 0..s.round_trips {
             let t0 = Instant::now();
-            dev.send_nowait(id, &msg)
-                .with_context(|| format!("SEND of round trip {}", i + 1))?;
             let r = dev
-                .recv(id, size, RECV_MS)
-                .with_context(|| format!("RECV of round trip {}", i + 1))?;
+                .send_recv(id, &msg, size, RECV_MS)
+                .with_context(|| format!("SEND_RECV of round trip {}", i + 1))?;
             v.push(us(t0));
             if r.len() != size {
                 bail!("echo of {} bytes, not {size}", r.len());

@@ -76,7 +76,7 @@ impl Worker {
                 op.v[0] = infinite;
             }
             Cmd::GetEvent if op.v[0] != infinite => op.v[0] = op.v[0].max(ms + 30),
-            Cmd::Recv | Cmd::UdRecv => op.v[2] = op.v[2].max(ms + 30),
+            Cmd::Recv | Cmd::UdRecv | Cmd::SendRecv => op.v[2] = op.v[2].max(ms + 30),
             _ => {}
         }
     }
@@ -249,6 +249,7 @@ impl Worker {
                 (GetEvent, 45),
                 (Send, 20),
                 (Recv, 10),
+                (SendRecv, 4),
                 (Disconnect, 10),
                 (DestroyId, 10),
                 (MrReg, 5),
@@ -283,6 +284,7 @@ impl Worker {
                 (DestroyId, 3),
                 (Send, 3),
                 (Recv, 2),
+                (SendRecv, 1),
                 (MrReg, 2),
                 (Rdma, 2),
                 (Disconnect, 3),
@@ -292,6 +294,7 @@ impl Worker {
             St::Connected => &[
                 (Send, 25),
                 (Recv, 20),
+                (SendRecv, 10),
                 (MrReg, 12),
                 (MrWrite, 8),
                 (MrRead, 8),
@@ -325,6 +328,7 @@ impl Worker {
                 (Disconnect, 10),
                 (Send, 10),
                 (Recv, 10),
+                (SendRecv, 3),
                 (GetEvent, 20),
                 (Query, 5),
                 (UdSend, 5),
@@ -513,6 +517,15 @@ impl Worker {
             }
             Cmd::Recv => {
                 v[0] = if self.rng.pct(85) {
+                    4096
+                } else {
+                    self.rng.range(0, 4200)
+                };
+                v[2] = self.rng.range(0, 150);
+            }
+            Cmd::SendRecv => {
+                v[0] = self.rng.range(1, 4096);
+                v[1] = if self.rng.pct(85) {
                     4096
                 } else {
                     self.rng.range(0, 4200)
@@ -842,7 +855,15 @@ impl Worker {
             }
             8 => {
                 // A bad data buffer.
-                if matches!(
+                if cmd == Cmd::SendRecv {
+                    // Either buffer: the send's fails the call before
+                    // anything is sent, the answer's only once one came.
+                    op.v[5] = self.rng.below(2);
+                    op.v[6] = 1 + self.rng.below(4);
+                    if op.v[5] == 0 && op.v[6] != 3 {
+                        op.expect = Expect::Fail;
+                    }
+                } else if matches!(
                     cmd,
                     Cmd::Send | Cmd::Recv | Cmd::MrWrite | Cmd::MrRead | Cmd::UdRecv
                 ) {
@@ -859,7 +880,7 @@ impl Worker {
                 let huge = [u64::from(u32::MAX), 0x8000_0000, (1 << 20) + 1, 0xffff_ff00]
                     [self.rng.below(4) as usize];
                 match cmd {
-                    Cmd::Send => {
+                    Cmd::Send | Cmd::SendRecv => {
                         op.v[0] = match self.rng.below(5) {
                             0 => 0,
                             1 => 4097,

@@ -437,6 +437,30 @@ impl Worker {
                 )
                 .0
             }
+            Cmd::SendRecv => {
+                // One 2 MiB buffer for both: the message is copied out
+                // before the answer is copied in; `v[5]` says which of
+                // the two `v[6]` may spoil.
+                let good = mem.data.as_ptr() as u64;
+                let (send_buf, recv_buf) = match v[5] {
+                    0 => (data_ptr(mem), good),
+                    _ => (good, data_ptr(mem)),
+                };
+                call!(
+                    rdma_cm_rs_send_recv {
+                        id,
+                        send_len: v[0] as u32,
+                        send_buf,
+                        recv_buf,
+                        recv_len: v[1] as u32,
+                        timeout_ms: v[2] as u32,
+                        sent: 0,
+                        reserved: res as u32 | (res >> 32) as u32,
+                    },
+                    rdma_cm_rs_send_recv
+                )
+                .0
+            }
             Cmd::UdSend => {
                 let buf = match v[6] {
                     0 => mem.ud_tx.as_ptr() as u64,

@@ -36,9 +36,10 @@ pub enum Cmd {
     UdRecv,
     JoinMcast,
     LeaveMcast,
+    SendRecv,
 }
 
-pub(super) const CMDS: [(Cmd, &str, u32); 25] = [
+pub(super) const CMDS: [(Cmd, &str, u32); 26] = [
     (Cmd::Info, "INFO", IOC_INFO),
     (Cmd::CreateId, "CREATE_ID", IOC_CREATE_ID),
     (Cmd::DestroyId, "DESTROY_ID", IOC_DESTROY_ID),
@@ -64,6 +65,7 @@ pub(super) const CMDS: [(Cmd, &str, u32); 25] = [
     (Cmd::UdRecv, "UD_RECV", IOC_UD_RECV),
     (Cmd::JoinMcast, "JOIN_MCAST", IOC_JOIN_MCAST),
     (Cmd::LeaveMcast, "LEAVE_MCAST", IOC_LEAVE_MCAST),
+    (Cmd::SendRecv, "SEND_RECV", IOC_SEND_RECV),
 ];
 
 /// Every command number of the uapi (`uapi.rs`), those the generator does
@@ -71,7 +73,7 @@ pub(super) const CMDS: [(Cmd, &str, u32); 25] = [
 /// must be none of them (seed 2 made GET_EVENT's `0xc148_d70d` into
 /// `0xc148_d717`, GET_REQUEST, and wanted `ENOTTY` of it).  A test checks
 /// the list against the header's `RDMA_CM_RS_IOC_*` lines.
-pub(super) const REAL_IOCTLS: [u32; 27] = [
+pub(super) const REAL_IOCTLS: [u32; 28] = [
     IOC_INFO,
     IOC_CREATE_ID,
     IOC_DESTROY_ID,
@@ -99,6 +101,7 @@ pub(super) const REAL_IOCTLS: [u32; 27] = [
     IOC_GETADDRINFO,
     IOC_JOIN_MCAST,
     IOC_LEAVE_MCAST,
+    IOC_SEND_RECV,
 ];
 
 /// JOIN_MCAST's `v[0]` for the local unicast address instead of a group.
@@ -156,6 +159,7 @@ impl Cmd {
             Cmd::GetEvent
                 | Cmd::Send
                 | Cmd::Recv
+                | Cmd::SendRecv
                 | Cmd::MrReg
                 | Cmd::MrDereg
                 | Cmd::Rdma
@@ -171,6 +175,7 @@ impl Cmd {
             self,
             Cmd::Send
                 | Cmd::Recv
+                | Cmd::SendRecv
                 | Cmd::MrReg
                 | Cmd::MrDereg
                 | Cmd::MrWrite

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! The data path: messages of every size, sends under a disconnect, busy
-//! polling, the send window.
+//! polling, the send window, a message and its answer in one call.
 
 #[allow(unused_imports)]
 use super::*;
@@ -311,6 +311,155 @@ pub(super) fn send_window_nowait(ctx: &mut Ctx) -> Result<()> {
         dev.send_flags(id, b"flushed", 10_000, 0),
         libc::ECANCELED,
     )?;
+    dev.disconnect(id)?;
+    wait(&dev, EventType::Disconnected)?;
+    call.result()?;
+    dev.destroy(id)?;
+    Ok(())
+}
+
+/// SEND_RECV: a message and its answer in one call, for every size; the
+/// fields that must be zero and the send's length (EINVAL, nothing sent);
+/// a send buffer that faults (EFAULT, nothing sent); after the send, an
+/// answer too long for the buffer (EMSGSIZE) or a buffer that faults
+/// (EFAULT), each with `sent` 1 and the answer kept for the next call; a
+/// signal under SA_RESTART ends the wait with EINTR: restarting the call
+/// would send again.
+pub(super) fn send_recv_in_one_call(ctx: &mut Ctx) -> Result<()> {
+    let dev = Device::open()?;
+    let sizes = [1usize, 64, 4095, 4096];
+    // Echoed: the sizes, the two answers refused and then read, the last.
+    let echoes = sizes.len() + 3;
+    let (call, id) = connect_to_serving_peer(
+        ctx,
+        &dev,
+        &format!("count=1 accept=- echo={echoes}"),
+        b"send_recv",
+    )?;
+    for (i, &n) in sizes.iter().enumerate() {
+        let msg = pattern(n, 0x40 + i as u8);
+        let back = dev
+            .send_recv(id, &msg, 4096, T)
+            .with_context(|| format!("SEND_RECV of {n} bytes"))?;
+        verify(&format!("{n}-byte message's answer"), &msg, &back)?;
+    }
+    let msg = pattern(100, 7);
+    let mut back = [0u8; 4096];
+    let good = rdma_cm_rs_send_recv {
+        id,
+        send_len: msg.len() as u32,
+        send_buf: msg.as_ptr() as u64,
+        recv_buf: back.as_mut_ptr() as u64,
+        recv_len: back.len() as u32,
+        timeout_ms: T,
+        ..Default::default()
+    };
+    // What a refused call would send: its answer would come before the
+    // next call's and fail that call's check.
+    let stray = pattern(100, 0xee);
+    let refusable = rdma_cm_rs_send_recv {
+        send_buf: stray.as_ptr() as u64,
+        ..good
+    };
+    let refused: [(&str, rdma_cm_rs_send_recv, i32); 6] = [
+        (
+            "sent not 0",
+            rdma_cm_rs_send_recv {
+                sent: 1,
+                ..refusable
+            },
+            libc::EINVAL,
+        ),
+        (
+            "reserved not 0",
+            rdma_cm_rs_send_recv {
+                reserved: 1,
+                ..refusable
+            },
+            libc::EINVAL,
+        ),
+        (
+            "send_len 0",
+            rdma_cm_rs_send_recv {
+                send_len: 0,
+                ..refusable
+            },
+            libc::EINVAL,
+        ),
+        (
+            "send_len 4097",
+            rdma_cm_rs_send_recv {
+                send_len: 4097,
+                ..refusable
+            },
+            libc::EINVAL,
+        ),
+        (
+            "unknown id",
+            rdma_cm_rs_send_recv {
+                id: 123_456,
+                ..refusable
+            },
+            libc::ENOENT,
+        ),
+        (
+            "send_buf faults",
+            rdma_cm_rs_send_recv {
+                send_buf: 8,
+                ..refusable
+            },
+            libc::EFAULT,
+        ),
+    ];
+    for (what, mut r, want) in refused {
+        let sent_in = r.sent;
+        expect_errno(what, dev.send_recv_raw(&mut r), want)?;
+        // Refused before the send: the arguments are not written back.
+        ensure!(r.sent == sent_in, "{what}: sent {}", r.sent);
+    }
+    // Nothing was sent: the next answer is this message's.
+    let mut r = rdma_cm_rs_send_recv {
+        recv_len: 10,
+        ..good
+    };
+    expect_errno(
+        "answer longer than recv_len",
+        dev.send_recv_raw(&mut r),
+        libc::EMSGSIZE,
+    )?;
+    ensure!(r.sent == 1, "EMSGSIZE: sent {}", r.sent);
+    verify("the answer kept", &msg, &dev.recv(id, 4096, T)?)?;
+    let mut r = rdma_cm_rs_send_recv {
+        recv_buf: 8,
+        ..good
+    };
+    expect_errno("recv_buf faults", dev.send_recv_raw(&mut r), libc::EFAULT)?;
+    ensure!(r.sent == 1, "EFAULT after the send: sent {}", r.sent);
+    verify("the answer kept", &msg, &dev.recv(id, 4096, T)?)?;
+    let last = pattern(33, 9);
+    verify(
+        "the last answer",
+        &last,
+        &dev.send_recv(id, &last, 4096, T)?,
+    )?;
+    // The peer echoes no more: a signal ends the wait.
+    super::sync::catch_usr1(true)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let res = std::thread::scope(|s| -> Result<_> {
+        let h = s.spawn(|| {
+            // SAFETY: pthread_self has no preconditions.
+            let _ = tx.send(unsafe { libc::pthread_self() });
+            dev.send_recv(id, b"unanswered", 4096, 5000)
+        });
+        let thread = rx.recv()?;
+        std::thread::sleep(Duration::from_millis(500));
+        super::sync::signal(thread)?;
+        h.join().map_err(|_| anyhow::anyhow!("the caller panicked"))
+    })?;
+    match res {
+        Err(e) if e.error.raw_os_error() == Some(libc::EINTR) && e.sent == 1 => {}
+        other => bail!("SEND_RECV interrupted under SA_RESTART: {other:?}"),
+    }
     dev.disconnect(id)?;
     wait(&dev, EventType::Disconnected)?;
     call.result()?;

@@ -146,6 +146,7 @@ const TESTS: &[(&str, Test)] = &[
     ),
     ("messages_1_to_4096_bytes_both_ways", messages_all_sizes),
     ("send_window_nowait", send_window_nowait),
+    ("send_recv_in_one_call", send_recv_in_one_call),
     ("busy_poll_data_path", busy_poll_data_path),
     (
         "disconnect_under_incoming_sends",
@@ -307,6 +308,10 @@ const NOT_SYNCHRONOUS: &[(&str, &str)] = &[
     (
         "interop_nvmet_",
         "the NVMe target sample and its librdmacm host use no id of the module: the asynchronous passes run them",
+    ),
+    (
+        "send_recv_in_one_call",
+        "a data-path call, the same on synchronous ids, whose blocking calls are all CM ones: the asynchronous passes run it (make check's time)",
     ),
     (
         "busy_poll_data_path",

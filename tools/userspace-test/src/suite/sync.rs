@@ -17,7 +17,7 @@ use std::{
 extern "C" fn on_usr1(_: libc::c_int) {}
 
 /// Installs an empty SIGUSR1 handler, with or without SA_RESTART.
-fn catch_usr1(restart: bool) -> Result<()> {
+pub(super) fn catch_usr1(restart: bool) -> Result<()> {
     // SAFETY: a zeroed sigaction is valid; the handler does nothing, so
     // it is async-signal-safe.
     let r = unsafe {
@@ -32,7 +32,7 @@ fn catch_usr1(restart: bool) -> Result<()> {
 }
 
 /// Sends SIGUSR1 to a thread of this process.
-fn signal(thread: libc::pthread_t) -> Result<()> {
+pub(super) fn signal(thread: libc::pthread_t) -> Result<()> {
     // SAFETY: `thread` is a live thread of this process (its handle is
     // held by the caller's scope).
     let r = unsafe { libc::pthread_kill(thread, libc::SIGUSR1) };
