@@ -81,6 +81,13 @@ const FUNCTIONS: &[&str] = &[
     // UD ids of RDMA_PS_IB (`src/cm/ud.rs`): `rdma_create_id` makes RC ones.
     "rdma_create_ep",
     "rdma_migrate_id",
+    // Sleeping waits of the benchmark's librdmacm side (`cm::set_wait`):
+    // a completion channel, its CQs armed (`static inline`), its events.
+    "ibv_create_comp_channel",
+    "ibv_destroy_comp_channel",
+    "ibv_req_notify_cq",
+    "ibv_get_cq_event",
+    "ibv_ack_cq_events",
 ];
 
 /// The types `cm.rs` and `cm/ud.rs` name or reads fields of; bindgen adds what they
@@ -114,6 +121,10 @@ const TYPES: &[&str] = &[
     "ibv_async_event",
     "ibv_event_type",
     "rdma_addrinfo",
+    // Its `fd`, polled with a timeout before `ibv_get_cq_event`, and the
+    // CQ's `channel`.
+    "ibv_comp_channel",
+    "ibv_cq",
 ];
 
 /// Types the tool only passes pointers to, or never reads (fields of
@@ -122,8 +133,6 @@ const TYPES: &[&str] = &[
 const OPAQUE: &[&str] = &[
     "ibv_context_ops",
     "ibv_device",
-    "ibv_cq",
-    "ibv_comp_channel",
     "ibv_srq",
     "ibv_ah",
     "ibv_xrcd",

@@ -92,6 +92,7 @@ const CLOCKSOURCE: &str = "/sys/devices/system/clocksource/clocksource0/current_
 const REGION: usize = crate::uapi::RDMA_CM_RS_MAX_MR_LEN as usize;
 
 /// What one run of one side measured.
+#[derive(Clone)]
 pub struct Block {
     pub name: String,
     pub ops: usize,
@@ -358,6 +359,26 @@ fn with_waits_sleep(blocks: Vec<Block>) -> Vec<Block> {
         .collect()
 }
 
+/// The suffix of the rows where both sides' waits sleep: the module's
+/// (no `RDMA_CM_RS_ID_BUSY_POLL`) and librdmacm's (a completion channel).
+const BOTH_SLEEP: &str = " (both sides' waits sleep)";
+
+/// `blocks`, each name with [`BOTH_SLEEP`] and no target: a like-for-like
+/// comparison beside the targets' rows, which compare with the
+/// busy-polling librdmacm side.
+fn both_sleep(blocks: &[Block]) -> Vec<Block> {
+    blocks
+        .iter()
+        .map(|b| Block {
+            name: format!("{}{BOTH_SLEEP}", b.name),
+            dist_target: Target::None,
+            rate: b.rate.map(|(x, unit, _)| (x, unit, Target::None)),
+            cpu_target: Target::None,
+            ..b.clone()
+        })
+        .collect()
+}
+
 fn named(mut b: Block, name: &str) -> Vec<Block> {
     b.name = name.into();
     vec![b]
@@ -520,7 +541,7 @@ pub fn run(o: Options) -> Result<()> {
                         let r = if side == "kernel" {
                             data::kernel(addr, sizes, true)
                         } else {
-                            data::user(addr, sizes)
+                            data::user(addr, sizes, true)
                         };
                         record(&mut res, what, &s, r);
                         counterpart_end(&mut res, what, &s, srv);
@@ -544,7 +565,27 @@ pub fn run(o: Options) -> Result<()> {
             let what = "data (waits sleep)";
             match peer::data_server(addr, REGION) {
                 Ok(srv) => {
-                    let r = data::kernel(addr, sizes, false).map(with_waits_sleep);
+                    match data::kernel(addr, sizes, false) {
+                        Ok(blocks) => {
+                            let both = both_sleep(&blocks);
+                            record(&mut res, what, &s, Ok(with_waits_sleep(blocks)));
+                            record(&mut res, what, &slot("kernel", "active"), Ok(both));
+                        }
+                        Err(e) => record(&mut res, what, &s, Err(e)),
+                    }
+                    counterpart_end(&mut res, what, &s, srv);
+                }
+                Err(e) => record(&mut res, what, &s, Err(e)),
+            }
+        }
+        // librdmacm with sleeping waits too, for the rows of both.
+        if want("data-sleeping") && o.side.as_deref() != Some("kernel") {
+            let s = slot("user", "active");
+            let addr = ports.next(ip);
+            let what = "data (both sides' waits sleep)";
+            match peer::data_server(addr, REGION) {
+                Ok(srv) => {
+                    let r = data::user(addr, sizes, false).map(|b| both_sleep(&b));
                     record(&mut res, what, &s, r);
                     counterpart_end(&mut res, what, &s, srv);
                 }
@@ -645,7 +686,10 @@ fn notes(large: usize, groups: &[&str]) -> Vec<String> {
          polls); so does the module's caller in the data group (a busy-polling id, \
          RDMA_CM_RS_ID_BUSY_POLL: its RECV, SEND and RDMA poll the connection's CQ in the \
          caller's task), while in the rows marked (waits sleep) it polls the CQ and sleeps until \
-         the device notifies a completion; the connection groups' ids do not busy-poll"
+         the device notifies a completion; in the rows marked (both sides' waits sleep) so does \
+         the librdmacm side under test (a completion channel: ibv_req_notify_cq, poll(2), \
+         ibv_get_cq_event), a comparison without a target; the connection groups' ids do not \
+         busy-poll"
             .into(),
         "CPU: the driving thread's getrusage(RUSAGE_THREAD) per operation (the module's work in \
          its ioctls included, not its work items or interrupts); guest: /proc/stat busy time of \

@@ -544,6 +544,9 @@ pub struct Conn<'ch> {
     pd: *mut ibv_pd,
     send_cq: *mut ibv_cq,
     recv_cq: *mut ibv_cq,
+    /// Both CQs' completion channel when the thread that made the
+    /// connection waits by sleeping ([`set_notified_waits`]), else NULL.
+    channel: *mut ibv_comp_channel,
     has_qp: bool,
     recv_buf: Box<[u8]>,
     send_buf: Box<[u8]>,
@@ -581,6 +584,7 @@ impl<'ch> Conn<'ch> {
             pd: ptr::null_mut(),
             send_cq: ptr::null_mut(),
             recv_cq: ptr::null_mut(),
+            channel: ptr::null_mut(),
             has_qp: false,
             recv_buf: vec![0u8; MSG * depth].into_boxed_slice(),
             send_buf: vec![0u8; MSG].into_boxed_slice(),
@@ -605,16 +609,25 @@ impl<'ch> Conn<'ch> {
         if conn.pd.is_null() {
             return Err(errno("ibv_alloc_pd"));
         }
+        if NOTIFIED_WAITS.get() {
+            clear_errno();
+            // SAFETY: As above; NULL on failure, checked.
+            conn.channel = unsafe { ibv_create_comp_channel(verbs) };
+            if conn.channel.is_null() {
+                return Err(errno("ibv_create_comp_channel"));
+            }
+        }
         clear_errno();
-        // SAFETY: As above; no CQ context and no completion channel (the CQ
-        // is polled), completion vector 0, which every device has.
+        // SAFETY: As above; no CQ context, the completion channel if any
+        // (live until the CQs are destroyed: `drop`), completion vector 0,
+        // which every device has.
         let send_depth = SEND_WINDOW as i32 + 8;
+        let channel = conn.channel;
         // SAFETY: As above.
-        conn.send_cq =
-            unsafe { ibv_create_cq(verbs, send_depth, ptr::null_mut(), ptr::null_mut(), 0) };
+        conn.send_cq = unsafe { ibv_create_cq(verbs, send_depth, ptr::null_mut(), channel, 0) };
         let depth = depth as i32;
         // SAFETY: As above.
-        conn.recv_cq = unsafe { ibv_create_cq(verbs, depth, ptr::null_mut(), ptr::null_mut(), 0) };
+        conn.recv_cq = unsafe { ibv_create_cq(verbs, depth, ptr::null_mut(), channel, 0) };
         if conn.send_cq.is_null() || conn.recv_cq.is_null() {
             return Err(errno("ibv_create_cq"));
         }
@@ -869,6 +882,11 @@ impl<'ch> Conn<'ch> {
     /// The next completion of `cq` (one of ours, live), whatever its status.
     fn poll_any(cq: *mut ibv_cq, timeout: Duration) -> Result<ibv_wc> {
         let deadline = Instant::now() + timeout;
+        // SAFETY: `cq` is live; its channel is set at its creation.
+        let channel = unsafe { (*cq).channel };
+        if !channel.is_null() {
+            return Self::wait_notified(cq, channel, deadline, timeout);
+        }
         let busy = BUSY_POLL.get();
         let mut backoff = Backoff::new();
         for polls in 0u64.. {
@@ -888,6 +906,65 @@ impl<'ch> Conn<'ch> {
             }
         }
         unreachable!("an unbounded range")
+    }
+
+    /// The next completion of `cq` (live, made with the completion channel
+    /// `channel`), sleeping until the channel reports one: polls; arms the
+    /// CQ and polls again (a completion between the first poll and the
+    /// arming is not reported); sleeps in `poll(2)` on the channel's
+    /// descriptor; reads and acknowledges the event, which may be the
+    /// other CQ's of the channel.
+    fn wait_notified(
+        cq: *mut ibv_cq,
+        channel: *mut ibv_comp_channel,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<ibv_wc> {
+        loop {
+            if let Some(wc) = Self::poll_once(cq)? {
+                return Ok(wc);
+            }
+            // SAFETY: `cq` is live; any completion, solicited or not.
+            if unsafe { ibv_req_notify_cq(cq, 0) } != 0 {
+                bail!("ibv_req_notify_cq failed");
+            }
+            if let Some(wc) = Self::poll_once(cq)? {
+                return Ok(wc);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("no completion within {timeout:?}");
+            }
+            let mut pfd = libc::pollfd {
+                // SAFETY: `channel` is live while its CQs are.
+                fd: unsafe { (*channel).fd },
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: `pfd` is one valid pollfd for the call's duration.
+            match unsafe { libc::poll(&mut pfd, 1, ms) } {
+                0 => continue,
+                r if r < 0 => {
+                    let e = std::io::Error::last_os_error();
+                    if e.raw_os_error() == Some(libc::EINTR) {
+                        continue;
+                    }
+                    bail!("poll of the completion channel: {e}");
+                }
+                _ => {}
+            }
+            let mut ev_cq: *mut ibv_cq = ptr::null_mut();
+            let mut ctx: *mut std::ffi::c_void = ptr::null_mut();
+            // SAFETY: `channel` is live and readable (poll said so): the
+            // call does not block; it writes the two pointers.
+            if unsafe { ibv_get_cq_event(channel, &mut ev_cq, &mut ctx) } != 0 {
+                bail!("ibv_get_cq_event: {}", std::io::Error::last_os_error());
+            }
+            // SAFETY: `ev_cq` is the channel's CQ the event was for, live
+            // (ours); one event read, one acknowledged.
+            unsafe { ibv_ack_cq_events(ev_cq, 1) };
+        }
     }
 
     /// One `IBV_WR_SEND`, waited for.
@@ -1236,6 +1313,10 @@ impl Drop for Conn<'_> {
                     ibv_destroy_cq(cq);
                 }
             }
+            // After its CQs, whose every event read was acknowledged.
+            if !self.channel.is_null() {
+                ibv_destroy_comp_channel(self.channel);
+            }
             if !self.pd.is_null() {
                 ibv_dealloc_pd(self.pd);
             }
@@ -1246,6 +1327,9 @@ impl Drop for Conn<'_> {
 thread_local! {
     /// Whether this thread's completion waits spin (see [`set_busy_poll`]).
     static BUSY_POLL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether the connections this thread makes sleep in their waits
+    /// (see [`set_notified_waits`]).
+    static NOTIFIED_WAITS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// `ibv_query_qp` of the attributes in `mask`.
@@ -1272,6 +1356,15 @@ unsafe fn query_qp(qp: *mut ibv_qp, mask: ibv_qp_attr_mask::Type) -> Result<ibv_
 /// (the default, [`Backoff`]): the benchmark's librdmacm peers.
 pub fn set_busy_poll(on: bool) {
     BUSY_POLL.set(on);
+}
+
+/// Makes the connections the calling thread makes from now on sleep in
+/// their completion waits until the device notifies a completion (a
+/// completion channel, `ibv_req_notify_cq`, `ibv_get_cq_event`), as the
+/// module's ids without `RDMA_CM_RS_ID_BUSY_POLL` do: the benchmark's
+/// librdmacm side with sleeping waits.
+pub fn set_notified_waits(on: bool) {
+    NOTIFIED_WAITS.set(on);
 }
 
 /// A new id on `ch` (no address yet), for callers that time each step.

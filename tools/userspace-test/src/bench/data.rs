@@ -189,11 +189,32 @@ pub(super) fn connected(ch: &Channel, dst: SocketAddr) -> Result<Conn<'_>> {
     Ok(conn)
 }
 
-/// The librdmacm side, the same work as [`kernel`].
-pub fn user(dst: SocketAddr, s: Sizes) -> Result<Vec<Block>> {
-    let _busy = BusyPoll::on();
+/// Makes the connections the calling thread makes sleep in their waits
+/// until dropped.
+struct NotifiedWaits;
+
+impl NotifiedWaits {
+    fn on() -> Self {
+        cm::set_notified_waits(true);
+        Self
+    }
+}
+
+impl Drop for NotifiedWaits {
+    fn drop(&mut self) {
+        cm::set_notified_waits(false);
+    }
+}
+
+/// The librdmacm side, the same work as [`kernel`]: busy-polling its CQs,
+/// or with `busy_poll` false sleeping until a completion is notified.
+pub fn user(dst: SocketAddr, s: Sizes, busy_poll: bool) -> Result<Vec<Block>> {
+    let _busy = busy_poll.then(BusyPoll::on);
     let ch = Channel::new()?;
-    let mut conn = connected(&ch, dst)?;
+    let mut conn = {
+        let _sleeping = (!busy_poll).then(NotifiedWaits::on);
+        connected(&ch, dst)?
+    };
     let adv = conn.recv(T).context("the advertisement")?;
     let (raddr, rkey, rlen) = peer::parse_advert(&adv)?;
     let recv_t = std::time::Duration::from_millis(RECV_MS.into());

@@ -544,6 +544,7 @@ pub struct Cpu {
 }
 
 /// CPU time per operation of a measured loop, in µs.
+#[derive(Clone, Copy)]
 pub struct CpuPerOp {
     pub thread_us: f64,
     pub guest_us: Option<f64>,
