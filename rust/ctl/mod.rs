@@ -1023,15 +1023,16 @@ impl CtlFile {
         conn.send(data, wait, true)?;
         c.sent = 1;
         let capacity = c.recv_len as usize;
-        let mut writer =
-            UserSlice::new(UserPtr::from_addr(c.recv_buf as usize), capacity).writer();
+        let mut writer = UserSlice::new(UserPtr::from_addr(c.recv_buf as usize), capacity).writer();
         let received = conn.recv(&mut writer, capacity, wait);
         if let Ok(n) = received {
             c.recv_len = n as u32;
         }
         write_arg(arg, &c)?;
         // A restart would send again.
-        received.map(|_| ()).map_err(|e| if e == ERESTARTSYS { EINTR } else { e })
+        received
+            .map(|_| ())
+            .map_err(|e| if e == ERESTARTSYS { EINTR } else { e })
     }
 
     fn recv(&self, arg: usize, nonblock: bool) -> Result {

@@ -269,6 +269,10 @@ fn record(res: &mut Results, what: &str, s: &Slot<'_>, r: Result<Vec<Block>>) {
         if let Some(g) = b.cpu.guest_us {
             line += &format!(", guest busy {g:.0} us/op");
         }
+        line += &format!(
+            ", context switches {:.2} voluntary, {:.2} involuntary per op",
+            b.cpu.switches.0, b.cpu.switches.1
+        );
         for (what, v, target) in cpu {
             let Some(v) = v else {
                 continue;

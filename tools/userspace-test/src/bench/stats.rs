@@ -502,19 +502,27 @@ pub fn write_all(dir: &Path, info: &RunInfo, r: &Results) -> Result<()> {
 /// The calling thread's CPU time (user + system), from
 /// `getrusage(RUSAGE_THREAD)`.
 pub fn thread_cpu() -> Duration {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::uninit();
-    // SAFETY: getrusage writes one struct rusage to the pointer, which has
-    // room for it; RUSAGE_THREAD is valid on Linux.
-    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr()) };
-    if r != 0 {
+    let Some(ru) = thread_rusage() else {
         return Duration::ZERO;
-    }
-    // SAFETY: getrusage succeeded, so it filled the whole struct.
-    let ru = unsafe { ru.assume_init() };
+    };
     let tv = |t: libc::timeval| {
         Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
     };
     tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// The calling thread's context switches: (voluntary, involuntary).
+fn thread_switches() -> (u64, u64) {
+    thread_rusage().map_or((0, 0), |ru| (ru.ru_nvcsw as u64, ru.ru_nivcsw as u64))
+}
+
+fn thread_rusage() -> Option<libc::rusage> {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage writes one struct rusage to the pointer, which has
+    // room for it; RUSAGE_THREAD is valid on Linux.
+    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr()) };
+    // SAFETY: getrusage succeeded, so it filled the whole struct.
+    (r == 0).then(|| unsafe { ru.assume_init() })
 }
 
 /// The guest's busy time over all CPUs, from `/proc/stat`'s `cpu` line
@@ -539,6 +547,7 @@ pub fn guest_busy() -> Option<Duration> {
 /// CPU counters at the start of a measured loop.
 pub struct Cpu {
     thread: Duration,
+    switches: (u64, u64),
     guest: Option<Duration>,
     wall: Instant,
 }
@@ -549,12 +558,17 @@ pub struct CpuPerOp {
     pub thread_us: f64,
     pub guest_us: Option<f64>,
     pub wall: Duration,
+    /// The driving thread's voluntary context switches per operation (its
+    /// sleeps, and its yields that let another task run) and involuntary
+    /// ones (preemptions).
+    pub switches: (f64, f64),
 }
 
 impl Cpu {
     pub fn start() -> Self {
         Self {
             thread: thread_cpu(),
+            switches: thread_switches(),
             guest: guest_busy(),
             wall: Instant::now(),
         }
@@ -567,7 +581,12 @@ impl Cpu {
             (Some(a), Some(b)) => Some(b.saturating_sub(a)),
             _ => None,
         };
+        let (v, i) = thread_switches();
         CpuPerOp {
+            switches: (
+                v.saturating_sub(self.switches.0) as f64 / n,
+                i.saturating_sub(self.switches.1) as f64 / n,
+            ),
             thread_us: thread.as_secs_f64() * 1e6 / n,
             guest_us: guest.map(|g| g.as_secs_f64() * 1e6 / n),
             wall: self.wall.elapsed(),
