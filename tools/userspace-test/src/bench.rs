@@ -638,11 +638,13 @@ pub fn run(o: Options) -> Result<()> {
                 let addr = ports.next(ip);
                 match peer::listener(addr) {
                     Ok(l) => {
-                        let r = if side == "kernel" {
-                            scale::kernel(addr, n)
-                        } else {
-                            scale::user(addr, n)
-                        };
+                        let r = scale::repeated(scale::rounds(n), |mem| {
+                            if side == "kernel" {
+                                scale::kernel(addr, n, mem)
+                            } else {
+                                scale::user(addr, n, mem)
+                            }
+                        });
                         record_scale(&mut res, &s, r);
                         counterpart_end(&mut res, "connections at once", &s, l);
                     }
@@ -699,12 +701,16 @@ fn notes(large: usize, groups: &[&str]) -> Vec<String> {
          its ioctls included, not its work items or interrupts); guest: /proc/stat busy time of \
          all CPUs per operation (10 ms ticks; the counterpart and rxe included)"
             .into(),
-        "connections at once (scale): the side under test starts each step on all n ids \
-         before awaiting that step's events (active side only); setup runs from the first \
-         CREATE_ID to the last ESTABLISHED, teardown from the first DISCONNECT to the last \
-         destroy; guest memory per connection is the growth of MemTotal - MemAvailable over \
-         setup divided by n, both ends and rxe included (the same counterpart for both sides)"
-            .into(),
+        format!(
+            "connections at once (scale): the side under test starts each step on all n ids \
+             before awaiting that step's events (active side only); setup runs from the first \
+             CREATE_ID to the last ESTABLISHED, teardown from the first DISCONNECT to the last \
+             destroy; a count below {} runs in rounds until that many connections were made \
+             (setup and teardown: the rounds' medians; CPU: their mean); guest memory per \
+             connection is the growth of MemTotal - MemAvailable over the first round's setup \
+             divided by n, both ends and rxe included (the same counterpart for both sides)",
+            scale::CONNECTIONS_A_POINT
+        ),
         format!(
             "{}: the side under test is an echo service, passive, with no ioctl in its loop: \
              the sample rdma_cm_rs_echo.ko (accepts in its request callback, echoes from its \

@@ -13,6 +13,13 @@
 //! allocates for them, the same for both sides under test, so the
 //! difference between the two sides is the difference of the side under
 //! test alone.
+//!
+//! A count below [`CONNECTIONS_A_POINT`] is measured in rounds, one after
+//! the other, until that many connections were made (1 at once: 100
+//! rounds; 10 at once: 10): one connection's setup takes a few
+//! milliseconds, where the scheduler's tick alone moves a single sample by
+//! a fifth.  Its setup and teardown are the rounds' medians, its CPU the
+//! rounds' mean, its memory the first round's.
 
 use super::peer::T;
 use super::stats::Cpu;
@@ -32,7 +39,27 @@ pub const COUNTS: [usize; 5] = [1, 10, 100, 1000, 2000];
 /// Those of a `--quick` run.
 pub const QUICK_COUNTS: [usize; 3] = [1, 10, 50];
 
-/// Address and route resolution timeout of the module's ids, in ms.
+/// The connections a point of the curve makes, at least: the rounds of a
+/// smaller count (see the module's doc).
+pub const CONNECTIONS_A_POINT: usize = 100;
+
+/// The rounds of `n` at once.
+pub fn rounds(n: usize) -> usize {
+    CONNECTIONS_A_POINT.div_ceil(n.max(1))
+}
+
+/// `rounds` rounds of `one` as one point: the median setup and teardown,
+/// the mean CPU per connection, the first round's memory (`one(true)`:
+/// only that round measures it, which waits for the memory to settle).
+pub fn repeated(rounds: usize, mut one: impl FnMut(bool) -> Result<Point>) -> Result<Point> {
+    let first = one(true)?;
+    let mut rest = Vec::with_capacity(rounds.saturating_sub(1));
+    for _ in 1..rounds {
+        rest.push(one(false)?);
+    }
+    Ok(Point::combined(first, rest))
+}
+
 const RESOLVE_MS: u32 = 5000;
 /// Longest wait for the next event of a phase, in ms.
 const EVENT_MS: u32 = 20_000;
@@ -70,6 +97,40 @@ impl Point {
             teardown,
             kib_per_conn,
             cpu: cpu.per_op(n),
+        }
+    }
+}
+
+impl Point {
+    /// `first` and the `rest` of the rounds of one count as one point.
+    fn combined(first: Point, rest: Vec<Point>) -> Point {
+        if rest.is_empty() {
+            return first;
+        }
+        let median = |f: fn(&Point) -> Duration| {
+            let mut v: Vec<Duration> = std::iter::once(&first).chain(&rest).map(f).collect();
+            v.sort_unstable();
+            v[v.len() / 2]
+        };
+        let all = || std::iter::once(&first).chain(&rest);
+        let k = (rest.len() + 1) as f64;
+        let mean = |f: fn(&Point) -> f64| all().map(f).sum::<f64>() / k;
+        let guest = all()
+            .map(|p| p.cpu.guest_us)
+            .sum::<Option<f64>>()
+            .map(|g| g / k);
+        let wall = all().map(|p| p.cpu.wall).sum();
+        Point {
+            n: first.n,
+            setup: median(|p| p.setup),
+            teardown: median(|p| p.teardown),
+            kib_per_conn: first.kib_per_conn,
+            cpu: super::stats::CpuPerOp {
+                thread_us: mean(|p| p.cpu.thread_us),
+                guest_us: guest,
+                wall,
+                switches: (mean(|p| p.cpu.switches.0), mean(|p| p.cpu.switches.1)),
+            },
         }
     }
 }
@@ -162,10 +223,10 @@ fn kernel_collect(dev: &Device, ids: &[u32], want: EventType) -> Result<()> {
 
 /// The module active: `n` connections at once to the counterpart
 /// listening on `dst`.
-pub fn kernel(dst: SocketAddr, n: usize) -> Result<Point> {
+pub fn kernel(dst: SocketAddr, n: usize, measure_mem: bool) -> Result<Point> {
     let dev = Device::open_async().with_context(|| format!("open {}", uapi::DEVICE))?;
     let p = Param::with_data(&[]);
-    let before = settled_mem_used_kib();
+    let before = measure_mem.then(settled_mem_used_kib).flatten();
     let cpu = Cpu::start();
     let t0 = Instant::now();
     let mut ids = KernelIds {
@@ -189,7 +250,7 @@ pub fn kernel(dst: SocketAddr, n: usize) -> Result<Point> {
     }
     kernel_collect(&dev, &ids.ids, EventType::Established)?;
     let setup = t0.elapsed();
-    let after = mem_used_kib();
+    let after = measure_mem.then(mem_used_kib).flatten();
     let t1 = Instant::now();
     for &id in &ids.ids {
         dev.disconnect(id).context("DISCONNECT")?;
@@ -210,10 +271,10 @@ fn user_collect(ch: &Channel, keys: &[IdKey], want: EventType) -> Result<()> {
 
 /// librdmacm active, as [`kernel`]; each connection creates its QP once its
 /// route is resolved (the module does so inside CONNECT).
-pub fn user(dst: SocketAddr, n: usize) -> Result<Point> {
+pub fn user(dst: SocketAddr, n: usize, measure_mem: bool) -> Result<Point> {
     let ch = Channel::new()?;
     let p = cm::Param::with_data(&[]);
-    let before = settled_mem_used_kib();
+    let before = measure_mem.then(settled_mem_used_kib).flatten();
     let cpu = Cpu::start();
     let t0 = Instant::now();
     let mut ids = Vec::with_capacity(n);
@@ -235,7 +296,7 @@ pub fn user(dst: SocketAddr, n: usize) -> Result<Point> {
     }
     user_collect(&ch, &keys, EventType::Established)?;
     let setup = t0.elapsed();
-    let after = mem_used_kib();
+    let after = measure_mem.then(mem_used_kib).flatten();
     let t1 = Instant::now();
     for c in &conns {
         c.disconnect()?;
