@@ -638,13 +638,21 @@ pub fn run(o: Options) -> Result<()> {
                 let addr = ports.next(ip);
                 match peer::listener(addr) {
                     Ok(l) => {
-                        let r = scale::repeated(scale::rounds(n), |mem| {
-                            if side == "kernel" {
-                                scale::kernel(addr, n, mem)
-                            } else {
-                                scale::user(addr, n, mem)
-                            }
-                        });
+                        let r = if side == "kernel" {
+                            crate::uapi::Device::open_async()
+                                .with_context(|| format!("open {}", crate::uapi::DEVICE))
+                                .and_then(|dev| {
+                                    scale::repeated(scale::rounds(n), |mem| {
+                                        scale::kernel(&dev, addr, n, mem)
+                                    })
+                                })
+                        } else {
+                            crate::cm::Channel::new().and_then(|ch| {
+                                scale::repeated(scale::rounds(n), |mem| {
+                                    scale::user(&ch, addr, n, mem)
+                                })
+                            })
+                        };
                         record_scale(&mut res, &s, r);
                         counterpart_end(&mut res, "connections at once", &s, l);
                     }

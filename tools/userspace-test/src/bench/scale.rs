@@ -25,7 +25,7 @@ use super::peer::T;
 use super::stats::Cpu;
 use crate::cm::{self, Channel, Conn, IdKey};
 use crate::report::EventType;
-use crate::uapi::{self, Device, Param};
+use crate::uapi::{Device, Param};
 use anyhow::{bail, Context, Result};
 use std::{
     collections::HashSet,
@@ -222,15 +222,15 @@ fn kernel_collect(dev: &Device, ids: &[u32], want: EventType) -> Result<()> {
 }
 
 /// The module active: `n` connections at once to the counterpart
-/// listening on `dst`.
-pub fn kernel(dst: SocketAddr, n: usize, measure_mem: bool) -> Result<Point> {
-    let dev = Device::open_async().with_context(|| format!("open {}", uapi::DEVICE))?;
+/// listening on `dst`, on `dev` (opened once for all the rounds of a
+/// point, as a ULP opens its device once).
+pub fn kernel(dev: &Device, dst: SocketAddr, n: usize, measure_mem: bool) -> Result<Point> {
     let p = Param::with_data(&[]);
     let before = measure_mem.then(settled_mem_used_kib).flatten();
     let cpu = Cpu::start();
     let t0 = Instant::now();
     let mut ids = KernelIds {
-        dev: &dev,
+        dev,
         ids: Vec::with_capacity(n),
     };
     for i in 0..n {
@@ -240,22 +240,22 @@ pub fn kernel(dst: SocketAddr, n: usize, measure_mem: bool) -> Result<Point> {
         dev.resolve_addr(id, &dst, RESOLVE_MS)
             .context("RESOLVE_ADDR")?;
     }
-    kernel_collect(&dev, &ids.ids, EventType::AddrResolved)?;
+    kernel_collect(dev, &ids.ids, EventType::AddrResolved)?;
     for &id in &ids.ids {
         dev.resolve_route(id, RESOLVE_MS).context("RESOLVE_ROUTE")?;
     }
-    kernel_collect(&dev, &ids.ids, EventType::RouteResolved)?;
+    kernel_collect(dev, &ids.ids, EventType::RouteResolved)?;
     for &id in &ids.ids {
         dev.connect(id, &p).context("CONNECT")?;
     }
-    kernel_collect(&dev, &ids.ids, EventType::Established)?;
+    kernel_collect(dev, &ids.ids, EventType::Established)?;
     let setup = t0.elapsed();
     let after = measure_mem.then(mem_used_kib).flatten();
     let t1 = Instant::now();
     for &id in &ids.ids {
         dev.disconnect(id).context("DISCONNECT")?;
     }
-    kernel_collect(&dev, &ids.ids, EventType::Disconnected)?;
+    kernel_collect(dev, &ids.ids, EventType::Disconnected)?;
     for id in ids.ids.drain(..) {
         dev.destroy(id).context("DESTROY_ID")?;
     }
@@ -269,39 +269,39 @@ fn user_collect(ch: &Channel, keys: &[IdKey], want: EventType) -> Result<()> {
     })
 }
 
-/// librdmacm active, as [`kernel`]; each connection creates its QP once its
+/// librdmacm active, as [`kernel`], on the event channel `ch` (made once
+/// for all the rounds of a point); each connection creates its QP once its
 /// route is resolved (the module does so inside CONNECT).
-pub fn user(dst: SocketAddr, n: usize, measure_mem: bool) -> Result<Point> {
-    let ch = Channel::new()?;
+pub fn user(ch: &Channel, dst: SocketAddr, n: usize, measure_mem: bool) -> Result<Point> {
     let p = cm::Param::with_data(&[]);
     let before = measure_mem.then(settled_mem_used_kib).flatten();
     let cpu = Cpu::start();
     let t0 = Instant::now();
     let mut ids = Vec::with_capacity(n);
     for _ in 0..n {
-        ids.push(cm::create_id(&ch)?);
+        ids.push(cm::create_id(ch)?);
     }
     let keys: Vec<IdKey> = ids.iter().map(|id| id.key()).collect();
     for id in &ids {
         cm::start_resolve_addr(id, &dst, T)?;
     }
-    user_collect(&ch, &keys, EventType::AddrResolved)?;
+    user_collect(ch, &keys, EventType::AddrResolved)?;
     for id in &ids {
         cm::start_resolve_route(id, T)?;
     }
-    user_collect(&ch, &keys, EventType::RouteResolved)?;
+    user_collect(ch, &keys, EventType::RouteResolved)?;
     let conns = ids.into_iter().map(Conn::new).collect::<Result<Vec<_>>>()?;
     for c in &conns {
         c.start_connect(&p)?;
     }
-    user_collect(&ch, &keys, EventType::Established)?;
+    user_collect(ch, &keys, EventType::Established)?;
     let setup = t0.elapsed();
     let after = measure_mem.then(mem_used_kib).flatten();
     let t1 = Instant::now();
     for c in &conns {
         c.disconnect()?;
     }
-    user_collect(&ch, &keys, EventType::Disconnected)?;
+    user_collect(ch, &keys, EventType::Disconnected)?;
     drop(conns);
     Ok(Point::new(n, setup, t1.elapsed(), (before, after), &cpu))
 }
