@@ -195,8 +195,12 @@ impl LockedId<'_> {
         // SAFETY: Any bytes are a valid GID.
         let mgid = unsafe { attr.grh.dgid.raw };
         let mlid = if attr.type_ == bindings::rdma_ah_attr_type_RDMA_AH_ATTR_TYPE_IB {
+            // The member through a cast of the union, as `Event::conn_param`
+            // does: the kernel's bindings make it a Rust union, a module's
+            // a struct of `__BindgenUnionField`s; every member starts at
+            // its start.
             // SAFETY: An IB address vector fills the union's `ib` member.
-            unsafe { attr.__bindgen_anon_1.ib.as_ref().dlid }
+            unsafe { (*(&raw const attr.__bindgen_anon_1).cast::<bindings::ib_ah_attr>()).dlid }
         } else {
             // RoCE has no LIDs: the group is its MGID.
             0
