@@ -16,8 +16,9 @@ pub(super) enum QpSlot {
     Empty,
     /// The id's live QP.
     Live(Arc<dyn QpShutdown>),
-    /// [`LockedId::destroy_qp`](super::LockedId::destroy_qp) is tearing the QP down: its teardown runs
-    /// completion handlers in the caller's task, which may reach this id
+    /// [`LockedId::destroy_qp`](super::LockedId::destroy_qp) is tearing the
+    /// QP down: its teardown runs completion handlers in the caller's
+    /// task, which may reach this id
     /// again (a nested `with_lock`), and must find neither a QP to destroy
     /// nor room for a new one, which `rdma_create_qp` would put in the
     /// id's `qp` over the one being destroyed.

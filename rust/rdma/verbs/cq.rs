@@ -80,7 +80,7 @@ impl PollContext {
 /// `entries`.  A [`PollContext::Direct`] CQ is never armed (no
 /// `ib_req_notify_cq`: the IB core warns of an unsolicited completion); a
 /// [`PollContext::Notified`] one was made by `__ib_create_cq` with
-/// [`notified`] as its completion handler, and is armed only by
+/// `notified` as its completion handler, and is armed only by
 /// [`Cq::wait_since`].  The completions of either run only in the task
 /// that set `polling`, while it is set (a poll, or a QP's reclaim).
 #[pin_data(PinnedDrop)]
