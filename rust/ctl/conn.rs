@@ -286,8 +286,8 @@ impl Conn {
         self.send_with(data, None, wait, nowait, |buf| self.qp.post_send(buf))
     }
 
-    /// The send and receive timeout of SEND and UD_SEND: `timeout_ms`, or
-    /// the default for 0; never non-blocking (the file's flag is RECV's).
+    /// The waits of SEND and UD_SEND: up to `timeout_ms`, or the default
+    /// for 0; never non-blocking (the file's `O_NONBLOCK` is for RECV).
     pub(crate) fn send_wait(timeout_ms: u32) -> Wait {
         Wait::new(timeout_or_default(timeout_ms), false)
     }

@@ -81,7 +81,8 @@ const FUNCTIONS: &[&str] = &[
     // UD ids of RDMA_PS_IB (`src/cm/ud.rs`): `rdma_create_id` makes RC ones.
     "rdma_create_ep",
     "rdma_migrate_id",
-    // Sleeping waits of the benchmark's librdmacm side (`cm::set_wait`):
+    // Sleeping waits of the benchmark's librdmacm side
+    // (`cm::set_notified_waits`):
     // a completion channel, its CQs armed (`static inline`), its events.
     "ibv_create_comp_channel",
     "ibv_destroy_comp_channel",

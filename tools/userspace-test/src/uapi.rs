@@ -971,7 +971,7 @@ impl Device {
     }
 
     /// SEND_RECV with the arguments as given, pointers included: for the
-    /// checks of bad input.  Returns the call's result and `sent`.
+    /// checks of bad input.  What the call wrote back (`sent`) is in `r`.
     pub fn send_recv_raw(&self, r: &mut rdma_cm_rs_send_recv) -> Result<()> {
         self.call(IOC_SEND_RECV, r)
     }

@@ -3,8 +3,8 @@
 //! ([`super::peer::data_server`]): round trips (a message and its echo),
 //! send throughput, RDMA WRITE and READ throughput.  The module moves at
 //! most `max_message` bytes a SEND (INFO; 4096); a round trip is one
-//! SEND_RECV, as the librdmacm side's is one post and its polls.  Both sides send without
-//! waiting for each send's completion: the module with
+//! SEND_RECV, as the librdmacm side's is one post and its polls.  Both
+//! sides send without waiting for each send's completion: the module with
 //! `RDMA_CM_RS_SEND_NOWAIT` (up to `send_window`, 16, in flight), the
 //! librdmacm side with up to as many posted; in a round trip neither waits
 //! for the send's ACK before it waits for the answer.  The librdmacm side
@@ -163,19 +163,20 @@ pub fn kernel(dst: SocketAddr, s: Sizes, busy_poll: bool) -> Result<Vec<Block>> 
     Ok(out)
 }
 
-/// Turns the calling thread's busy polling off again when dropped.
-pub(super) struct BusyPoll;
+/// A thread-local setting of [`cm`] (`set` its setter: busy polling,
+/// sleeping waits), on until dropped.
+pub(super) struct ThreadSetting(fn(bool));
 
-impl BusyPoll {
-    pub(super) fn on() -> Self {
-        cm::set_busy_poll(true);
-        Self
+impl ThreadSetting {
+    pub(super) fn on(set: fn(bool)) -> Self {
+        set(true);
+        Self(set)
     }
 }
 
-impl Drop for BusyPoll {
+impl Drop for ThreadSetting {
     fn drop(&mut self) {
-        cm::set_busy_poll(false);
+        (self.0)(false);
     }
 }
 
@@ -189,30 +190,13 @@ pub(super) fn connected(ch: &Channel, dst: SocketAddr) -> Result<Conn<'_>> {
     Ok(conn)
 }
 
-/// Makes the connections the calling thread makes sleep in their waits
-/// until dropped.
-struct NotifiedWaits;
-
-impl NotifiedWaits {
-    fn on() -> Self {
-        cm::set_notified_waits(true);
-        Self
-    }
-}
-
-impl Drop for NotifiedWaits {
-    fn drop(&mut self) {
-        cm::set_notified_waits(false);
-    }
-}
-
 /// The librdmacm side, the same work as [`kernel`]: busy-polling its CQs,
 /// or with `busy_poll` false sleeping until a completion is notified.
 pub fn user(dst: SocketAddr, s: Sizes, busy_poll: bool) -> Result<Vec<Block>> {
-    let _busy = busy_poll.then(BusyPoll::on);
+    let _busy = busy_poll.then(|| ThreadSetting::on(cm::set_busy_poll));
     let ch = Channel::new()?;
     let mut conn = {
-        let _sleeping = (!busy_poll).then(NotifiedWaits::on);
+        let _sleeping = (!busy_poll).then(|| ThreadSetting::on(cm::set_notified_waits));
         connected(&ch, dst)?
     };
     let adv = conn.recv(T).context("the advertisement")?;

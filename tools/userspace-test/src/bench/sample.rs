@@ -14,11 +14,11 @@
 //! workqueue's worker, woken for each.
 
 use super::conn::{self, ACTIVE};
-use super::data::{self, BusyPoll, Sizes};
+use super::data::{self, Sizes, ThreadSetting};
 use super::peer::{self, T};
 use super::stats::{Cpu, Target};
 use super::{Block, Steps};
-use crate::cm::Channel;
+use crate::cm::{self, Channel};
 use crate::report::EventType;
 use anyhow::{bail, ensure, Context, Result};
 use std::{net::SocketAddr, time::Instant};
@@ -69,7 +69,7 @@ pub fn user(addr: SocketAddr, cycles: usize, s: Sizes) -> Result<Vec<Block>> {
 /// The counterpart: `cycles` connections made and ended one after the
 /// other, then one connection for the round trips.
 fn client(dst: SocketAddr, cycles: usize, s: Sizes) -> Result<Vec<Block>> {
-    let _busy = BusyPoll::on();
+    let _busy = ThreadSetting::on(cm::set_busy_poll);
     let ch = Channel::new()?;
     let mut steps = Steps::new(&ACTIVE);
     let cpu = Cpu::start();

@@ -52,14 +52,15 @@ pub fn rounds(n: usize) -> usize {
 /// the mean CPU per connection, the first round's memory (`one(true)`:
 /// only that round measures it, which waits for the memory to settle).
 pub fn repeated(rounds: usize, mut one: impl FnMut(bool) -> Result<Point>) -> Result<Point> {
-    let first = one(true)?;
-    let mut rest = Vec::with_capacity(rounds.saturating_sub(1));
+    let mut points = Vec::with_capacity(rounds.max(1));
+    points.push(one(true)?);
     for _ in 1..rounds {
-        rest.push(one(false)?);
+        points.push(one(false)?);
     }
-    Ok(Point::combined(first, rest))
+    Ok(Point::combined(points))
 }
 
+/// Address and route resolution timeout of the module's ids, in ms.
 const RESOLVE_MS: u32 = 5000;
 /// Longest wait for the next event of a phase, in ms.
 const EVENT_MS: u32 = 20_000;
@@ -99,27 +100,21 @@ impl Point {
             cpu: cpu.per_op(n),
         }
     }
-}
 
-impl Point {
-    /// `first` and the `rest` of the rounds of one count as one point.
-    fn combined(first: Point, rest: Vec<Point>) -> Point {
-        if rest.is_empty() {
-            return first;
+    /// The rounds of one count (at least one, the first measuring the
+    /// memory) as one point.
+    fn combined(mut points: Vec<Point>) -> Point {
+        if points.len() == 1 {
+            return points.remove(0);
         }
+        let k = points.len() as f64;
         let median = |f: fn(&Point) -> Duration| {
-            let mut v: Vec<Duration> = std::iter::once(&first).chain(&rest).map(f).collect();
+            let mut v: Vec<Duration> = points.iter().map(f).collect();
             v.sort_unstable();
             v[v.len() / 2]
         };
-        let all = || std::iter::once(&first).chain(&rest);
-        let k = (rest.len() + 1) as f64;
-        let mean = |f: fn(&Point) -> f64| all().map(f).sum::<f64>() / k;
-        let guest = all()
-            .map(|p| p.cpu.guest_us)
-            .sum::<Option<f64>>()
-            .map(|g| g / k);
-        let wall = all().map(|p| p.cpu.wall).sum();
+        let mean = |f: fn(&Point) -> f64| points.iter().map(f).sum::<f64>() / k;
+        let first = &points[0];
         Point {
             n: first.n,
             setup: median(|p| p.setup),
@@ -127,8 +122,12 @@ impl Point {
             kib_per_conn: first.kib_per_conn,
             cpu: super::stats::CpuPerOp {
                 thread_us: mean(|p| p.cpu.thread_us),
-                guest_us: guest,
-                wall,
+                guest_us: points
+                    .iter()
+                    .map(|p| p.cpu.guest_us)
+                    .sum::<Option<f64>>()
+                    .map(|g| g / k),
+                wall: points.iter().map(|p| p.cpu.wall).sum(),
                 switches: (mean(|p| p.cpu.switches.0), mean(|p| p.cpu.switches.1)),
             },
         }

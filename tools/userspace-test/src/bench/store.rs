@@ -11,11 +11,11 @@
 //! (`busy_poll=1`); the `store-sleeping` group measures it with its
 //! completions run by a workqueue's worker, woken for each.
 
-use super::data::{self, BusyPoll};
+use super::data::{self, ThreadSetting};
 use super::peer::{self, T};
 use super::stats::{Cpu, Target};
 use super::Block;
-use crate::cm::Channel;
+use crate::cm::{self, Channel};
 use crate::report::EventType;
 use crate::store::{call, request, MAX_IO, OP_GET, OP_PUT};
 use anyhow::{ensure, Context, Result};
@@ -49,7 +49,7 @@ pub fn user(addr: SocketAddr, ops: usize) -> Result<Vec<Block>> {
 /// The counterpart: one connection, `ops` PUTs then `ops` GETs of each
 /// size, one at a time, each GET's bytes checked once.
 fn client(dst: SocketAddr, ops: usize) -> Result<Vec<Block>> {
-    let _busy = BusyPoll::on();
+    let _busy = ThreadSetting::on(cm::set_busy_poll);
     let ch = Channel::new()?;
     let mut conn = data::connected(&ch, dst)?;
     let region = conn.add_region(&vec![0u8; MAX_IO], true, true)?;
