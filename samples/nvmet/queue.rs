@@ -9,7 +9,7 @@ use super::ctrl::{Ctrl, Data, Outcome, QueueCtx, QueueHandle, Subsystem, Transfe
 use super::rdma::{
     CmId, CompletionHandler, ConnectRequest, Cq, Event, EventType, Handler, LockedId, Owner, Pd,
     PollContext, PostError, Qp, QpCaps, QpEvent, RecvBuffer, RemoteRegion, RwDone, RwOp,
-    SendBuffer, SgBuffer,
+    SendBuffer, SgBuffer, Transport as Fabric,
 };
 use super::wire::{self, cm_status, status, CmReq, DataDesc, Sqe};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -143,6 +143,9 @@ pub(crate) struct Queue {
     /// The address the host reached, as text, for the discovery log.
     traddr: AddrText,
     ipv6: bool,
+    /// Over iWARP: a flush or the QP's error event ends the queue, not its
+    /// controller ([`Self::fatal`]).
+    iwarp: bool,
     #[pin]
     qp: SpinLock<Option<Arc<Qp<QueueCq>>>>,
     #[pin]
@@ -168,6 +171,31 @@ pub(crate) struct Queue {
     /// Set by the first fatal error: the others of the same failure (every
     /// request flushed after it) add nothing.
     failing: AtomicBool,
+}
+
+/// What failed, for [`Queue::fatal`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// A request or its completion, on its own.
+    Request,
+    /// A request flushed: the QP was already in the error state (a
+    /// disconnect, the device's removal, or an error seen by no completion
+    /// of ours, such as an unsignaled RDMA WRITE to a bad key, whose
+    /// chained response is then flushed).  No news to warn about.
+    Flushed,
+    /// The QP's asynchronous error event.
+    QpError,
+}
+
+impl Failure {
+    /// The failure a request's completion `error` reports.
+    fn of(error: Error) -> Self {
+        if error == ECANCELED {
+            Failure::Flushed
+        } else {
+            Failure::Request
+        }
+    }
 }
 
 /// The CM handler of the listener and of every queue.
@@ -265,6 +293,7 @@ impl Queue {
             }
             None => false,
         };
+        let iwarp = request.id().transport() == Ok(Fabric::Iwarp);
         let queue = Arc::pin_init(
             try_pin_init!(Queue {
                 transport: transport.clone(),
@@ -273,6 +302,7 @@ impl Queue {
                 inline_size,
                 traddr,
                 ipv6,
+                iwarp,
                 qp <- new_spinlock!(None),
                 pd <- new_spinlock!(None),
                 id <- new_mutex!(None),
@@ -409,21 +439,26 @@ impl Queue {
     /// A fatal error of the queue's controller (or of the queue, before it
     /// has one): disconnects them from the owner's queue.
     ///
-    /// `flushed`: the request failed only because the QP was already in
-    /// the error state (a disconnect, the device's removal, or an error
-    /// seen by no completion of ours, such as an unsignaled RDMA WRITE to a
-    /// bad key, whose chained response is then flushed): the controller
-    /// fails all the same, but that is no news to warn about.
-    fn fatal(self: &Arc<Self>, why: &str, flushed: bool) {
+    /// Over iWARP the host answers a bad RDMA WRITE with a TERMINATE that
+    /// ends the connection, which the controller outlives as it outlives
+    /// the host's disconnect (nvmet-rdma alike); the QP's error event and
+    /// the flush of what followed the WRITE may come before or after the
+    /// connection's end is seen, so over iWARP those two end this queue
+    /// only.
+    fn fatal(self: &Arc<Self>, why: &str, failure: Failure) {
         if self.ended.load(Ordering::Acquire) || self.failing.swap(true, Ordering::AcqRel) {
             return;
         }
-        if flushed {
+        if failure == Failure::Flushed {
             pr_info!("queue {}: {} (flushed): disconnecting\n", self.qid, why);
         } else {
             pr_warn!("queue {}: {}: disconnecting\n", self.qid, why);
         }
-        let ctrl = self.ctrl.lock().clone();
+        let ctrl = if self.iwarp && failure != Failure::Request {
+            None
+        } else {
+            self.ctrl.lock().clone()
+        };
         let transport = self.transport.clone();
         let queue = self.clone();
         let spawned = self.transport.owner.spawn(move || match ctrl {
@@ -454,7 +489,7 @@ impl Queue {
     /// Serves the command that arrived in `recv`.
     fn command(self: &Arc<Self>, qp: &Qp<QueueCq>, recv: RecvBuffer) {
         let Some(sqe) = Sqe::from_bytes(recv.data()) else {
-            self.fatal("command capsule shorter than 64 bytes", false);
+            self.fatal("command capsule shorter than 64 bytes", Failure::Request);
             return;
         };
         let ctrl = self.ctrl.lock().clone();
@@ -640,7 +675,7 @@ impl Queue {
             Outcome::Done { status: 0, result } => {
                 match self.response(sqe.cid(), 0, result, invalidate) {
                     Ok(send) => self.post(qp, Waiting::WriteThenSend(buf, remote, send)),
-                    Err(_) => self.fatal("no memory for a response", false),
+                    Err(_) => self.fatal("no memory for a response", Failure::Request),
                 }
             }
             outcome => self.finish(qp, sqe, outcome, invalidate),
@@ -827,7 +862,7 @@ impl CompletionHandler for QueueCq {
             Ok(_) => queue.command(&qp, buf),
             Err(e) => {
                 if e != ECANCELED {
-                    queue.fatal("receive failed", false);
+                    queue.fatal("receive failed", Failure::Request);
                 }
             }
         }
@@ -840,10 +875,10 @@ impl CompletionHandler for QueueCq {
         // WRITEs chained before a response complete to no handler of ours
         // (unsignaled, or on iWARP the layer's no-op), so when one fails
         // (a key the host never registered) the flushed response is all
-        // that tells.  A queue that ended first (the host's disconnect)
-        // has no QP here.
+        // that tells (over iWARP [`Queue::fatal`] ends the queue only).  A
+        // queue that ended first (the host's disconnect) has no QP here.
         if let Err(e) = result {
-            queue.fatal("response not sent", e == ECANCELED);
+            queue.fatal("response not sent", Failure::of(e));
             return;
         }
         buf.set_invalidate(None);
@@ -868,7 +903,7 @@ impl CompletionHandler for QueueCq {
         let Some(reading) = reading else { return };
         if let Err(e) = result {
             // A bad key or a host that went: the QP is in error.
-            queue.fatal("RDMA READ of a command's data failed", e == ECANCELED);
+            queue.fatal("RDMA READ of a command's data failed", Failure::of(e));
             return;
         }
         let ctrl = queue.ctrl.lock().clone();
@@ -884,7 +919,7 @@ impl CompletionHandler for QueueCq {
 
     fn qp_event(&self, _qp_num: u32, event: QpEvent) {
         if event.is_error() {
-            self.0.fatal("QP error", false);
+            self.0.fatal("QP error", Failure::QpError);
         }
     }
 }

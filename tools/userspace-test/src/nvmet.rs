@@ -996,13 +996,14 @@ fn read_through_window(q: &mut Queue<'_>, data: &[u8]) -> Result<()> {
 /// A Read whose data goes to an rkey the host never registered.  Over RoCE
 /// (`iwarp` false) the target's RDMA WRITE completes with a remote access
 /// error, which is fatal to the controller (an RC QP in error cannot go
-/// on): both of its queues get DISCONNECTED.  Over iWARP the target's WRITE
-/// and its response complete once they are on the wire; the host's RNIC
-/// answers the bad STag with a TERMINATE and closes the connection, so the
-/// target sees the I/O queue's connection end as it would see the host
-/// disconnect it (nvmet-rdma alike): that queue goes, the controller lives
-/// on, and a new I/O queue of it reads the blocks of the keyed Write.
-/// Either way no successful completion comes for the Read.
+/// on): both of its queues get DISCONNECTED.  Over iWARP the host's RNIC
+/// answers the bad STag with a TERMINATE and closes the connection, which
+/// the target must take as it takes the host's disconnect (nvmet-rdma
+/// alike), whether it sees the connection end first or its response,
+/// chained after the WRITE, flushed (likely with a transfer this large):
+/// that queue goes, the controller lives on, and a new I/O queue of it
+/// reads the blocks of the keyed Write.  Either way no successful
+/// completion comes for the Read.
 fn bad_rkey(
     dst: SocketAddr,
     mut admin: Queue<'_>,
@@ -1014,8 +1015,11 @@ fn bad_rkey(
     let (addr, rkey) = io.key();
     // Far beyond any index rxe or siw gives a key of this process.
     let bad = rkey ^ 0x8000_0000;
-    let mut sqe = rw(opcode::READ, 1, 0, 1);
-    sqe.set_keyed(addr + OUT as u64, 512, bad, false);
+    // The largest transfer: the target is still writing it when the
+    // host's refusal (on iWARP a TERMINATE) arrives, so the response
+    // chained after the WRITE is flushed, not sent.
+    let mut sqe = rw(opcode::READ, 1, 0, (MDTS_BYTES >> wire::LBA_SHIFT) as u32);
+    sqe.set_keyed(addr + OUT as u64, MDTS_BYTES as u32, bad, false);
     let (sqe, cid) = io.with_cid(sqe);
     // The send may or may not complete well: the target's WRITE puts our
     // QP in the error state too (a remote access error at the responder).
