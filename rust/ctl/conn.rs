@@ -175,6 +175,13 @@ pub(crate) struct Conn {
     peers: Mutex<PeerTable>,
 }
 
+/// Of the sends nobody waits for (`NOWAIT`), every this many asks for a
+/// completion; the others are given back before it (selective
+/// signaling), so a window of [`abi::SEND_WINDOW`] always has one that
+/// completes.  Half the window: a full window frees half its buffers at a
+/// time.
+const SIGNAL_EVERY: u64 = abi::SEND_WINDOW as u64 / 2;
+
 /// Send and memory work timeout when the caller gives none.
 const DEFAULT_SEND_TIMEOUT_MS: u32 = 5000;
 
@@ -370,7 +377,7 @@ impl Conn {
         let _waited = (!nowait).then(|| self.waited_sends.lock());
         // What came meanwhile first: buffers back, and on iWARP's passive
         // side the peer's first message, which lets sends go.
-        self.poll_now();
+        self.poll_on_the_way();
         let shared = &self.shared;
         let mut tx = shared.tx.lock();
         if let Some(e) = tx.unreported.take() {
@@ -396,6 +403,8 @@ impl Conn {
         }
         buf.set_imm(imm);
         let seq = tx.posted + 1;
+        // A waited send needs its own completion.  A UD send is waited.
+        buf.set_unsignaled(nowait && seq % SIGNAL_EVERY != 0);
         if !nowait {
             tx.waited = Some(seq);
             tx.waited_result = None;
@@ -523,7 +532,7 @@ impl Conn {
         let wait = Wait::new(timeout_or_default(timeout_ms), false);
         let _serial = self.work_ops.lock();
         // As in `send_with`: before the post, what arrived.
-        self.poll_now();
+        self.poll_on_the_way();
         let shared = &self.shared;
         let work = shared.work.lock();
         let (mut work, r) = self.wait_until(&shared.work, work, wait, |w| w.completed == w.posted);
@@ -544,6 +553,13 @@ impl Conn {
         // `EBUSY`: another caller polls, and its poll runs the handler that
         // changes what this one checks.
         let _ = self.cq.poll(POLL_BUDGET);
+    }
+
+    /// Runs the handler for what the CQ holds, keeping the CPU: on the way
+    /// to a post, not in a wait's loop.
+    fn poll_on_the_way(&self) {
+        // `EBUSY` as in `poll_now`.
+        let _ = self.cq.poll_once(POLL_BUDGET);
     }
 
     /// Waits until `ready` holds for the state `mutex` guards, processing

@@ -238,30 +238,34 @@ impl<C: CompletionHandler> Cq<C> {
     /// A [`PollContext::Notified`] CQ's poll does not give the CPU away: its
     /// caller sleeps next if it found nothing ([`Cq::wait_since`]).
     pub fn poll(&self, budget: u32) -> Result<u32> {
+        let done = self.poll_once(budget);
+        if self.poll == PollContext::Direct && done != Err(EINVAL) {
+            yield_after_poll(matches!(done, Ok(n) if n > 0));
+        }
+        done
+    }
+
+    /// Polls as [`Cq::poll`] does, but keeps the CPU: for a caller that
+    /// polls once on its way (to take back what completed before it posts
+    /// more), not in a loop.
+    pub fn poll_once(&self, budget: u32) -> Result<u32> {
         if !self.poll.owner_polls() || budget == 0 {
             return Err(EINVAL);
         }
         let budget = i32::try_from(budget).unwrap_or(i32::MAX);
-        let done = 'poll: {
-            let Some(_polling) = DirectPoll::try_start(self) else {
-                break 'poll Err(EBUSY);
-            };
-            // An `IB_POLL_DIRECT` CQ, and a `__ib_create_cq` one whose
-            // handler only wakes waiters, has no work item or softirq
-            // polling it, and this object is its only caller of
-            // `ib_process_cq_direct`, which `_polling` makes one task at a
-            // time.
-            // SAFETY: Live CQ (type invariants) processed by this task
-            // alone; every entry's `done` is this layer's, which takes
-            // ownership of its request; the budget is positive.
-            let done = unsafe { bindings::ib_process_cq_direct(self.as_ptr(), budget) };
-            // At most `budget`, never negative.
-            Ok(u32::try_from(done).unwrap_or(0))
+        let Some(_polling) = DirectPoll::try_start(self) else {
+            return Err(EBUSY);
         };
-        if self.poll == PollContext::Direct {
-            yield_after_poll(matches!(done, Ok(n) if n > 0));
-        }
-        done
+        // An `IB_POLL_DIRECT` CQ, and a `__ib_create_cq` one whose handler
+        // only wakes waiters, has no work item or softirq polling it, and
+        // this object is its only caller of `ib_process_cq_direct`, which
+        // `_polling` makes one task at a time.
+        // SAFETY: Live CQ (type invariants) processed by this task alone;
+        // every entry's `done` is this layer's, which takes ownership of its
+        // request; the budget is positive.
+        let done = unsafe { bindings::ib_process_cq_direct(self.as_ptr(), budget) };
+        // At most `budget`, never negative.
+        Ok(u32::try_from(done).unwrap_or(0))
     }
 
     /// A [`PollContext::Notified`] CQ's mark, which a caller takes after
@@ -388,7 +392,7 @@ impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
         const BATCH: i32 = 16;
         let mut total = 0;
         loop {
-            // SAFETY: As in `Cq::poll`: a live CQ its owner polls, processed
+            // SAFETY: As in `Cq::poll_once`: a live CQ its owner polls, processed
             // by this task alone, whose entries' `done` are this layer's.
             let done = unsafe { bindings::ib_process_cq_direct(self.cq.as_ptr(), BATCH) };
             // Between 0 and `BATCH`.

@@ -51,6 +51,10 @@ pub struct Options {
     /// as many messages for the send throughput.
     #[arg(long)]
     pub round_trips: Option<usize>,
+    /// Messages of the send throughput (default twice the round trips):
+    /// with few round trips, a profile of the sends alone.
+    #[arg(long)]
+    pub messages: Option<usize>,
     /// RDMA WRITEs and READs of the largest region a run (default 100,
     /// --quick 10).
     #[arg(long)]
@@ -430,7 +434,7 @@ pub fn run(o: Options) -> Result<()> {
         round_trips,
         small: 64,
         large,
-        messages: round_trips * 2,
+        messages: o.messages.unwrap_or(round_trips * 2).max(1),
         rdma_ops: o.rdma_ops.unwrap_or(if o.quick { 10 } else { 100 }).max(1),
     };
     let scale_counts: Vec<usize> = if !want("scale") {
