@@ -26,9 +26,9 @@ mod cq_tests {
 
     /// A `Direct` CQ runs its handler only when polled, in the poller's
     /// task: a message that arrived stays in the CQ until `poll`, which
-    /// reports it; a send's completion comes back the same way.  `poll`
-    /// refuses an empty budget (and a CQ polled from a workqueue, see
-    /// `cq_on_the_last_vector_polled_unbound`).
+    /// reports it; a send's completion comes back the same way, through
+    /// `poll_once`.  Both refuse an empty budget (and a CQ polled from a
+    /// workqueue, see `cq_on_the_last_vector_polled_unbound`).
     #[test]
     fn direct_cq_runs_handlers_only_when_polled() {
         let owner = owner();
@@ -47,11 +47,12 @@ mod cq_tests {
         let digest_ok = client.last_digest.load(Ordering::Acquire) == digest(&[5; 16]);
         let answered = post_marked(&pair.client_qp, 6, false);
         let answer_back = wait_until(|| {
-            let _ = pair.client_cq.poll(16);
+            let _ = pair.client_cq.poll_once(16);
             client.sends_back.load(Ordering::Acquire) == 1
         });
         let server_got = wait_until(|| server.received.load(Ordering::Acquire) == 1);
         let zero_budget = pair.client_cq.poll(0).err();
+        let zero_budget_once = pair.client_cq.poll_once(0).err();
         drop(pair);
         assert!(sent && acked && answered);
         assert_eq!(before_poll, 0);
@@ -61,6 +62,7 @@ mod cq_tests {
         assert!(answer_back && server_got);
         assert_eq!(client.send_log.load(Ordering::Acquire), 6);
         assert_eq!(zero_budget, Some(EINVAL));
+        assert_eq!(zero_budget_once, Some(EINVAL));
     }
 
     /// A `BusyPoller` loop delivers a `Direct` CQ's completions with nobody
