@@ -10,11 +10,16 @@ use super::*;
 /// second half alive throughout.
 const IDS: usize = 400;
 
+/// The destroyed ids go in this many batches, one more dump started
+/// before each: at least as many dumps run while ids are destroyed.
+const BATCHES: usize = 4;
+
 /// `rdma res show cm_id` lists every id that lives from the dump's start
 /// to its end, while ids listed before them are destroyed: 400 ids bound
 /// to the device's address, one port each, then the 200 first destroyed
-/// one every 2 ms while dumps run back to back; every dump must list the
-/// 200 that stay.  A dump of this many ids takes several messages, and a
+/// one every 2 ms while dumps run back to back, in [`BATCHES`] batches
+/// each begun once one more dump started (a loaded VM dumps slowly); every
+/// dump must list the 200 that stay.  A dump of this many ids takes several messages, and a
 /// kernel that resumes each after the count of entries it sent (nldev
 /// before kernel fix 0016) skips live ids once earlier ones are gone.
 pub(super) fn res_dump_lists_every_live_id(ctx: &mut Ctx) -> Result<()> {
@@ -39,12 +44,15 @@ pub(super) fn res_dump_lists_every_live_id(ctx: &mut Ctx) -> Result<()> {
             })
             .collect()
     };
-    let done = std::sync::atomic::AtomicBool::new(false);
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let done = AtomicBool::new(false);
+    let started = AtomicUsize::new(0);
     let (dumps, destroyed) = std::thread::scope(|s| {
         let dumper = s.spawn(|| -> Result<Vec<std::collections::BTreeSet<u16>>> {
             let mut seen = Vec::new();
             loop {
-                let finished = done.load(std::sync::atomic::Ordering::Acquire);
+                let finished = done.load(Ordering::Acquire);
+                started.fetch_add(1, Ordering::AcqRel);
                 let out = std::process::Command::new("rdma")
                     .args(["res", "show", "cm_id"])
                     .output()
@@ -55,19 +63,32 @@ pub(super) fn res_dump_lists_every_live_id(ctx: &mut Ctx) -> Result<()> {
                 }
             }
         });
-        let mut destroyed = Ok(());
-        for &(id, _) in going {
-            if let Err(e) = dev.destroy(id) {
-                destroyed = Err(e);
-                break;
+        let mut destroyed: Result<()> = Ok(());
+        let from = started.load(Ordering::Acquire);
+        'batches: for (k, batch) in going.chunks(going.len().div_ceil(BATCHES)).enumerate() {
+            let wait = Duration::from_millis(u64::from(T));
+            let deadline = Instant::now() + wait;
+            while started.load(Ordering::Acquire) <= from + k {
+                if dumper.is_finished() || Instant::now() > deadline {
+                    destroyed = Err(anyhow!("dump {} did not start within {wait:?}", k + 1));
+                    break 'batches;
+                }
+                std::thread::sleep(Duration::from_millis(1));
             }
-            std::thread::sleep(Duration::from_millis(2));
+            for &(id, _) in batch {
+                if let Err(e) = dev.destroy(id) {
+                    destroyed = Err(e.into());
+                    break 'batches;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
         }
-        done.store(true, std::sync::atomic::Ordering::Release);
+        done.store(true, Ordering::Release);
         (dumper.join(), destroyed)
     });
-    destroyed.context("DESTROY_ID")?;
+    // The dumps' failure first: it ends the batches' wait too.
     let dumps = dumps.map_err(|_| anyhow!("the dumping thread panicked"))??;
+    destroyed.context("DESTROY_ID")?;
     let incomplete: Vec<usize> = dumps
         .iter()
         .map(|seen| {
@@ -81,7 +102,7 @@ pub(super) fn res_dump_lists_every_live_id(ctx: &mut Ctx) -> Result<()> {
         dev.destroy(id)?;
     }
     ensure!(
-        dumps.len() >= 3,
+        dumps.len() > BATCHES,
         "only {} dumps ran while ids were destroyed",
         dumps.len()
     );
