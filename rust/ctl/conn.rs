@@ -181,6 +181,7 @@ pub(crate) struct Conn {
 /// completes.  Half the window: a full window frees half its buffers at a
 /// time.
 const SIGNAL_EVERY: u64 = abi::SEND_WINDOW as u64 / 2;
+const _: () = assert!(SIGNAL_EVERY > 0, "a window of at least 2 sends");
 
 /// Send and memory work timeout when the caller gives none.
 const DEFAULT_SEND_TIMEOUT_MS: u32 = 5000;
