@@ -19,9 +19,10 @@ const BATCHES: usize = 4;
 /// to the device's address, one port each, then the 200 first destroyed
 /// one every 2 ms while dumps run back to back, in [`BATCHES`] batches
 /// each begun once one more dump started (a loaded VM dumps slowly); every
-/// dump must list the 200 that stay.  A dump of this many ids takes several messages, and a
-/// kernel that resumes each after the count of entries it sent (nldev
-/// before kernel fix 0016) skips live ids once earlier ones are gone.
+/// dump must list the 200 that stay.  A dump of this many ids takes
+/// several messages, and a kernel that resumes each after the count of
+/// entries it sent (nldev before kernel fix 0016) skips live ids once
+/// earlier ones are gone.
 pub(super) fn res_dump_lists_every_live_id(ctx: &mut Ctx) -> Result<()> {
     let dev = Device::open()?;
     let mut ids = Vec::with_capacity(IDS);
@@ -66,18 +67,17 @@ pub(super) fn res_dump_lists_every_live_id(ctx: &mut Ctx) -> Result<()> {
         let mut destroyed: Result<()> = Ok(());
         let from = started.load(Ordering::Acquire);
         'batches: for (k, batch) in going.chunks(going.len().div_ceil(BATCHES)).enumerate() {
-            let wait = Duration::from_millis(u64::from(T));
-            let deadline = Instant::now() + wait;
-            while started.load(Ordering::Acquire) <= from + k {
-                if dumper.is_finished() || Instant::now() > deadline {
-                    destroyed = Err(anyhow!("dump {} did not start within {wait:?}", k + 1));
-                    break 'batches;
-                }
-                std::thread::sleep(Duration::from_millis(1));
+            // A dumper that ended did so on an error, reported below.
+            let next_dump = poll_until(T.into(), 1, || {
+                Ok(started.load(Ordering::Acquire) > from + k || dumper.is_finished())
+            });
+            if !matches!(next_dump, Ok(true)) || dumper.is_finished() {
+                destroyed = Err(anyhow!("dump {} did not start within {T} ms", k + 1));
+                break 'batches;
             }
             for &(id, _) in batch {
                 if let Err(e) = dev.destroy(id) {
-                    destroyed = Err(e.into());
+                    destroyed = Err(anyhow::Error::from(e).context("DESTROY_ID"));
                     break 'batches;
                 }
                 std::thread::sleep(Duration::from_millis(2));
@@ -88,7 +88,7 @@ pub(super) fn res_dump_lists_every_live_id(ctx: &mut Ctx) -> Result<()> {
     });
     // The dumps' failure first: it ends the batches' wait too.
     let dumps = dumps.map_err(|_| anyhow!("the dumping thread panicked"))??;
-    destroyed.context("DESTROY_ID")?;
+    destroyed?;
     let incomplete: Vec<usize> = dumps
         .iter()
         .map(|seen| {
