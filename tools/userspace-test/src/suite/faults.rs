@@ -39,11 +39,25 @@ impl KilledPeer {
         bail!("the peer ended before printing {line:?}")
     }
 
+    /// SIGKILLs the peer and waits for its end, within [`PEER_EXIT_BOUND`];
+    /// returns the instant it ended, when its ids are gone.
     fn kill(mut self) -> Result<Instant> {
         self.child.kill()?;
         let killed = Instant::now();
         self.child.wait()?;
-        Ok(killed)
+        let took = killed.elapsed();
+        ensure!(
+            took < PEER_EXIT_BOUND,
+            "the killed peer took {} ms to end",
+            took.as_millis()
+        );
+        if took >= Duration::from_secs(1) {
+            note(&format!(
+                "the killed peer took {} ms to end",
+                took.as_millis()
+            ));
+        }
+        Ok(Instant::now())
     }
 }
 
@@ -101,8 +115,15 @@ pub(super) fn send_or_show_qps(dev: &Device, id: u32, data: &[u8], what: &str) -
     Err(e).context(what.to_string())
 }
 
-/// The bound within which the module must learn of a killed peer.
+/// The bound within which the module must learn of a killed peer, from
+/// the peer's end.
 pub(super) const KILLED_PEER_BOUND: Duration = Duration::from_secs(10);
+
+/// The bound on a killed peer's end.  Its ids go with it, and over iWARP
+/// the end of one with a connect in flight waits for the connect's answer:
+/// iw_cm's `destroy_cm_id` waits out a connect downcall, up to siw's 10 s
+/// MPA reply timer (`MPAREQ_TIMEOUT`) should the module not answer.
+const PEER_EXIT_BOUND: Duration = Duration::from_secs(20);
 
 /// The next event of `id` among those in `want`, within the bound after
 /// `since`; other ids' events are an error.
@@ -138,9 +159,9 @@ pub(super) fn event_of_within(
 /// (sending every 20 ms to the module), mid-connection as the active side
 /// (its request not yet answered) and as the passive side (the module's
 /// request not yet answered).  The process's end destroys its ids (the
-/// kernel's ucma does on close): within [`KILLED_PEER_BOUND`] the module's
-/// id gets DISCONNECTED, REJECTED or an error event, its calls fail with
-/// an errno, and destroying it and serving again work.
+/// kernel's ucma does on close): within [`KILLED_PEER_BOUND`] of that end
+/// the module's id gets DISCONNECTED, REJECTED or an error event, its
+/// calls fail with an errno, and destroying it and serving again work.
 pub(super) fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
     let dev = Device::open()?;
     let addr = SocketAddr::new(ctx.local4, ctx.port());
@@ -165,14 +186,14 @@ pub(super) fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
         dev.recv(r.new_id, 4096, 5000)
             .context("a message of the peer")?;
     }
-    let killed = peer.kill()?;
+    let ended = peer.kill()?;
     // Messages already sent may still be read; then the disconnect.
     while dev.recv(r.new_id, 4096, 100).is_ok() {
-        ensure!(killed.elapsed() < KILLED_PEER_BOUND, "still receiving");
+        ensure!(ended.elapsed() < KILLED_PEER_BOUND, "still receiving");
     }
-    let (_, took) = event_of_within(&dev, r.new_id, &[EventType::Disconnected], killed)?;
+    let (_, took) = event_of_within(&dev, r.new_id, &[EventType::Disconnected], ended)?;
     note(&format!(
-        "killed mid-transfer: DISCONNECTED after {} ms",
+        "killed mid-transfer: DISCONNECTED {} ms after its end",
         took.as_millis()
     ));
     expect_errno(
@@ -186,15 +207,18 @@ pub(super) fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
     let mut peer = KilledPeer::spawn(&["peer", "hold", &addr_arg])?;
     peer.expect("connecting")?;
     let r = wait(&dev, EventType::ConnectRequest)?;
-    let killed = peer.kill()?;
+    let ended = peer.kill()?;
     // The peer's end rejects the request (its CM id, destroyed in
     // REQ_SENT, sends a REJ): the module's id learns it by an event, and
     // an accept made meanwhile fails or is undone.  Over iWARP the peer's
-    // end closes the TCP connection instead: siw's accept finds the
-    // connection gone and fails (ECONNRESET), and no event follows, since
-    // iw_cm never knew a connection (an accept that came first sees
-    // ESTABLISHED, then DISCONNECTED).
+    // end waits for its connect's answer, which comes only when siw's MPA
+    // timer gives up (10 s) and closes the TCP connection: siw's accept
+    // then finds the connection gone and fails (ECONNRESET), and no event
+    // follows, since iw_cm never knew a connection.  An accept that comes
+    // before siw has seen the close sees ESTABLISHED, then DISCONNECTED
+    // (seen in one make check).
     let accepted = dev.accept(r.new_id, None);
+    let answered = ended.elapsed();
     match &accepted {
         Err(e) if ctx.iwarp() => {
             ensure!(
@@ -203,8 +227,8 @@ pub(super) fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
             );
             no_event(&dev, 1000, "event after the failed ACCEPT")?;
             note(&format!(
-                "killed with its request pending: accept {e} after {} ms, no event",
-                killed.elapsed().as_millis()
+                "killed with its request pending: accept {e} {} ms after its end, no event",
+                answered.as_millis()
             ));
         }
         _ => {
@@ -215,14 +239,14 @@ pub(super) fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
                 EventType::Established,
                 EventType::Disconnected,
             ];
-            let (ev, took) = event_of_within(&dev, r.new_id, &want, killed)?;
+            let (ev, took) = event_of_within(&dev, r.new_id, &want, ended)?;
             let (ev, took) = if ev == EventType::Established {
-                event_of_within(&dev, r.new_id, &[EventType::Disconnected], killed)?
+                event_of_within(&dev, r.new_id, &[EventType::Disconnected], ended)?
             } else {
                 (ev, took)
             };
             note(&format!(
-                "killed with its request pending: accept {}, then {} after {} ms",
+                "killed with its request pending: accept {}, then {} {} ms after its end",
                 accepted
                     .as_ref()
                     .map_or_else(|e| e.to_string(), |()| "ok".into()),
@@ -252,7 +276,7 @@ pub(super) fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
         dev.connect(id, &param)?;
     }
     peer.expect("request")?;
-    let killed = peer.kill()?;
+    let ended = peer.kill()?;
     if dev.is_sync() {
         // Returns the event that ended the connect (read below).
         dev.connect(id, &param)?;
@@ -265,10 +289,10 @@ pub(super) fn librdmacm_peer_killed(ctx: &mut Ctx) -> Result<()> {
             EventType::ConnectError,
             EventType::Unreachable,
         ],
-        killed,
+        ended,
     )?;
     note(&format!(
-        "killed before answering the module's request: {} after {} ms",
+        "killed before answering the module's request: {} {} ms after its end",
         ev.name(),
         took.as_millis()
     ));
