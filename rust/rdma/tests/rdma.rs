@@ -805,6 +805,67 @@ mod rdma_tests {
         assert!(landed == pattern);
     }
 
+    /// READs whose QP goes to the error state while siw's transmitter
+    /// works through them: as many as the QP takes, then at once a
+    /// disconnect, sixteen rounds on siw (each a connection of its own) and
+    /// one on rxe.  Each transfer comes back once.  siw completes a READ
+    /// its transmitter had taken up but not yet sent twice, from the ORQ
+    /// the READ was copied to and as the send queue's current request (see
+    /// `Documentation/rdma_cm_rs/design.rst`, "Driver behaviour"): the
+    /// layer takes the first completion only.
+    #[test]
+    fn read_flushed_before_it_was_sent_comes_back_once() {
+        for round in 0..16 {
+            read_flushed_before_it_was_sent(SIW_IP, 7230 + round);
+        }
+        read_flushed_before_it_was_sent(RXE_IP, 7246);
+    }
+
+    fn read_flushed_before_it_was_sent(ip: [u8; 4], port: u16) {
+        const LEN: usize = 4096;
+        let owner = owner();
+        let ns = NetNs::init();
+        let Some(pair) = recording_pair(&owner, &ns, ip, port, PollContext::Workqueue, 1) else {
+            return;
+        };
+        let region = Mr::new(pair.server_qp.pd(), LEN).unwrap();
+        let access = MrAccess {
+            remote_read: true,
+            remote_write: true,
+        };
+        let remote = pair.server_qp.register(&region, access, 1).unwrap();
+        let registered = wait_until(|| pair.server_seen.work_ok.load(Ordering::Acquire) == 1);
+        let source = remote.slice(0, LEN as u32).unwrap();
+        let mut posted = 0u32;
+        let mut refused = None;
+        for tag in 0..32 {
+            let sink = SgBuffer::new(LEN).unwrap();
+            match pair.client_qp.rdma_rw(RwOp::Read, sink, source, tag) {
+                Ok(()) => posted += 1,
+                Err(PostError { error: e, .. }) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        // With one READ at a time on the wire, siw's receiver takes the
+        // next one up as the first one's response completes it: the
+        // disconnect comes then.
+        let first_back = wait_closely_until(ms(5000), || {
+            pair.client_seen.rw_back.load(Ordering::Acquire) >= 1
+        });
+        let disconnected = pair._client.disconnect();
+        drop(pair._client);
+        let back = pair.client_seen.rw_back.load(Ordering::Acquire);
+        drop(region);
+        assert!(registered);
+        assert!(first_back);
+        assert_eq!(disconnected, Ok(()));
+        assert!(posted >= 2);
+        assert_eq!(refused, Some(ENOSPC));
+        assert_eq!(back, posted);
+    }
+
     /// An R/W READ refused by the peer (a key it never gave): on rxe the
     /// buffer comes back with the error at once; on siw (iWARP) the READ
     /// request handed the peer a key to write into the sink, which only a
