@@ -349,6 +349,7 @@ pub(super) unsafe extern "C" fn rw_done<C: CompletionHandler>(
     let result = wc_result(unsafe { &*wc });
     if let (Some(credit), Some(own)) = (&work.credit, NonNull::new(own)) {
         let credits = &credit.credits;
+        let entry = PostedCqe(own, WrQueue::Rw);
         {
             // The poster may be between the driver's post, whose walk of
             // the chain reads the context, and its return.
@@ -356,9 +357,26 @@ pub(super) unsafe extern "C" fn rw_done<C: CompletionHandler>(
             while work.posting.load(Ordering::Acquire) {
                 credits.post_done.wait(&mut tracking);
             }
+            // A completion from the driver (a reclaim's has no QP) for a
+            // transfer no longer tracked is the driver's second one: siw
+            // completes a READ it took up but had not sent twice when the
+            // QP is flushed.  The first, a failure, parked the transfer
+            // (every failed iWARP READ is parked), so the object is still
+            // here; only the first counts.
+            // SAFETY: `wc` is valid during the callback.
+            let qp = unsafe { (*wc).qp };
+            if !qp.is_null() && !tracking.contains(&entry) {
+                drop(tracking);
+                // SAFETY: The driver's completion names the QP it belongs
+                // to, which lives while its completions run.
+                let qp_num = unsafe { (*qp).qp_num };
+                pr_err!(
+                    "QP {qp_num}: a second completion of one RDMA READ from the driver, ignored\n"
+                );
+                return;
+            }
         }
         credit.give_back_unsignaled_before(handler);
-        let entry = PostedCqe(own, WrQueue::Rw);
         if let (true, Err(e)) = (work.exposes_sink, result) {
             // The peer holds a key to write into the sink, which only the
             // READ's success revokes: the buffer stays the QP's until its
