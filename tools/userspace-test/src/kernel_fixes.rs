@@ -78,6 +78,10 @@ pub const FIXES: &[KernelFix] = &[
         "0016",
         "RDMA/nldev: resume a resource dump after the last entry it sent",
     ),
+    fix(
+        "0017",
+        "RDMA/siw: complete a READ flushed before it was sent only once",
+    ),
 ];
 
 const fn fix(number: &'static str, subject: &'static str) -> KernelFix {
