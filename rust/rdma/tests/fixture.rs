@@ -10,7 +10,7 @@ use crate::rdma::{
     cm::*,
     conn_param::ConnParam,
     event::*,
-    mr::RemoteRegion,
+    mr::{Mr, MrAccess, RemoteRegion},
     net::NetNs,
     owner::{ModuleOwner, Owner},
     pd::Pd,
@@ -456,6 +456,21 @@ pub(super) struct Pair {
     pub(super) server_qp: Arc<Qp<Recording>>,
     pub(super) server_seen: Arc<QpSeen>,
     _listener: CmId<Node>,
+}
+
+impl Pair {
+    /// A region of `len` bytes of the server's, registered for the client
+    /// to read and write (tag 1), and whether the registration completed.
+    pub(super) fn server_region(&self, len: usize) -> (Arc<Mr>, RemoteRegion, bool) {
+        let region = Mr::new(self.server_qp.pd(), len).unwrap();
+        let access = MrAccess {
+            remote_read: true,
+            remote_write: true,
+        };
+        let remote = self.server_qp.register(&region, access, 1).unwrap();
+        let registered = wait_until(|| self.server_seen.work_ok.load(Ordering::Acquire) == 1);
+        (region, remote, registered)
+    }
 }
 
 /// Connects a [`Pair`] through a listener on `port`; `None` (the test

@@ -128,13 +128,7 @@ mod rdma_tests {
                 done()
             })
         };
-        let region = Mr::new(pair.server_qp.pd(), 4 * PAGE + 200).unwrap();
-        let access = MrAccess {
-            remote_read: true,
-            remote_write: true,
-        };
-        let remote = pair.server_qp.register(&region, access, 1).unwrap();
-        let registered = wait_until(|| pair.server_seen.work_ok.load(Ordering::Acquire) == 1);
+        let (region, remote, registered) = pair.server_region(4 * PAGE + 200);
         let target = remote.slice(100, LEN as u32).unwrap();
         let mut pattern = KVec::new();
         for i in 0..LEN {
@@ -828,13 +822,7 @@ mod rdma_tests {
         let Some(pair) = recording_pair(&owner, &ns, ip, port, PollContext::Workqueue, 1) else {
             return;
         };
-        let region = Mr::new(pair.server_qp.pd(), LEN).unwrap();
-        let access = MrAccess {
-            remote_read: true,
-            remote_write: true,
-        };
-        let remote = pair.server_qp.register(&region, access, 1).unwrap();
-        let registered = wait_until(|| pair.server_seen.work_ok.load(Ordering::Acquire) == 1);
+        let (region, remote, registered) = pair.server_region(LEN);
         let source = remote.slice(0, LEN as u32).unwrap();
         let mut posted = 0u32;
         let mut refused = None;

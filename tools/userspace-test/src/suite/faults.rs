@@ -46,16 +46,10 @@ impl KilledPeer {
         let killed = Instant::now();
         self.child.wait()?;
         let took = killed.elapsed();
-        ensure!(
-            took < PEER_EXIT_BOUND,
-            "the killed peer took {} ms to end",
-            took.as_millis()
-        );
+        let line = format!("the killed peer took {} ms to end", took.as_millis());
+        ensure!(took < PEER_EXIT_BOUND, "{line}");
         if took >= Duration::from_secs(1) {
-            note(&format!(
-                "the killed peer took {} ms to end",
-                took.as_millis()
-            ));
+            note(&line);
         }
         Ok(Instant::now())
     }
