@@ -29,7 +29,7 @@ use stats::{Cpu, CpuPerOp, Kind, Meta, Results, RunInfo, Sample, Target};
 use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 /// What `bench` was asked.
@@ -108,6 +108,10 @@ pub struct Block {
     pub cpu: CpuPerOp,
     /// The target of the driving thread's CPU per operation.
     pub cpu_target: Target,
+    /// The CPU per operation of the counterpart's thread, µs (connection
+    /// groups, where it sleeps between events): the share of the cycle
+    /// that is the same for both sides.
+    pub counterpart_us: Option<f64>,
 }
 
 /// Per-step times of connection cycles.
@@ -148,6 +152,7 @@ impl Steps {
             )),
             cpu: c,
             cpu_target: Target::None,
+            counterpart_us: None,
         }
     }
 }
@@ -269,9 +274,17 @@ fn record(res: &mut Results, what: &str, s: &Slot<'_>, r: Result<Vec<Block>>) {
             b.cpu_target,
         )];
         cpu.push(("guest CPU busy per op", b.cpu.guest_us, Target::None));
+        cpu.push((
+            "CPU of the counterpart's thread per op",
+            b.counterpart_us,
+            Target::None,
+        ));
         line += &format!(", thread CPU {:.0} us/op", b.cpu.thread_us);
         if let Some(g) = b.cpu.guest_us {
             line += &format!(", guest busy {g:.0} us/op");
+        }
+        if let Some(c) = b.counterpart_us {
+            line += &format!(", counterpart CPU {c:.0} us/op");
         }
         line += &format!(
             ", context switches {:.2} voluntary, {:.2} involuntary per op",
@@ -300,8 +313,14 @@ fn record(res: &mut Results, what: &str, s: &Slot<'_>, r: Result<Vec<Block>>) {
     }
 }
 
-/// Files the figures of one side at one point of the scaling curve.
-fn record_scale(res: &mut Results, s: &Slot<'_>, r: Result<scale::Point>) {
+/// Files the figures of one side at one point of the scaling curve, with
+/// the counterpart listener's CPU per connection.
+fn record_scale(
+    res: &mut Results,
+    s: &Slot<'_>,
+    r: Result<scale::Point>,
+    counterpart_us: Option<f64>,
+) {
     let p = match r {
         Ok(p) => p,
         Err(e) => return record_failure(res, "connections at once", s, e),
@@ -323,6 +342,14 @@ fn record_scale(res: &mut Results, s: &Slot<'_>, r: Result<scale::Point>) {
             Target::None,
         ),
     ];
+    if let Some(c) = counterpart_us {
+        figures.push((
+            "CPU of the counterpart's thread per connection",
+            c,
+            "us/op",
+            Target::None,
+        ));
+    }
     if let Some(k) = p.kib_per_conn {
         figures.push(("guest memory per connection", k, "KiB", Target::None));
     }
@@ -346,10 +373,32 @@ fn record_scale(res: &mut Results, s: &Slot<'_>, r: Result<scale::Point>) {
     eprintln!("{line}");
 }
 
-/// Files the end of a counterpart thread: its error is a failure.
-fn counterpart_end(res: &mut Results, what: &str, s: &Slot<'_>, mut p: peer::Peer) {
+/// Files the end of a counterpart thread: its error is a failure.  The
+/// CPU time the thread used.
+fn counterpart_end(
+    res: &mut Results,
+    what: &str,
+    s: &Slot<'_>,
+    mut p: peer::Peer,
+) -> Option<Duration> {
     if let Err(e) = p.finish() {
         record_failure(res, what, s, e.context("counterpart"));
+    }
+    p.cpu()
+}
+
+/// CPU time `cpu` per operation over `ops` operations, µs.
+fn per_op_us(cpu: Option<Duration>, ops: usize) -> Option<f64> {
+    cpu.map(|d| d.as_secs_f64() * 1e6 / ops.max(1) as f64)
+}
+
+impl Block {
+    /// The block with the counterpart's CPU per operation, µs.
+    fn with_counterpart(self, counterpart_us: Option<f64>) -> Self {
+        Self {
+            counterpart_us,
+            ..self
+        }
     }
 }
 
@@ -503,8 +552,13 @@ pub fn run(o: Options) -> Result<()> {
                         } else {
                             conn::user_active(addr, cycles)
                         };
-                        record(&mut res, what, &s, r.map(|b| named(b, what)));
-                        counterpart_end(&mut res, what, &s, l);
+                        let c = per_op_us(counterpart_end(&mut res, what, &s, l), cycles);
+                        record(
+                            &mut res,
+                            what,
+                            &s,
+                            r.map(|b| named(b.with_counterpart(c), what)),
+                        );
                     }
                     Err(e) => record(&mut res, what, &s, Err(e)),
                 }
@@ -520,8 +574,13 @@ pub fn run(o: Options) -> Result<()> {
             match peer::listener(addr) {
                 Ok(l) => {
                     let r = conn::kernel_active(addr, cycles, true);
-                    record(&mut res, what, &s, r.map(|b| named(b, what)));
-                    counterpart_end(&mut res, what, &s, l);
+                    let c = per_op_us(counterpart_end(&mut res, what, &s, l), cycles);
+                    record(
+                        &mut res,
+                        what,
+                        &s,
+                        r.map(|b| named(b.with_counterpart(c), what)),
+                    );
                 }
                 Err(e) => record(&mut res, what, &s, Err(e)),
             }
@@ -657,10 +716,11 @@ pub fn run(o: Options) -> Result<()> {
                                 })
                             })
                         };
-                        record_scale(&mut res, &s, r);
-                        counterpart_end(&mut res, "connections at once", &s, l);
+                        let cpu = counterpart_end(&mut res, "connections at once", &s, l);
+                        let c = per_op_us(cpu, n * scale::rounds(n));
+                        record_scale(&mut res, &s, r, c);
                     }
-                    Err(e) => record_scale(&mut res, &s, Err(e)),
+                    Err(e) => record_scale(&mut res, &s, Err(e), None),
                 }
             }
         }
@@ -711,7 +771,10 @@ fn notes(large: usize, groups: &[&str]) -> Vec<String> {
             .into(),
         "CPU: the driving thread's getrusage(RUSAGE_THREAD) per operation (the module's work in \
          its ioctls included, not its work items or interrupts); guest: /proc/stat busy time of \
-         all CPUs per operation (10 ms ticks; the counterpart and rxe included)"
+         all CPUs per operation (10 ms ticks; the counterpart and rxe included); in the \
+         connection groups and connections at once, the counterpart's thread's \
+         getrusage(RUSAGE_THREAD) over its life per connection (it sleeps between events): \
+         work on the cycle's path that is the same for both sides"
             .into(),
         format!(
             "connections at once (scale): the side under test starts each step on all n ids \

@@ -194,8 +194,9 @@ pub fn kernel_passive(addr: SocketAddr, cycles: usize) -> Result<Block> {
             }
         }
     }
-    let block = steps.block(cycles, &cpu);
+    let mut block = steps.block(cycles, &cpu);
     client.finish()?;
+    block.counterpart_us = super::per_op_us(client.cpu(), cycles);
     Ok(block)
 }
 
@@ -276,7 +277,8 @@ pub fn user_passive(addr: SocketAddr, cycles: usize) -> Result<Block> {
             }
         }
     }
-    let block = steps.block(cycles, &cpu);
+    let mut block = steps.block(cycles, &cpu);
     client.finish()?;
+    block.counterpart_us = super::per_op_us(client.cpu(), cycles);
     Ok(block)
 }

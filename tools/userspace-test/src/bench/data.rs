@@ -58,6 +58,7 @@ pub(super) fn rtt_block(size: usize, v: Vec<f64>, cpu: &Cpu, target: Target) -> 
         dist_target: target,
         cpu: cpu.per_op(n),
         cpu_target: CPU_TARGET,
+        counterpart_us: None,
     }
 }
 
@@ -72,6 +73,7 @@ fn rate_block(name: String, ops: usize, bytes: usize, cpu: &Cpu) -> Block {
         dist_target: Target::None,
         cpu: c,
         cpu_target: CPU_TARGET,
+        counterpart_us: None,
     }
 }
 

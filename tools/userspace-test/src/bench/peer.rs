@@ -14,7 +14,7 @@ use std::{
     collections::HashMap,
     net::SocketAddr,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc, Arc,
     },
     thread::JoinHandle,
@@ -39,7 +39,11 @@ pub struct Peer {
     stop: Arc<AtomicBool>,
     go: Option<mpsc::Sender<()>>,
     done: Option<mpsc::Receiver<std::result::Result<(), String>>>,
+    /// The thread's CPU time in ns once it ended, [`CPU_UNKNOWN`] before.
+    cpu_ns: Arc<AtomicU64>,
 }
+
+const CPU_UNKNOWN: u64 = u64::MAX;
 
 impl Peer {
     fn spawn(
@@ -57,14 +61,22 @@ impl Peer {
             go: go_rx,
             done: done_tx,
         };
+        let cpu_ns = Arc::new(AtomicU64::new(CPU_UNKNOWN));
+        let cpu_slot = cpu_ns.clone();
         let handle = std::thread::Builder::new()
             .name(format!("bench-{what}"))
-            .spawn(move || body(ctx))?;
+            .spawn(move || {
+                let r = body(ctx);
+                let ns = u64::try_from(super::stats::thread_cpu().as_nanos()).unwrap_or(0);
+                cpu_slot.store(ns, Ordering::Release);
+                r
+            })?;
         let mut peer = Self {
             handle: Some(handle),
             stop,
             go: with_go.then_some(go_tx),
             done: with_go.then_some(done_rx),
+            cpu_ns,
         };
         match ready_rx.recv_timeout(T) {
             Ok(Ok(())) => Ok(peer),
@@ -96,6 +108,15 @@ impl Peer {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => bail!("counterpart client: {e}"),
             Err(_) => bail!("counterpart client: no answer within {:?}", T + T),
+        }
+    }
+
+    /// The CPU time the thread used over its life, once [`Peer::finish`]
+    /// returned; `None` before, or if its body panicked.
+    pub fn cpu(&self) -> Option<Duration> {
+        match self.cpu_ns.load(Ordering::Acquire) {
+            CPU_UNKNOWN => None,
+            ns => Some(Duration::from_nanos(ns)),
         }
     }
 

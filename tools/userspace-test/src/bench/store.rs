@@ -79,6 +79,7 @@ fn client(dst: SocketAddr, ops: usize) -> Result<Vec<Block>> {
                 rate: Some((mbs, "MB/s", Target::AtLeast(1.0))),
                 cpu: c,
                 cpu_target: Target::None,
+                counterpart_us: None,
             });
         }
         // The last GET brought back what the PUTs wrote there.
