@@ -6,7 +6,7 @@
 //! the peers the id knows: the one its SIDR lookup found, and every sender
 //! it received from.
 
-use super::wait::{wait_notified, wait_polled, Wait, POLL_BUDGET};
+use super::wait::{wait_busy, wait_notified, Wait, POLL_BUDGET};
 use crate::{
     abi,
     rdma::{
@@ -154,11 +154,14 @@ pub(crate) struct DatagramInfo {
 #[pin_data]
 pub(crate) struct Conn {
     qp: Arc<Qp<ConnCompletions>>,
-    /// The connection's CQ, which only its callers process: busy-polled by
-    /// their waits on a busy-polling id (`RDMA_CM_RS_ID_BUSY_POLL`,
-    /// [`PollContext::Direct`]), else polled and slept on until the device
-    /// notifies a completion ([`PollContext::Notified`]).
+    /// The connection's CQ, which only its callers process
+    /// ([`PollContext::Notified`]): their waits poll it and sleep until the
+    /// device notifies a completion, on a busy-polling id after polling
+    /// it in a loop first (`busy_poll`).
     cq: Arc<Cq<ConnCompletions>>,
+    /// A busy-polling id's (`RDMA_CM_RS_ID_BUSY_POLL`): waits poll before
+    /// they sleep ([`wait_busy`]).
+    busy_poll: bool,
     pd: Arc<Pd>,
     shared: Arc<ConnShared>,
     #[pin]
@@ -197,10 +200,9 @@ fn timeout_or_default(timeout_ms: u32) -> u32 {
 impl Conn {
     /// Creates PD, CQ and QP (of the id's type) on a locked id and posts
     /// the receives.  The connection's calls process its CQ in their
-    /// callers' tasks: with `busy_poll` their waits poll it until what they
-    /// wait for came, otherwise they sleep until the device notifies a
-    /// completion.  On failure the
-    /// caller destroys the QP, if one was made.
+    /// callers' tasks: their waits sleep until the device notifies a
+    /// completion, with `busy_poll` after polling it in a loop for a while.
+    /// On failure the caller destroys the QP, if one was made.
     pub(crate) fn setup(id: &LockedId<'_>, busy_poll: bool) -> Result<Arc<Self>> {
         let dev = id.device()?;
         let qp_type = id.qp_type();
@@ -235,17 +237,12 @@ impl Conn {
             max_inline_data: 0,
             ..QpCaps::default()
         };
-        let poll = if busy_poll {
-            PollContext::Direct
-        } else {
-            PollContext::Notified
-        };
         let cq = Cq::alloc_with(
             id.owner(),
             &dev,
             caps.cq_entries()?,
             0,
-            poll,
+            PollContext::Notified,
             ConnCompletions {
                 shared: shared.clone(),
             },
@@ -276,6 +273,7 @@ impl Conn {
             pin_init!(Self {
                 qp,
                 cq,
+                busy_poll,
                 pd,
                 shared,
                 mrs <- new_mutex!([const { None }; abi::MAX_MRS]),
@@ -549,23 +547,18 @@ impl Conn {
         Ok(value)
     }
 
-    /// Runs the handler for what the CQ holds.
-    fn poll_now(&self) {
-        // `EBUSY`: another caller polls, and its poll runs the handler that
-        // changes what this one checks.
-        let _ = self.cq.poll(POLL_BUDGET);
-    }
-
     /// Runs the handler for what the CQ holds, keeping the CPU: on the way
     /// to a post, not in a wait's loop.
     fn poll_on_the_way(&self) {
-        // `EBUSY` as in `poll_now`.
+        // `EBUSY`: another caller polls, and its poll runs the handler that
+        // changes what this one checks.
         let _ = self.cq.poll_once(POLL_BUDGET);
     }
 
     /// Waits until `ready` holds for the state `mutex` guards, processing
-    /// the CQ in the caller's task: polling it in a loop on a busy-polling
-    /// connection, else polling it and sleeping until the device notifies.
+    /// the CQ in the caller's task: polling it and sleeping until the
+    /// device notifies, on a busy-polling connection after a spell of
+    /// polling in a loop.
     fn wait_until<'a, T>(
         &self,
         mutex: &'a Mutex<T>,
@@ -573,8 +566,8 @@ impl Conn {
         wait: Wait,
         ready: impl Fn(&T) -> bool,
     ) -> (MutexGuard<'a, T>, Result) {
-        if self.cq.poll_context() == PollContext::Direct {
-            return wait_polled(mutex, guard, wait, || self.poll_now(), ready);
+        if self.busy_poll {
+            return wait_busy(mutex, guard, wait, &self.cq, ready);
         }
         wait_notified(mutex, guard, wait, &self.cq, ready)
     }

@@ -9,7 +9,7 @@ use crate::{
 use kernel::{
     prelude::*,
     sync::{CondVar, CondVarTimeoutResult, Mutex, MutexGuard},
-    time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Jiffies, Monotonic},
+    time::{msecs_to_jiffies, Delta, Instant, Jiffies, Monotonic},
 };
 
 /// How long a caller is willing to wait.
@@ -74,32 +74,30 @@ pub(crate) fn wait_for<T>(
     }
 }
 
-/// How long [`wait_polled`] polls without sleeping.
+/// How long [`wait_busy`] polls before it sleeps.
 const SPIN: Delta = Delta::from_millis(1);
-/// Its sleep between two polls after that.
-const NAP: Delta = Delta::from_micros(50);
 
-/// Waits until `ready` holds for the state `mutex` guards, finding what
-/// changes it with `poll` (a busy-polling connection: nothing processes its
-/// CQ but its waiters) instead of sleeping until a completion handler
-/// elsewhere notifies.  `poll` runs with the lock released, since the
-/// handler it runs takes it, and yields the CPU after finding nothing.
-/// After [`SPIN`] the wait sleeps [`NAP`] between polls: a yield does not
-/// let a task of a lower scheduling class run (a real-time caller would
-/// keep the device's own tasks, which make the completions, off its CPU),
-/// and a long wait needs no microseconds.
+/// Waits until `ready` holds for the state `mutex` guards, on a
+/// busy-polling connection ([`crate::rdma::PollContext::Notified`], its
+/// waits polling first): polls the CQ without sleeping for up to
+/// [`SPIN`], giving the CPU to every other runnable task between polls
+/// ([`Cq::poll`]), then waits as [`wait_notified`] does.  The spin finds
+/// an answer the moment the device writes it, without a wake-up; the
+/// sleep after it keeps a long wait from taking CPU the device's own
+/// tasks need (a yield does not let a task of a lower scheduling class
+/// run), and notices the completion as soon as the device notifies it,
+/// where polls between naps notice it a nap late.
 ///
 /// Polls once before it gives up with `EAGAIN`; `ETIMEDOUT` and
 /// `ERESTARTSYS` as [`wait_for`].  The guard comes back in every case.
-pub(crate) fn wait_polled<'a, T>(
+pub(crate) fn wait_busy<'a, T, C: CompletionHandler>(
     mutex: &'a Mutex<T>,
     mut guard: MutexGuard<'a, T>,
     wait: Wait,
-    poll: impl Fn(),
+    cq: &Cq<C>,
     ready: impl Fn(&T) -> bool,
 ) -> (MutexGuard<'a, T>, Result) {
     let start = Instant::<Monotonic>::now();
-    let limit = i64::from(wait.timeout_ms);
     let mut polled = false;
     loop {
         if ready(&guard) {
@@ -109,21 +107,31 @@ pub(crate) fn wait_polled<'a, T>(
             if wait.nonblock || wait.timeout_ms == 0 {
                 return (guard, Err(EAGAIN));
             }
-            if wait.timeout_ms != abi::TIMEOUT_INFINITE && start.elapsed().as_millis() >= limit {
-                return (guard, Err(ETIMEDOUT));
+            if start.elapsed().as_nanos() >= SPIN.as_nanos() {
+                break;
             }
             if kernel::current!().signal_pending() {
                 return (guard, Err(ERESTARTSYS));
             }
         }
         drop(guard);
-        if polled && start.elapsed().as_nanos() > SPIN.as_nanos() {
-            fsleep(NAP);
-        }
-        poll();
+        // `EBUSY`: another caller polls, and its poll runs the handler that
+        // changes what this one checks.
+        let _ = cq.poll(POLL_BUDGET);
         polled = true;
         guard = mutex.lock();
     }
+    let rest = if wait.timeout_ms == abi::TIMEOUT_INFINITE {
+        wait
+    } else {
+        let spent = u32::try_from(start.elapsed().as_millis()).unwrap_or(u32::MAX);
+        match wait.timeout_ms.checked_sub(spent) {
+            Some(left) if left > 0 => Wait::new(left, false),
+            // The time ran out while polling: the last poll decided.
+            _ => return (guard, Err(ETIMEDOUT)),
+        }
+    };
+    wait_notified(mutex, guard, rest, cq, ready)
 }
 
 /// Completions a waiter takes from its CQ in one poll.
@@ -158,8 +166,9 @@ pub(crate) fn wait_notified<'a, T, C: CompletionHandler>(
             return (guard, Ok(()));
         }
         drop(guard);
-        // `EBUSY`: another caller polls; the end of its poll is news.
-        let _ = cq.poll(POLL_BUDGET);
+        // `EBUSY`: another caller polls; the end of its poll is news.  It
+        // keeps the CPU: the caller sleeps next if it found nothing.
+        let _ = cq.poll_once(POLL_BUDGET);
         // After this caller's poll (whose end is news too) and before the
         // check: what changes after the check ends the sleep below.
         let mark = cq.mark();

@@ -119,10 +119,11 @@ struct rdma_cm_rs_info {
 /* RDMA_CM_RS_IOC_CREATE_ID */
 #define RDMA_CM_RS_ID_SYNC (1U << 0)	/* synchronous: its events never reach GET_EVENT */
 /*
- * Busy-polling: the connection's completions are found by the calls that
- * wait for them (RECV, SEND, the memory work), which poll its CQ in the
- * caller's task instead of sleeping until a worker reports them.  The ids
- * of a busy-polling listener's requests busy-poll too.
+ * Busy-polling: the calls that wait for the connection's completions (RECV,
+ * SEND, the memory work) poll its CQ in the caller's task for the first
+ * millisecond of a wait, then sleep until the device notifies one, as the
+ * waits of other ids do at once.  The ids of a busy-polling listener's
+ * requests busy-poll too.
  */
 #define RDMA_CM_RS_ID_BUSY_POLL (1U << 1)
 struct rdma_cm_rs_create_id {

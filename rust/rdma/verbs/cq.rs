@@ -89,7 +89,7 @@ pub struct Cq<C: CompletionHandler> {
     entries: u32,
     comp_vector: u32,
     pub(super) poll: PollContext,
-    /// [`PollContext::Direct`]: the task processing the CQ, or null.
+    /// A CQ its owner polls: the task processing it, or null.
     /// Completions run one at a time and in order, as from a workqueue:
     /// what a QP's ordering of its send queue relies on.
     polling: AtomicPtr<bindings::task_struct>,
@@ -220,9 +220,9 @@ impl<C: CompletionHandler> Cq<C> {
         self.entries - self.committed.load(Ordering::Acquire)
     }
 
-    /// Polls a [`PollContext::Direct`] CQ: runs the handler, in the
-    /// caller's context, for at most `budget` completions, and returns how
-    /// many ran.  Then, so that the caller may poll in a loop, gives the
+    /// Polls a CQ its owner polls ([`PollContext::owner_polls`]): runs the
+    /// handler, in the caller's context, for at most `budget` completions,
+    /// and returns how many ran.  Then, so that the caller may poll in a loop, gives the
     /// CPU away: to every other runnable task when nothing was found or
     /// the poll was refused (`yield`, a user-space poller's
     /// `sched_yield`: a software device makes completions in tasks of its
@@ -235,11 +235,11 @@ impl<C: CompletionHandler> Cq<C> {
     /// one whose handler is calling): its completions reach the handler
     /// through that poll.
     ///
-    /// A [`PollContext::Notified`] CQ's poll does not give the CPU away: its
-    /// caller sleeps next if it found nothing ([`Cq::wait_since`]).
+    /// A caller that sleeps next if it found nothing ([`Cq::wait_since`])
+    /// polls with [`Cq::poll_once`].
     pub fn poll(&self, budget: u32) -> Result<u32> {
         let done = self.poll_once(budget);
-        if self.poll == PollContext::Direct && done != Err(EINVAL) {
+        if done != Err(EINVAL) {
             yield_after_poll(matches!(done, Ok(n) if n > 0));
         }
         done
@@ -310,7 +310,7 @@ impl<C: CompletionHandler> Cq<C> {
         })
     }
 
-    /// For a QP's teardown: processes a [`PollContext::Direct`] CQ until
+    /// For a QP's teardown: processes a CQ its owner polls until
     /// it is empty, unless another task is polling it (whose poll delivers
     /// what it finds).  Nothing for a CQ polled from a workqueue.
     /// Gives the CPU away as [`Self::poll`] does: the caller polls again.
@@ -322,7 +322,7 @@ impl<C: CompletionHandler> Cq<C> {
         yield_after_poll(found);
     }
 
-    /// For a QP's reclaim: for a [`PollContext::Direct`] CQ, the right to
+    /// For a QP's reclaim: for a CQ its owner polls, the right to
     /// process it, once every completion queued before has run (a poll
     /// found it empty); the reclaim completes the QP's leftovers under it,
     /// so that they too run one at a time with the CQ's others.  For a CQ
@@ -406,7 +406,7 @@ impl<'a, C: CompletionHandler> DirectPoll<'a, C> {
     }
 }
 
-/// After a poll of a [`PollContext::Direct`] CQ, before the caller polls
+/// After a poll of a CQ its owner polls, before the caller polls
 /// again: when it `found` nothing, every other runnable task of the CPU
 /// runs first (`yield`, a user-space poller's `sched_yield`: a software
 /// device makes completions in tasks of its own, which must not wait for

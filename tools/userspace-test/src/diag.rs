@@ -9,17 +9,6 @@
 
 use std::process::Command;
 
-/// The lines of `rdma res show cq` of the CQs module `owner` made.
-pub fn kernel_cqs(owner: &str) -> std::io::Result<Vec<String>> {
-    let out = Command::new("rdma").args(["res", "show", "cq"]).output()?;
-    let tag = format!("[{owner}]");
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|line| line.contains(&tag))
-        .map(|line| line.trim().to_string())
-        .collect())
-}
-
 /// The lines of `rdma res show qp` (those of QP `qp_num` when given, with
 /// the peer QP in the same line) and `rdma statistic show`, each prefixed
 /// with its command; a command that could not run says why.

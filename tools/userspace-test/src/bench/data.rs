@@ -10,8 +10,9 @@
 //! for the send's ACK before it waits for the answer.  The librdmacm side
 //! busy-polls its CQs (as perftest does), and so does the module's, on a
 //! busy-polling id (`RDMA_CM_RS_ID_BUSY_POLL`: its RECV, SEND and RDMA
-//! poll the CQ in the caller's task); the `data-sleeping` group measures
-//! the module's waits that sleep until the CQ's worker reports.
+//! poll the CQ in the caller's task for the first ms of a wait, then
+//! sleep until the device notifies); the `data-sleeping` group measures
+//! the module's waits that sleep at once.
 
 use super::peer::{self, ACK, ECHO, QUIT, SINK, T};
 use super::stats::Cpu;

@@ -512,7 +512,7 @@ pub fn thread_cpu() -> Duration {
 }
 
 /// The calling thread's context switches: (voluntary, involuntary).
-fn thread_switches() -> (u64, u64) {
+pub fn thread_switches() -> (u64, u64) {
     thread_rusage().map_or((0, 0), |ru| (ru.ru_nvcsw as u64, ru.ru_nivcsw as u64))
 }
 

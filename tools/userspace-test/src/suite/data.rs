@@ -21,6 +21,16 @@ pub(super) fn messages_all_sizes(ctx: &mut Ctx) -> Result<()> {
     let id = resolve(&dev, addr)?;
     dev.connect(id, &Param::with_data(b"sizes"))?;
     wait(&dev, EventType::Established)?;
+    // An id that does not busy-poll sleeps in its waits, even in one of
+    // 1 ms (`busy_poll_data_path` has the other side of this).
+    let (slept, _) = sleeps_of(|| {
+        expect_errno(
+            "RECV of 1 ms, nothing sent yet",
+            dev.recv(id, 4096, 1),
+            libc::ETIMEDOUT,
+        )
+    })?;
+    ensure!(slept > 0, "the RECV of 1 ms never slept");
     for (i, &n) in sizes.iter().enumerate() {
         let msg = pattern(n, i as u8);
         dev.send(id, &msg).with_context(|| format!("send {n}"))?;
@@ -125,14 +135,17 @@ pub(super) fn disconnect_under_incoming_sends(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Busy-polling ids (RDMA_CM_RS_ID_BUSY_POLL): the connection's CQ is
-/// one the module's calls poll (`rdma res show cq`: IB_POLL_DIRECT); a
-/// RECV with nothing arrived polls and fails (EAGAIN at once, ETIMEDOUT
-/// after its limit); then four data-path scenarios again on such ids, made
-/// by the module's connect and by its listener (whose requests' ids
-/// busy-poll too), through its sends, windows, RDMA and disconnects; on
-/// iWARP, the passive side's first SEND once the peer's first message
-/// came, unread.
+/// Busy-polling ids (RDMA_CM_RS_ID_BUSY_POLL): a wait polls the
+/// connection's CQ in the caller's task for its first millisecond, then
+/// sleeps until the device notifies; seen in the calling thread's
+/// voluntary context switches (its sleeps; a yield between polls is not
+/// one).  A RECV with nothing arrived polls and fails: EAGAIN at once;
+/// ETIMEDOUT after a limit of 1 ms without a sleep (on an id that does not
+/// busy-poll, the same RECV sleeps); after one of 50 ms, having slept.
+/// Then four data-path scenarios again on such ids, made by the module's
+/// connect and by its listener (whose requests' ids busy-poll too),
+/// through its sends, windows, RDMA and disconnects; on iWARP, the passive
+/// side's first SEND once the peer's first message came, unread.
 pub(super) fn busy_poll_data_path(ctx: &mut Ctx) -> Result<()> {
     let _busy = BusyPollIds::on();
     let dev = Device::open()?;
@@ -140,46 +153,38 @@ pub(super) fn busy_poll_data_path(ctx: &mut Ctx) -> Result<()> {
     let req_data = pattern(56, 5);
     let (call, id) =
         connect_to_serving_peer(ctx, &dev, "count=1 accept=- echo=1 disc=self", &req_data)?;
-    // iproute2 (6.1, and its tree since) names the kernel's `enum
-    // ib_poll_context` one off ("DIRECT", "SOFTIRQ", "WORKQUEUE",
-    // "UNBOUND_WORKQUEUE" for 0-3, where the kernel has SOFTIRQ,
-    // WORKQUEUE, UNBOUND_WORKQUEUE, DIRECT): IB_POLL_DIRECT, 3, prints as
-    // "UNBOUND_WORKQUEUE", and the char device makes no unbound CQs.  Its
-    // other ids' CQs (`__ib_create_cq`, which leaves the field 0) print as
-    // "DIRECT": that name cannot tell them apart.
-    let direct = |cq: &String| cq.contains("poll-ctx UNBOUND_WORKQUEUE ");
-    // nldev resumes a dump of many CQs by position (`res_get_common_dumpit`
-    // skips the first `cb->args[0]` entries it finds), so CQs the other
-    // passes destroy meanwhile make it skip some it never printed: one
-    // dump may miss ours (seen in CI with 105 CQs of the synchronous pass
-    // going).  A CQ that is not polled directly is missing from all.
-    let mut cqs = Vec::new();
-    for _ in 0..10 {
-        cqs = diag::kernel_cqs("rdma_cm_rs").context("rdma res show cq")?;
-        if cqs.iter().any(direct) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    ensure!(
-        cqs.iter().any(direct),
-        "no CQ of the module is polled directly in 10 dumps: {cqs:?}"
-    );
     expect_errno(
         "RECV without waiting, nothing arrived",
         dev.recv(id, 4096, 0),
         libc::EAGAIN,
     )?;
+    let (slept, _) = sleeps_of(|| {
+        expect_errno(
+            "RECV of 1 ms, nothing arrived",
+            dev.recv(id, 4096, 1),
+            libc::ETIMEDOUT,
+        )
+    })?;
+    ensure!(
+        slept == 0,
+        "the RECV of 1 ms on a busy-polling id slept {slept} times: it polls for its first ms"
+    );
     let start = Instant::now();
-    expect_errno(
-        "RECV of 50 ms, nothing arrived",
-        dev.recv(id, 4096, 50),
-        libc::ETIMEDOUT,
-    )?;
+    let (slept, _) = sleeps_of(|| {
+        expect_errno(
+            "RECV of 50 ms, nothing arrived",
+            dev.recv(id, 4096, 50),
+            libc::ETIMEDOUT,
+        )
+    })?;
     ensure!(
         start.elapsed() >= Duration::from_millis(50),
         "the RECV of 50 ms gave up after {:?}",
         start.elapsed()
+    );
+    ensure!(
+        slept > 0,
+        "the RECV of 50 ms on a busy-polling id never slept: it sleeps after its first ms"
     );
     echo_then_peer_disconnects(&dev, id, call, &req_data, b"polled by the caller")?;
     // A listener's ids, the window's waits for buffers, the memory work's
