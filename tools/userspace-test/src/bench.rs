@@ -392,6 +392,26 @@ fn per_op_us(cpu: Option<Duration>, ops: usize) -> Option<f64> {
     cpu.map(|d| d.as_secs_f64() * 1e6 / ops.max(1) as f64)
 }
 
+/// An active connection group: `run` against a listener counterpart on
+/// `addr`, whose CPU per connection its block gets.
+fn active_group(
+    res: &mut Results,
+    what: &str,
+    s: &Slot<'_>,
+    addr: SocketAddr,
+    cycles: usize,
+    run: impl FnOnce() -> Result<Block>,
+) {
+    match peer::listener(addr) {
+        Ok(l) => {
+            let r = run();
+            let c = per_op_us(counterpart_end(res, what, s, l), cycles);
+            record(res, what, s, r.map(|b| named(b.with_counterpart(c), what)));
+        }
+        Err(e) => record(res, what, s, Err(e)),
+    }
+}
+
 impl Block {
     /// The block with the counterpart's CPU per operation, µs.
     fn with_counterpart(self, counterpart_us: Option<f64>) -> Self {
@@ -544,24 +564,13 @@ pub fn run(o: Options) -> Result<()> {
             for &side in &sides {
                 let s = slot(side, "active");
                 let addr = ports.next(ip);
-                let what = "connect active";
-                match peer::listener(addr) {
-                    Ok(l) => {
-                        let r = if side == "kernel" {
-                            conn::kernel_active(addr, cycles, false)
-                        } else {
-                            conn::user_active(addr, cycles)
-                        };
-                        let c = per_op_us(counterpart_end(&mut res, what, &s, l), cycles);
-                        record(
-                            &mut res,
-                            what,
-                            &s,
-                            r.map(|b| named(b.with_counterpart(c), what)),
-                        );
+                active_group(&mut res, "connect active", &s, addr, cycles, || {
+                    if side == "kernel" {
+                        conn::kernel_active(addr, cycles, false)
+                    } else {
+                        conn::user_active(addr, cycles)
                     }
-                    Err(e) => record(&mut res, what, &s, Err(e)),
-                }
+                });
             }
         }
         if want("sync") {
@@ -571,19 +580,9 @@ pub fn run(o: Options) -> Result<()> {
                 ..slot("kernel", "active")
             };
             let addr = ports.next(ip);
-            match peer::listener(addr) {
-                Ok(l) => {
-                    let r = conn::kernel_active(addr, cycles, true);
-                    let c = per_op_us(counterpart_end(&mut res, what, &s, l), cycles);
-                    record(
-                        &mut res,
-                        what,
-                        &s,
-                        r.map(|b| named(b.with_counterpart(c), what)),
-                    );
-                }
-                Err(e) => record(&mut res, what, &s, Err(e)),
-            }
+            active_group(&mut res, what, &s, addr, cycles, || {
+                conn::kernel_active(addr, cycles, true)
+            });
         }
         if want("passive") {
             for &side in &sides {

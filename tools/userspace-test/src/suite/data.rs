@@ -23,13 +23,7 @@ pub(super) fn messages_all_sizes(ctx: &mut Ctx) -> Result<()> {
     wait(&dev, EventType::Established)?;
     // An id that does not busy-poll sleeps in its waits, even in one of
     // 1 ms (`busy_poll_data_path` has the other side of this).
-    let (slept, _) = sleeps_of(|| {
-        expect_errno(
-            "RECV of 1 ms, nothing sent yet",
-            dev.recv(id, 4096, 1),
-            libc::ETIMEDOUT,
-        )
-    })?;
+    let slept = sleeps_of_empty_recv(&dev, id, 1)?;
     ensure!(slept > 0, "the RECV of 1 ms never slept");
     for (i, &n) in sizes.iter().enumerate() {
         let msg = pattern(n, i as u8);
@@ -135,6 +129,20 @@ pub(super) fn disconnect_under_incoming_sends(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// A RECV of `ms` with nothing arrived, which must time out: how many
+/// times the calling thread slept in it (voluntary context switches; a
+/// yield between polls or a preemption is not one).
+fn sleeps_of_empty_recv(dev: &Device, id: u32, ms: u32) -> Result<u64> {
+    let (before, _) = crate::bench::stats::thread_switches();
+    expect_errno(
+        &format!("RECV of {ms} ms, nothing arrived"),
+        dev.recv(id, 4096, ms),
+        libc::ETIMEDOUT,
+    )?;
+    let (after, _) = crate::bench::stats::thread_switches();
+    Ok(after.saturating_sub(before))
+}
+
 /// Busy-polling ids (RDMA_CM_RS_ID_BUSY_POLL): a wait polls the
 /// connection's CQ in the caller's task for its first millisecond, then
 /// sleeps until the device notifies; seen in the calling thread's
@@ -158,25 +166,13 @@ pub(super) fn busy_poll_data_path(ctx: &mut Ctx) -> Result<()> {
         dev.recv(id, 4096, 0),
         libc::EAGAIN,
     )?;
-    let (slept, _) = sleeps_of(|| {
-        expect_errno(
-            "RECV of 1 ms, nothing arrived",
-            dev.recv(id, 4096, 1),
-            libc::ETIMEDOUT,
-        )
-    })?;
+    let slept = sleeps_of_empty_recv(&dev, id, 1)?;
     ensure!(
         slept == 0,
         "the RECV of 1 ms on a busy-polling id slept {slept} times: it polls for its first ms"
     );
     let start = Instant::now();
-    let (slept, _) = sleeps_of(|| {
-        expect_errno(
-            "RECV of 50 ms, nothing arrived",
-            dev.recv(id, 4096, 50),
-            libc::ETIMEDOUT,
-        )
-    })?;
+    let slept = sleeps_of_empty_recv(&dev, id, 50)?;
     ensure!(
         start.elapsed() >= Duration::from_millis(50),
         "the RECV of 50 ms gave up after {:?}",

@@ -763,15 +763,6 @@ fn errno_of<T>(r: io::Result<T>) -> Option<i32> {
     r.err().and_then(|e| e.raw_os_error())
 }
 
-/// How many times the calling thread slept (voluntary context switches;
-/// a yield or a preemption is not one) while `f` ran, and what it gave.
-fn sleeps_of<T>(f: impl FnOnce() -> Result<T>) -> Result<(u64, T)> {
-    let (before, _) = crate::bench::stats::thread_switches();
-    let r = f()?;
-    let (after, _) = crate::bench::stats::thread_switches();
-    Ok((after.saturating_sub(before), r))
-}
-
 fn expect_errno<T>(what: &str, r: io::Result<T>, want: i32) -> Result<()> {
     match r {
         Ok(_) => bail!("{what}: succeeded, expected errno {want}"),
