@@ -17,6 +17,7 @@
 #include <linux/scatterlist.h>
 #include <linux/sched.h>
 #include <linux/slab.h>
+#include <linux/wait.h>
 #include <linux/workqueue.h>
 #include <net/net_namespace.h>
 #include <rdma/ib_verbs.h>
@@ -37,6 +38,11 @@ __rust_helper int rust_helper_ib_req_notify_cq(struct ib_cq *cq,
 						enum ib_cq_notify_flags flags)
 {
 	return ib_req_notify_cq(cq, flags);
+}
+
+__rust_helper bool rust_helper_wq_has_sleeper(struct wait_queue_head *wq_head)
+{
+	return wq_has_sleeper(wq_head);
 }
 
 __rust_helper int rust_helper_cond_resched(void)

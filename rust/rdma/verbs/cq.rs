@@ -222,8 +222,8 @@ impl<C: CompletionHandler> Cq<C> {
 
     /// Polls a CQ its owner polls ([`PollContext::owner_polls`]): runs the
     /// handler, in the caller's context, for at most `budget` completions,
-    /// and returns how many ran.  Then, so that the caller may poll in a loop, gives the
-    /// CPU away: to every other runnable task when nothing was found or
+    /// and returns how many ran.  Then, so that the caller may poll in a
+    /// loop, gives the CPU away: to every other runnable task when nothing was found or
     /// the poll was refused (`yield`, a user-space poller's
     /// `sched_yield`: a software device makes completions in tasks of its
     /// own, which must not wait for the scheduler's tick), else if the

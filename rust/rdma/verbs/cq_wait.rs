@@ -66,9 +66,19 @@ impl CqWaiters {
     }
 
     /// Counts news and wakes every waiter.  Any context: the device's
-    /// notification may come with interrupts off.
+    /// notification may come with interrupts off.  Without a waiter (the
+    /// end of every poll of a busy-polling loop) the queue's lock is not
+    /// taken.
     pub(super) fn wake(&self) {
         self.news.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: `head` is initialised (type invariants).  `wq_has_sleeper`
+        // puts a full barrier between the count above and its look at the
+        // queue; a waiter joins the queue (`prepare_to_wait`, whose change
+        // of the task's state is a full barrier) before it reads the count.
+        // So a waiter that missed this news is on the queue, and is seen.
+        if !unsafe { bindings::wq_has_sleeper(self.head.get()) } {
+            return;
+        }
         // SAFETY: `head` is initialised (type invariants); `__wake_up`
         // takes its lock with interrupts saved, as any context may.
         unsafe {

@@ -414,7 +414,7 @@ fn active_group(
 
 impl Block {
     /// The block with the counterpart's CPU per operation, µs.
-    fn with_counterpart(self, counterpart_us: Option<f64>) -> Self {
+    pub(super) fn with_counterpart(self, counterpart_us: Option<f64>) -> Self {
         Self {
             counterpart_us,
             ..self
@@ -762,8 +762,9 @@ fn notes(large: usize, groups: &[&str]) -> Vec<String> {
         "the librdmacm side under test and the counterpart busy-poll their CQs (yielding between \
          polls); so does the module's caller in the data group (a busy-polling id, \
          RDMA_CM_RS_ID_BUSY_POLL: its RECV, SEND and RDMA poll the connection's CQ in the \
-         caller's task for the first ms of a wait, then sleep until the device notifies), while in the rows marked (waits sleep) it polls the CQ and sleeps until \
-         the device notifies a completion; in the rows marked (both sides' waits sleep) so does \
+         caller's task for the first ms of a wait, then sleep until the device notifies), \
+         while in the rows marked (waits sleep) it polls the CQ and sleeps until the device \
+         notifies a completion; in the rows marked (both sides' waits sleep) so does \
          the librdmacm side under test (a completion channel: ibv_req_notify_cq, poll(2), \
          ibv_get_cq_event), a comparison without a target; the connection groups' ids do not \
          busy-poll"

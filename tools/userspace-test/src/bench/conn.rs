@@ -194,10 +194,9 @@ pub fn kernel_passive(addr: SocketAddr, cycles: usize) -> Result<Block> {
             }
         }
     }
-    let mut block = steps.block(cycles, &cpu);
+    let block = steps.block(cycles, &cpu);
     client.finish()?;
-    block.counterpart_us = super::per_op_us(client.cpu(), cycles);
-    Ok(block)
+    Ok(block.with_counterpart(super::per_op_us(client.cpu(), cycles)))
 }
 
 /// librdmacm active, as [`kernel_active`].
@@ -277,8 +276,7 @@ pub fn user_passive(addr: SocketAddr, cycles: usize) -> Result<Block> {
             }
         }
     }
-    let mut block = steps.block(cycles, &cpu);
+    let block = steps.block(cycles, &cpu);
     client.finish()?;
-    block.counterpart_us = super::per_op_us(client.cpu(), cycles);
-    Ok(block)
+    Ok(block.with_counterpart(super::per_op_us(client.cpu(), cycles)))
 }
